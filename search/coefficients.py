@@ -1,0 +1,109 @@
+"""Every number of the cost model that is not physics: a name, a unit, a default and a reason.
+
+Probes calibrate these (a later fit replaces the defaults); nothing else in ``search`` hides a constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+
+def _coef(default: float, unit: str, reason: str) -> Any:
+    return field(default=default, metadata={"unit": unit, "reason": reason})
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Tunable constants of the memory and time model (defaults from the literature and DeepSpeed)."""
+
+    # --- memory outside tensors -------------------------------------------------------------------
+    cuda_context_bytes: float = _coef(
+        512 * 2**20, "bytes", "CUDA context, kernels and NCCL/cuBLAS handles before any tensor (300-600 MB)"
+    )
+    cublas_workspace_bytes: float = _coef(
+        32 * 2**20, "bytes", "cuBLAS workspace that torch allocates through the caching allocator"
+    )
+    host_buffer_factor: float = _coef(
+        1.5, "multiplier", "DeepSpeed's additional_buffer_factor for pinned host buffers in its estimators"
+    )
+    # --- activations ------------------------------------------------------------------------------
+    eager_softmax_bytes: float = _coef(
+        4, "bytes/element", "HF eager attention keeps the softmax output in fp32 for its backward"
+    )
+    rmsnorm_extra_bytes: float = _coef(
+        4, "bytes/element", "HF RMSNorm upcasts its input to fp32 and autograd keeps that copy"
+    )
+    logits_peak_bytes: float = _coef(
+        12,
+        "bytes/element of b*s*vocab",
+        "ForCausalLMLoss: fp32 log-softmax output plus its incoming and outgoing fp32 gradients",
+    )
+    backward_working_layers: float = _coef(
+        1.0, "layers", "activation gradients of the layer being differentiated, live beside the saved ones"
+    )
+    # --- fragmentation (reserved minus allocated) -------------------------------------------------
+    frag_within_step: float = _coef(
+        0.06, "fraction of transient bytes", "block splitting and 2 MiB rounding within one step"
+    )
+    frag_carried: float = _coef(
+        0.10,
+        "fraction of transient bytes",
+        "fragments left by earlier phases/steps that empty_cache would release (arXiv 2410.15651)",
+    )
+    frag_zero3_factor: float = _coef(
+        1.3, "multiplier", "ZeRO-3 gathers and frees parameters of many sizes: more fragments (2410.15651)"
+    )
+    frag_checkpointing_factor: float = _coef(
+        1.1, "multiplier", "recompute interleaves short-lived activations with saved ones (2410.15651)"
+    )
+    frag_offload_factor: float = _coef(0.9, "multiplier", "offload moves states off the GPU heap")
+    frag_expandable_factor: float = _coef(
+        0.25, "multiplier", "expandable segments map pages into one segment instead of splitting blocks"
+    )
+    # --- time ---------------------------------------------------------------------------------------
+    mfu: float = _coef(0.45, "fraction of dense peak", "achieved matmul rate of a transformer step")
+    half_efficiency_tokens: float = _coef(
+        1024, "tokens per micro-batch", "micro-batch size at which the achieved rate is half of mfu*peak"
+    )
+    hbm_efficiency: float = _coef(0.8, "fraction", "achieved fraction of HBM bandwidth for streaming ops")
+    pcie_efficiency: float = _coef(0.8, "fraction", "achieved fraction of PCIe bandwidth with pinned memory")
+    network_efficiency: float = _coef(0.7, "fraction", "achieved fraction of link bandwidth in collectives")
+    comm_overlap: float = _coef(0.5, "fraction", "share of ZeRO collectives hidden behind compute")
+    offload_overlap: float = _coef(0.3, "fraction", "share of offload PCIe traffic hidden behind compute")
+    gpu_adam_bytes_per_param: float = _coef(
+        32, "bytes/param", "fused Adam reads and writes fp32 master, m, v, grad and the 16-bit copy"
+    )
+    cpu_adam_params_per_s: float = _coef(
+        1.5e9, "params/s per node", "DeepSpeedCPUAdam with AVX-512 on a many-core host (ZeRO-Offload)"
+    )
+    nvme_gbps: float = _coef(3.0, "GB/s per node", "sustained NVMe read/write of a single data-centre SSD")
+    empty_cache_call_s: float = _coef(
+        0.003, "s per call", "synchronize plus cudaFree of the cached segments"
+    )
+    empty_cache_realloc_s_per_gib: float = _coef(
+        0.004, "s per GiB", "cudaMalloc of the released segments when the next phase needs them again"
+    )
+    step_overhead_s: float = _coef(0.01, "s per micro-batch", "Python, launches and data loading")
+
+    def with_(self, **changes: float) -> Coefficients:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> Coefficients:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in data.items() if k in known})
+
+
+def describe_coefficients() -> list[dict[str, Any]]:
+    """Name, unit, default and reason of every coefficient (for ``planner explain``)."""
+    return [
+        {"name": f.name, "default": f.default, "unit": f.metadata["unit"], "reason": f.metadata["reason"]}
+        for f in fields(Coefficients)
+    ]
+
+
+DEFAULT_COEFFICIENTS = Coefficients()

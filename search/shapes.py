@@ -1,0 +1,76 @@
+"""Counts derived from a model's shape: trainable parameters under LoRA, FLOPs, dropout, largest module.
+
+Pure functions of ModelSpec; no torch.
+"""
+
+from __future__ import annotations
+
+from store.records import ModelSpec
+
+
+def linear_shapes(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) of every linear layer in one decoder block: where LoRA adapters go ("all-linear")."""
+    h, i = model.hidden_size, model.intermediate_size
+    q_dim = model.num_heads * model.head_dim
+    kv_dim = model.num_kv_heads * model.head_dim
+    attention = [(h, q_dim), (h, kv_dim), (h, kv_dim), (q_dim, h)]
+    mlp = [(h, i), (h, i), (i, h)] if model.gated_mlp else [(h, i), (i, h)]
+    return attention + mlp
+
+
+def lora_params(model: ModelSpec, rank: int) -> int:
+    """Parameters of rank-``rank`` LoRA adapters (A: in x r, B: r x out) on every block linear."""
+    if rank <= 0:
+        return 0
+    return model.num_layers * sum(rank * (n_in + n_out) for n_in, n_out in linear_shapes(model))
+
+
+def trainable_params(model: ModelSpec, lora_rank: int, *, lm_head: bool = True) -> int:
+    """Parameters the optimizer updates: all of them, or only the LoRA adapters."""
+    if lora_rank > 0:
+        return lora_params(model, lora_rank)
+    return model.total_params if lm_head else model.backbone_params + model.hidden_size
+
+
+def resident_params(model: ModelSpec, lora_rank: int, *, lm_head: bool = True) -> int:
+    """Parameters held on the device: the model (with or without LM head) plus any adapters."""
+    base = model.total_params if lm_head else model.backbone_params + model.hidden_size
+    return base + lora_params(model, lora_rank)
+
+
+def largest_module_params(model: ModelSpec) -> int:
+    """Parameters of the largest single module (DeepSpeed's ``largest_layer_params``).
+
+    DeepSpeed's ZeRO-3 estimator walks ``model.modules()`` and takes the largest direct parameter count,
+    which for language models is the token embedding (or an untied LM head).
+    """
+    embed_dim = int(model.hf_config.get("word_embed_proj_dim") or model.hidden_size)
+    candidates = [model.vocab_size * embed_dim, model.hidden_size * model.intermediate_size]
+    if model.lm_head_params:
+        candidates.append(model.lm_head_params)
+    return max(candidates)
+
+
+def dropout_probs(model: ModelSpec) -> tuple[float, float]:
+    """(attention-probability dropout, residual/hidden dropout) from the transformers config."""
+    cfg = model.hf_config
+    if model.model_type == "gpt2":
+        return float(cfg.get("attn_pdrop", 0.1)), float(cfg.get("resid_pdrop", 0.1))
+    if model.model_type == "opt":
+        return float(cfg.get("attention_dropout", 0.0)), float(cfg.get("dropout", 0.1))
+    return float(cfg.get("attention_dropout", 0.0)), float(cfg.get("hidden_dropout", 0.0))
+
+
+def uses_rmsnorm(model: ModelSpec) -> bool:
+    """Llama-style RMSNorm (fp32 upcast inside) rather than LayerNorm."""
+    return model.model_type not in ("opt", "gpt2")
+
+
+def forward_flops(model: ModelSpec, sequences: int, seq_len: int, *, lm_head: bool = True) -> float:
+    """Forward FLOPs of ``sequences`` x ``seq_len`` tokens: 2 per weight per token plus attention."""
+    tokens = sequences * seq_len
+    matmul_weights = model.num_layers * model.layer_params
+    if lm_head:
+        matmul_weights += model.vocab_size * model.hidden_size
+    attention = 4 * sequences * seq_len * seq_len * model.num_heads * model.head_dim * model.num_layers
+    return 2.0 * matmul_weights * tokens + attention

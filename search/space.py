@@ -1,0 +1,101 @@
+"""The single-model strategy space: which knobs exist for a workload on given hardware.
+
+The space splits in two. Outer knobs (ZeRO stage, offload, checkpointing, LoRA rank, micro-batch) change
+the memory layout and the compute; the Optuna study explores them. Inner knobs (``empty_cache`` policy,
+allocator) only trade fragments for a little time; for each outer point the cheapest inner choice that
+fits is found exactly (a handful of options).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from store.errors import InputError
+from store.records import Hardware, Strategy, Workload
+
+
+@dataclass(frozen=True)
+class OuterPoint:
+    """One choice of the outer knobs."""
+
+    zero_stage: int
+    offload_optimizer: str
+    offload_param: str
+    gradient_checkpointing: bool
+    lora_rank: int
+    micro_batch: int
+    grad_accum: int
+
+
+def per_gpu_batch(workload: Workload, hardware: Hardware) -> int:
+    """Samples per GPU per optimizer step; the global batch must split evenly over the GPUs."""
+    world = hardware.world_size
+    if workload.global_batch % world:
+        raise InputError(
+            f"--batch {workload.global_batch} does not split over {world} GPUs "
+            f"({hardware.gpus} per node x {hardware.nodes} nodes); use a multiple of {world}"
+        )
+    return workload.global_batch // world
+
+
+def micro_batches(workload: Workload, hardware: Hardware) -> list[int]:
+    """Micro-batch sizes that keep the global batch exact (divisors of the per-GPU batch)."""
+    per_gpu = per_gpu_batch(workload, hardware)
+    return [m for m in range(1, per_gpu + 1) if per_gpu % m == 0]
+
+
+def offload_targets(hardware: Hardware) -> tuple[str, ...]:
+    """Offload devices available: NVMe only when the user named a path for it."""
+    return ("none", "cpu", "nvme") if hardware.nvme_path else ("none", "cpu")
+
+
+def inner_choices(workload: Workload) -> list[tuple[str, str]]:
+    """(empty_cache, allocator) pairs worth distinguishing for this workload, cheapest first."""
+    policies = ["never", "every-step", "after-phase"]
+    if workload.kind == "dpo":
+        policies.insert(1, "after-inference")  # the reference forward is an inference phase
+    return [(policy, allocator) for allocator in ("default", "expandable-segments") for policy in policies]
+
+
+def outer_points(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...]) -> Iterator[OuterPoint]:
+    """Every valid outer point, in a fixed order (the exhaustive enumeration tests compare against)."""
+    per_gpu = per_gpu_batch(workload, hardware)
+    targets = offload_targets(hardware)
+    for lora_rank in lora_ranks:
+        for zero_stage in (0, 1, 2, 3):
+            for offload_optimizer in targets if zero_stage else ("none",):
+                for offload_param in targets if zero_stage == 3 and offload_optimizer != "none" else ("none",):
+                    for checkpointing in (False, True):
+                        for micro in micro_batches(workload, hardware):
+                            yield OuterPoint(
+                                zero_stage,
+                                offload_optimizer,
+                                offload_param,
+                                checkpointing,
+                                lora_rank,
+                                micro,
+                                per_gpu // micro,
+                            )
+
+
+def strategy_at(point: OuterPoint, empty_cache: str, allocator: str) -> Strategy:
+    """The full strategy of an outer point with its inner choice."""
+    return Strategy(
+        zero_stage=point.zero_stage,
+        offload_optimizer=point.offload_optimizer,
+        offload_param=point.offload_param,
+        gradient_checkpointing=point.gradient_checkpointing,
+        lora_rank=point.lora_rank,
+        micro_batch=point.micro_batch,
+        grad_accum=point.grad_accum,
+        empty_cache=empty_cache,
+        allocator=allocator,
+    )
+
+
+def all_strategies(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...]) -> Iterator[Strategy]:
+    """The whole space, outer x inner: what an exhaustive search would try."""
+    for point in outer_points(workload, hardware, lora_ranks):
+        for empty_cache, allocator in inner_choices(workload):
+            yield strategy_at(point, empty_cache, allocator)

@@ -1,0 +1,251 @@
+"""Frozen value records shared by every package: models, GPUs, hardware, workloads and strategies.
+
+These are plain data (no torch, no ORM rows). Each record converts to and from the JSON shapes of
+../shared/DESIGN.md with ``to_dict`` / ``from_dict``; the database stores exactly those dictionaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+from store.errors import InputError
+
+Dtype = Literal["bf16", "fp16", "fp32"]
+AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
+Offload = Literal["none", "cpu", "nvme"]
+EmptyCache = Literal["never", "after-generation", "after-inference", "after-phase", "every-step"]
+Allocator = Literal["default", "expandable-segments"]
+
+DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+ATTN_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flash_attention_2")
+OFFLOADS: tuple[str, ...] = ("none", "cpu", "nvme")
+EMPTY_CACHE_POLICIES: tuple[str, ...] = (
+    "never",
+    "after-generation",
+    "after-inference",
+    "after-phase",
+    "every-step",
+)
+ALLOCATORS: tuple[str, ...] = ("default", "expandable-segments")
+SINGLE_MODEL_WORKLOADS: tuple[str, ...] = ("sft", "reward", "dpo")
+RLHF_WORKLOADS: tuple[str, ...] = ("ppo", "remax", "grpo")
+WORKLOAD_KINDS: tuple[str, ...] = RLHF_WORKLOADS + SINGLE_MODEL_WORKLOADS
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a transformer, enough to count its bytes and FLOPs without building it.
+
+    ``hf_config`` is the dictionary that ``transformers.AutoConfig.for_model(model_type, **hf_config)``
+    turns back into the real config class; probes build the model from it with random weights.
+    Parameter counts are exact (they equal what transformers instantiates on the meta device).
+    """
+
+    name: str
+    model_type: str  # transformers' model_type: "opt", "gpt2", "llama", "mistral", "qwen2"
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_positions: int
+    tie_word_embeddings: bool
+    gated_mlp: bool  # SwiGLU (3 matrices) rather than a 2-matrix MLP
+    dropout: float  # the largest of the config's hidden/attention dropout probabilities
+    total_params: int  # causal LM: embeddings, blocks, final norm, LM head (counted once if tied)
+    layer_params: int  # one decoder block
+    embedding_params: int  # token (and learned position) embeddings plus any projections around them
+    lm_head_params: int  # 0 when the head is tied to the token embedding
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def backbone_params(self) -> int:
+        """Parameters without the LM head: what a reward or critic model shares with the LM."""
+        return self.total_params - self.lm_head_params
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "model_type": self.model_type, "params": self.total_params}
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model from the catalog: memory and the rates the time model needs."""
+
+    name: str
+    memory_bytes: int
+    bf16_tflops: float  # dense, no sparsity
+    fp16_tflops: float
+    fp32_tflops: float  # the rate an fp32 matmul gets (TF32 where the GPU has it)
+    hbm_gbps: float  # device memory bandwidth, GB/s (10^9 bytes)
+    pcie_gbps: float  # host link, one direction, GB/s
+    interconnect_gbps: float  # GPU-to-GPU inside a node (NVLink or PCIe), per GPU, one direction
+    aliases: tuple[str, ...] = ()
+
+    def tflops(self, dtype: str) -> float:
+        return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "fp32": self.fp32_tflops}[dtype]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the job runs on. Memory figures are per GPU and per node (host)."""
+
+    gpu: GPUSpec
+    gpu_memory_bytes: int  # total memory of one GPU (``--gpu-mem`` or the catalog's)
+    gpus: int = 1  # GPUs per node
+    nodes: int = 1
+    cpu_memory_bytes: int = 64 * 2**30  # host memory per node
+    nvme_path: str | None = None
+    inter_node_gbps: float = 25.0  # per node, one direction (200 Gb/s InfiniBand / RoCE)
+    safety_margin: float = 0.05  # fraction of GPU memory kept free on top of the CUDA context
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu.name,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpus": self.gpus,
+            "nodes": self.nodes,
+            "cpu_memory_bytes": self.cpu_memory_bytes,
+            "nvme_path": self.nvme_path,
+            "safety_margin": self.safety_margin,
+        }
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training job: which models, which sequences, how many per optimizer step.
+
+    ``global_batch`` counts samples per optimizer step over all GPUs; for ``reward`` and ``dpo`` a
+    sample is a pair (chosen and rejected), for RLHF a prompt. The RLHF fields (``prompt_len``,
+    ``gen_len``, the extra models) are None for the single-model kinds.
+    """
+
+    kind: str
+    model: ModelSpec  # the trained model (the actor in RLHF)
+    seq_len: int
+    global_batch: int
+    dtype: str = "bf16"
+    attn_impl: str = "sdpa"
+    ref_model: ModelSpec | None = None  # dpo and RLHF: frozen reference
+    critic_model: ModelSpec | None = None
+    reward_model: ModelSpec | None = None
+    prompt_len: int | None = None
+    gen_len: int | None = None
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """Sequences that one sample puts through the model: 2 for preference pairs."""
+        return 2 if self.kind in ("reward", "dpo") else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "model": self.model.name,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "dtype": self.dtype,
+            "attn_impl": self.attn_impl,
+        }
+        for role in ("ref_model", "critic_model", "reward_model"):
+            spec = getattr(self, role)
+            if spec is not None:
+                out[role] = spec.name
+        for name in ("prompt_len", "gen_len"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Memory strategy for one trainable model: the DESIGN.md single-model shape."""
+
+    zero_stage: int = 0
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    micro_batch: int = 1
+    grad_accum: int = 1
+    empty_cache: str = "never"
+    allocator: str = "default"
+
+    def __post_init__(self) -> None:
+        problems = strategy_problems(self)
+        if problems:
+            raise InputError("strategy: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Strategy:
+        """Build from the JSON shape; unknown keys are an InputError naming them."""
+        if not isinstance(data, dict):
+            raise InputError("strategy: expected a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"strategy: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> Strategy:
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """A short human label: ``ZeRO-2 + ckpt, opt offload cpu, mb 4 x 2``."""
+        parts = [f"ZeRO-{self.zero_stage}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"opt->{self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"param->{self.offload_param}")
+        if self.gradient_checkpointing:
+            parts.append("ckpt")
+        if self.lora_rank:
+            parts.append(f"LoRA r{self.lora_rank}")
+        parts.append(f"mb {self.micro_batch}x{self.grad_accum}")
+        if self.empty_cache != "never":
+            parts.append(f"empty_cache {self.empty_cache}")
+        if self.allocator != "default":
+            parts.append(self.allocator)
+        return ", ".join(parts)
+
+
+def strategy_problems(strategy: Strategy) -> list[str]:
+    """Everything that makes ``strategy`` impossible, as readable phrases (empty when valid)."""
+    s = strategy
+    problems: list[str] = []
+    if s.zero_stage not in (0, 1, 2, 3) or isinstance(s.zero_stage, bool):
+        problems.append(f"zero_stage must be 0, 1, 2 or 3, not {s.zero_stage!r}")
+    if s.offload_optimizer not in OFFLOADS:
+        problems.append(f"offload_optimizer must be one of {', '.join(OFFLOADS)}, not {s.offload_optimizer!r}")
+    if s.offload_param not in OFFLOADS:
+        problems.append(f"offload_param must be one of {', '.join(OFFLOADS)}, not {s.offload_param!r}")
+    elif s.offload_param != "none" and s.zero_stage != 3:
+        problems.append("offload_param needs zero_stage 3")
+    elif s.offload_param != "none" and s.offload_optimizer == "none":
+        problems.append("offload_param needs offload_optimizer too (ZeRO-Infinity offloads both)")
+    if s.offload_optimizer != "none" and s.zero_stage == 0:
+        problems.append("offload_optimizer needs zero_stage 1, 2 or 3")
+    if not isinstance(s.gradient_checkpointing, bool):
+        problems.append("gradient_checkpointing must be true or false")
+    for name in ("lora_rank",):
+        value = getattr(s, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            problems.append(f"{name} must be a whole number >= 0, not {value!r}")
+    for name in ("micro_batch", "grad_accum"):
+        value = getattr(s, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{name} must be a whole number >= 1, not {value!r}")
+    if s.empty_cache not in EMPTY_CACHE_POLICIES:
+        problems.append(f"empty_cache must be one of {', '.join(EMPTY_CACHE_POLICIES)}, not {s.empty_cache!r}")
+    if s.allocator not in ALLOCATORS:
+        problems.append(f"allocator must be one of {', '.join(ALLOCATORS)}, not {s.allocator!r}")
+    return problems
