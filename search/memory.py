@@ -89,10 +89,14 @@ def model_states(
     # ZeRO-3: everything partitioned; the live module is gathered (params and full grads, 2 x d bytes).
     gathered = 2 * d * largest_module_params(model)
     lp_params = d * (t + f) // n
+    # ZeRO-Infinity on NVMe keeps only swap buffers in host memory: a sub-group of optimizer states and
+    # DeepSpeed's default parameter buffers (5 x 1e8 elements).
+    host_optimizer = 16 * min(t // n, ZERO3_SUB_GROUP_SIZE) if offload_optimizer == "nvme" else fp32_partition
+    host_params = 5 * 100_000_000 * d if offload_param == "nvme" else lp_params
     if offload_param != "none":
-        return ModelStates(0, 0, 0, gathered, 0, fp32_partition + lp_params, True)
+        return ModelStates(0, 0, 0, gathered, 0, host_optimizer + host_params, True)
     if offload_opt:
-        return ModelStates(lp_params, 0, 0, gathered, 0, fp32_partition, True)
+        return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer, True)
     # The fp32 gradient exists only while its sub-group steps (stage3.py _prepare_fp32_grad_for_sub_group):
     # a flattened 16-bit copy and its fp32 upcast of at most sub_group_size elements.
     step_elements = min(t // n, ZERO3_SUB_GROUP_SIZE)

@@ -19,8 +19,8 @@ from search.space import OuterPoint, inner_choices, outer_points, strategy_at
 from store.records import Hardware, Strategy, Workload
 
 INFEASIBLE_PENALTY_S = 1e6
-GRID_LIMIT = 400
-TPE_TRIALS = 200
+GRID_LIMIT = 64
+TPE_TRIALS = 48
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,10 @@ class SearchResult:
 
 
 def best_inner(point: OuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
-    """The cheapest (empty_cache, allocator) for an outer point; the least-overflowing if none fits."""
+    """The fastest (micro-batch, empty_cache, allocator) of an outer point that fits; else the least overflow."""
     options = [
         Candidate(s, predict_single_model(workload, s, hardware, coef))
-        for s in (strategy_at(point, ec, alloc) for ec, alloc in inner_choices(workload))
+        for s in (strategy_at(point, inner) for inner in inner_choices(workload, hardware))
     ]
     return min(options, key=lambda c: c.score)  # min keeps the first of equals: the simpler setting
 
@@ -86,24 +86,21 @@ def search(
     if sampler == "auto":
         sampler = "grid" if len(points) <= GRID_LIMIT else "tpe"
     layouts = list(dict.fromkeys(_layout(p) for p in points))
-    micros = list(dict.fromkeys(p.micro_batch for p in points))
     loras = list(dict.fromkeys(p.lora_rank for p in points))
     evaluated: dict[tuple, Candidate] = {}
 
     def objective(trial: optuna.Trial) -> float:
         layout = trial.suggest_categorical("layout", layouts)
         ckpt = trial.suggest_categorical("gradient_checkpointing", [False, True])
-        micro = trial.suggest_categorical("micro_batch", micros)
         lora = trial.suggest_categorical("lora_rank", loras)
-        stage, off_opt, off_param = _parse_layout(layout)
-        key = (stage, off_opt, off_param, ckpt, lora, micro)
+        key = (*_parse_layout(layout), ckpt, lora)
         if key not in evaluated:
             evaluated[key] = best_inner(by_key[key], workload, hardware, coef)
         candidate = evaluated[key]
         trial.set_user_attr("fits", candidate.prediction.fits)
         return candidate.score
 
-    grid = {"layout": layouts, "gradient_checkpointing": [False, True], "micro_batch": micros, "lora_rank": loras}
+    grid = {"layout": layouts, "gradient_checkpointing": [False, True], "lora_rank": loras}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if sampler == "grid":
@@ -128,7 +125,7 @@ def fastest_ignoring_memory(
     """The fastest strategy if memory were unlimited: the yardstick for a plan's time overhead."""
     fastest: Candidate | None = None
     for point in points:
-        strategy = strategy_at(point, "never", "default")
+        strategy = strategy_at(point, inner_choices(workload, hardware)[0])  # largest micro-batch, no extras
         candidate = Candidate(strategy, predict_single_model(workload, strategy, hardware, coef))
         if fastest is None or candidate.prediction.step_time_s < fastest.prediction.step_time_s:
             fastest = candidate
@@ -150,7 +147,7 @@ def exhaustive(
 
 
 def _key(p: OuterPoint) -> tuple:
-    return (p.zero_stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing, p.lora_rank, p.micro_batch)
+    return (p.zero_stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing, p.lora_rank)
 
 
 def _layout(p: OuterPoint) -> str:

@@ -155,7 +155,7 @@ def predict_single_model(
         grads_down = 4 * trainable / n * (s.grad_accum if s.zero_stage >= 2 else 1)
         params_up = 4 * trainable / n
         offload += pcie_time(grads_down + params_up, hardware, coef)
-        if s.offload_optimizer == "nvme":
+        if s.offload_optimizer == "nvme" and s.zero_stage == 3:
             offload += nvme_time(2 * 16 * trainable / n * hardware.gpus, coef)
     if s.offload_param != "none":
         fetched = passes * d * resident / n * s.grad_accum
@@ -195,8 +195,11 @@ def predict_single_model(
     peak_reserved = max(phase_reserved.values())
     breakdown = dict(resident_bytes, **live[peak_phase], kv_cache=0)
     breakdown["fragmentation"] = phase_reserved[peak_phase] - phase_alloc[peak_phase]
-    host_states = states.host * hardware.gpus
-    host = int(coef.host_buffer_factor * max(host_states, 4 * model.total_params * hardware.gpus))
+    # Host memory per node: offloaded states with DeepSpeed's pinned-buffer slack, or, when larger, every
+    # local rank loading its 16-bit copy of the model before deepspeed.initialize (ZeRO-3 builds it
+    # partitioned under zero.Init).
+    loading = hardware.gpus * d * resident // (n if s.zero_stage == 3 else 1)
+    host = int(max(coef.host_buffer_factor * states.host * hardware.gpus, loading))
     if s.lora_rank and s.lora_rank * 8 > model.hidden_size:
         notes.append(f"LoRA rank {s.lora_rank} is large for hidden size {model.hidden_size}")
     return Prediction(

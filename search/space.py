@@ -1,9 +1,9 @@
 """The single-model strategy space: which knobs exist for a workload on given hardware.
 
-The space splits in two. Outer knobs (ZeRO stage, offload, checkpointing, LoRA rank, micro-batch) change
-the memory layout and the compute; the Optuna study explores them. Inner knobs (``empty_cache`` policy,
-allocator) only trade fragments for a little time; for each outer point the cheapest inner choice that
-fits is found exactly (a handful of options).
+The space splits in two. Outer knobs (ZeRO stage, offload, checkpointing, LoRA rank) choose the memory
+layout and the kind of compute; the Optuna study explores them. Inner knobs (micro-batch with its
+accumulation, ``empty_cache`` policy, allocator) scale what that layout holds; for each outer point the
+fastest inner choice that fits is found exactly (a few dozen cheap predictions).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ class OuterPoint:
     offload_param: str
     gradient_checkpointing: bool
     lora_rank: int
-    micro_batch: int
-    grad_accum: int
 
 
 def per_gpu_batch(workload: Workload, hardware: Hardware) -> int:
@@ -50,45 +48,44 @@ def offload_targets(hardware: Hardware) -> tuple[str, ...]:
     return ("none", "cpu", "nvme") if hardware.nvme_path else ("none", "cpu")
 
 
-def inner_choices(workload: Workload) -> list[tuple[str, str]]:
-    """(empty_cache, allocator) pairs worth distinguishing for this workload, cheapest first."""
+def inner_choices(workload: Workload, hardware: Hardware) -> list[tuple[int, int, str, str]]:
+    """(micro_batch, grad_accum, empty_cache, allocator) worth distinguishing, simplest first."""
+    per_gpu = per_gpu_batch(workload, hardware)
     policies = ["never", "every-step", "after-phase"]
     if workload.kind == "dpo":
         policies.insert(1, "after-inference")  # the reference forward is an inference phase
-    return [(policy, allocator) for allocator in ("default", "expandable-segments") for policy in policies]
+    return [
+        (micro, per_gpu // micro, policy, allocator)
+        for micro in reversed(micro_batches(workload, hardware))
+        for allocator in ("default", "expandable-segments")
+        for policy in policies
+    ]
 
 
 def outer_points(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...]) -> Iterator[OuterPoint]:
     """Every valid outer point, in a fixed order (the exhaustive enumeration tests compare against)."""
-    per_gpu = per_gpu_batch(workload, hardware)
+    per_gpu_batch(workload, hardware)  # the batch must split over the GPUs
     targets = offload_targets(hardware)
     for lora_rank in lora_ranks:
         for zero_stage in (0, 1, 2, 3):
-            for offload_optimizer in targets if zero_stage else ("none",):
+            # ZeRO-1/2 treat nvme like cpu (stage_1_and_2.py only checks device != none): cpu only there.
+            for offload_optimizer in targets if zero_stage == 3 else ("none", "cpu") if zero_stage else ("none",):
                 for offload_param in targets if zero_stage == 3 and offload_optimizer != "none" else ("none",):
                     for checkpointing in (False, True):
-                        for micro in micro_batches(workload, hardware):
-                            yield OuterPoint(
-                                zero_stage,
-                                offload_optimizer,
-                                offload_param,
-                                checkpointing,
-                                lora_rank,
-                                micro,
-                                per_gpu // micro,
-                            )
+                        yield OuterPoint(zero_stage, offload_optimizer, offload_param, checkpointing, lora_rank)
 
 
-def strategy_at(point: OuterPoint, empty_cache: str, allocator: str) -> Strategy:
-    """The full strategy of an outer point with its inner choice."""
+def strategy_at(point: OuterPoint, inner: tuple[int, int, str, str]) -> Strategy:
+    """The full strategy of an outer point with one inner choice."""
+    micro_batch, grad_accum, empty_cache, allocator = inner
     return Strategy(
         zero_stage=point.zero_stage,
         offload_optimizer=point.offload_optimizer,
         offload_param=point.offload_param,
         gradient_checkpointing=point.gradient_checkpointing,
         lora_rank=point.lora_rank,
-        micro_batch=point.micro_batch,
-        grad_accum=point.grad_accum,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
         empty_cache=empty_cache,
         allocator=allocator,
     )
@@ -97,5 +94,5 @@ def strategy_at(point: OuterPoint, empty_cache: str, allocator: str) -> Strategy
 def all_strategies(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...]) -> Iterator[Strategy]:
     """The whole space, outer x inner: what an exhaustive search would try."""
     for point in outer_points(workload, hardware, lora_ranks):
-        for empty_cache, allocator in inner_choices(workload):
-            yield strategy_at(point, empty_cache, allocator)
+        for inner in inner_choices(workload, hardware):
+            yield strategy_at(point, inner)

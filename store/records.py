@@ -38,7 +38,7 @@ WORKLOAD_KINDS: tuple[str, ...] = RLHF_WORKLOADS + SINGLE_MODEL_WORKLOADS
 class ModelSpec:
     """The shape of a transformer, enough to count its bytes and FLOPs without building it.
 
-    ``hf_config`` is the dictionary that ``transformers.AutoConfig.for_model(model_type, **hf_config)``
+    ``hf_config`` is the dictionary (``model_type`` included) that ``transformers.AutoConfig.for_model(**hf_config)``
     turns back into the real config class; probes build the model from it with random weights.
     Parameter counts are exact (they equal what transformers instantiates on the meta device).
     """

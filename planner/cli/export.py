@@ -1,0 +1,39 @@
+"""``planner export``: write a saved plan's DeepSpeed config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.cli.options import Db
+
+
+def export_command(
+    plan_id: Annotated[
+        str | None, typer.Argument(help="Plan id or a unique prefix (default: the latest plan).")
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the DeepSpeed config.")] = Path(
+        "ds_config.json"
+    ),
+    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing file.")] = False,
+    db: Db = None,
+) -> int:
+    """Write the DeepSpeed config of a plan, and print the settings that are not DeepSpeed keys.
+
+    Example: planner export -o ds_config.json
+    """
+    from planner.api import export
+
+    path, document = export(plan_id, output, force=force, db=db)
+    print(f"wrote {path} (plan {document.get('plan_id', plan_id)})")
+    outside = document.get("outside_settings", {})
+    if outside:
+        print("Also apply, outside the DeepSpeed config:")
+        for name, text in outside.items():
+            print(f"  {name}: {text or 'leave unset'}")
+    env = outside.get("PYTORCH_CUDA_ALLOC_CONF")
+    if env:
+        print(f"  export PYTORCH_CUDA_ALLOC_CONF={env}")
+    return 0

@@ -1,0 +1,60 @@
+"""Writing files the user asked for: atomically, never over an existing file without ``force``."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from store.errors import InputError
+
+
+def write_text_atomic(path: Path, text: str, *, force: bool = False) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename: all or nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give a file name such as {path / 'ds_config.json'}")
+    if path.exists() and not force:
+        raise InputError(f"{path} exists; pass --force to overwrite it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {path}: folder {folder} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: Path, data: Any, *, force: bool = False) -> Path:
+    """Write ``data`` as indented JSON (see ``write_text_atomic``)."""
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n", force=force)
+
+
+def read_json_file(path: str | Path, what: str) -> Any:
+    """Parse a JSON file the user named; any problem is one InputError line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what}: {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what}: cannot read {p}: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what}: {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None

@@ -1,0 +1,170 @@
+"""Turning what a user typed (CLI flags or API keywords) into a Workload and a Hardware record.
+
+Every check of user input lives here, so that each bad value gets one clear InputError.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.errors import InputError
+from store.gpus import generic_gpu, get_gpu
+from store.models import get_model
+from store.records import ATTN_IMPLS, DTYPES, SINGLE_MODEL_WORKLOADS, WORKLOAD_KINDS, Hardware, Workload
+from store.sizes import describe_size, parse_size
+
+DEFAULT_SEQ_LEN = 512
+DEFAULT_BATCH_PER_GPU = 8
+DEFAULT_CPU_MEM = 64 * 2**30
+NO_BF16_GPUS = ("V100-16G", "V100-32G", "T4")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The raw description of a job, as the CLI and the Python API take it."""
+
+    model: str
+    workload: str = "sft"
+    gpu_mem: str | int | None = None
+    gpu: str | None = None
+    gpus: int = 1
+    nodes: int = 1
+    cpu_mem: str | int | None = None
+    batch: int | None = None
+    seq_len: int | None = None
+    prompt_len: int | None = None
+    gen_len: int | None = None
+    dtype: str | None = None
+    attn_impl: str = "sdpa"
+    ref_model: str | None = None
+    critic_model: str | None = None
+    reward_model: str | None = None
+    nvme_path: str | None = None
+    safety_margin: float = 0.05
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A JobSpec made concrete, with a line for each value that was read or assumed."""
+
+    workload: Workload
+    hardware: Hardware
+    readings: tuple[str, ...] = field(default=())
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _positive_int(value: Any, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"{flag} must be a whole number larger than zero, not {value!r}")
+    return value
+
+
+def resolve_hardware(spec: JobSpec, readings: list[str]) -> Hardware:
+    """The Hardware record of ``spec``: catalog GPU and/or ``--gpu-mem``, counts and host memory."""
+    gpus = _positive_int(spec.gpus, "--gpus")
+    nodes = _positive_int(spec.nodes, "--nodes")
+    if not 0 <= spec.safety_margin < 0.5:
+        raise InputError(f"--safety-margin must be between 0 and 0.5, not {spec.safety_margin}")
+    if spec.gpu is None and spec.gpu_mem is None:
+        raise InputError("say which GPU: --gpu-mem 24G, or --gpu NAME (for example --gpu A100-80G)")
+    gpu = get_gpu(spec.gpu) if spec.gpu else None
+    if spec.gpu_mem is not None:
+        memory = parse_size(spec.gpu_mem, "--gpu-mem")
+        readings.append(f"GPU memory: {describe_size(spec.gpu_mem, memory)}")
+        if gpu is None:
+            gpu = generic_gpu(memory)
+            readings.append(f"GPU rates: none given, assuming an A100's (pass --gpu NAME for yours): {gpu.name}")
+    else:
+        assert gpu is not None
+        memory = gpu.memory_bytes
+    if spec.cpu_mem is not None:
+        cpu_memory = parse_size(spec.cpu_mem, "--cpu-mem")
+        readings.append(f"host memory per node: {describe_size(spec.cpu_mem, cpu_memory)}")
+    else:
+        cpu_memory = host_memory_bytes() or DEFAULT_CPU_MEM
+        readings.append(f"host memory per node: {cpu_memory / 2**30:.1f} GiB (this machine's; pass --cpu-mem)")
+    if spec.nvme_path is not None and not spec.nvme_path.strip():
+        raise InputError("--nvme-path must name a folder")
+    return Hardware(
+        gpu=gpu,
+        gpu_memory_bytes=memory,
+        gpus=gpus,
+        nodes=nodes,
+        cpu_memory_bytes=cpu_memory,
+        nvme_path=spec.nvme_path,
+        safety_margin=spec.safety_margin,
+    )
+
+
+def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> Workload:
+    """The Workload record of ``spec``: models from the catalog or local configs, lengths, batch, dtype."""
+    if spec.workload not in WORKLOAD_KINDS:
+        raise InputError(f"--workload must be one of {', '.join(WORKLOAD_KINDS)}, not {spec.workload!r}")
+    if spec.workload not in SINGLE_MODEL_WORKLOADS:
+        raise InputError(
+            f"--workload {spec.workload} (RLHF) is not supported yet; use {', '.join(SINGLE_MODEL_WORKLOADS)}"
+        )
+    if spec.attn_impl not in ATTN_IMPLS:
+        raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {spec.attn_impl!r}")
+    model = get_model(spec.model)
+    dtype = spec.dtype
+    if dtype is None:
+        dtype = "fp16" if hardware.gpu.name in NO_BF16_GPUS else "bf16"
+        if dtype == "fp16":
+            readings.append(f"dtype: fp16 ({hardware.gpu.name} has no bf16 tensor cores)")
+    elif dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    seq_len = _sequence_length(spec)
+    if seq_len > model.max_positions:
+        raise InputError(
+            f"sequence length {seq_len} is longer than {model.name}'s context of {model.max_positions} tokens"
+        )
+    if spec.batch is None:
+        batch = DEFAULT_BATCH_PER_GPU * hardware.world_size
+        readings.append(f"global batch: {batch} ({DEFAULT_BATCH_PER_GPU} per GPU; pass --batch)")
+    else:
+        batch = _positive_int(spec.batch, "--batch")
+    ref_model = get_model(spec.ref_model) if spec.ref_model else None
+    if spec.workload != "dpo" and ref_model is not None:
+        raise InputError("--ref-model only applies to --workload dpo (and RLHF workloads)")
+    return Workload(
+        kind=spec.workload,
+        model=model,
+        seq_len=seq_len,
+        global_batch=batch,
+        dtype=dtype,
+        attn_impl=spec.attn_impl,
+        ref_model=ref_model,
+    )
+
+
+def _sequence_length(spec: JobSpec) -> int:
+    if spec.prompt_len is not None or spec.gen_len is not None:
+        if spec.seq_len is not None:
+            raise InputError("give either --seq-len or --prompt-len with --gen-len, not both")
+        if spec.prompt_len is None or spec.gen_len is None:
+            raise InputError("--prompt-len and --gen-len go together")
+        return _positive_int(spec.prompt_len, "--prompt-len") + _positive_int(spec.gen_len, "--gen-len")
+    if spec.seq_len is None:
+        return DEFAULT_SEQ_LEN
+    return _positive_int(spec.seq_len, "--seq-len")
+
+
+def resolve(spec: JobSpec) -> ResolvedJob:
+    """Check and resolve every input of ``spec``; raises InputError with one clear line."""
+    readings: list[str] = []
+    hardware = resolve_hardware(spec, readings)
+    workload = resolve_workload(spec, hardware, readings)
+    return ResolvedJob(workload=workload, hardware=hardware, readings=tuple(readings))

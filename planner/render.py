@@ -1,0 +1,148 @@
+"""Human-readable output of the CLI: rich tables over the API's typed results."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.results import CheckResult, Plan, Predicted, PredictionReport
+from store.records import Strategy
+from store.sizes import format_bytes
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+GIB = 2**30
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _header(report: PredictionReport) -> None:
+    w, h = report.workload, report.hardware
+    params = w.get("params", 0) / 1e9
+    console.print(
+        f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · global batch {w['global_batch']} x "
+        f"{w['seq_len']} tokens · {w['dtype']} · {w['attn_impl']}"
+    )
+    console.print(
+        f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s) · GPU {format_bytes(h['gpu_memory_bytes'])}, "
+        f"usable {format_bytes(report.predicted.gpu_budget_bytes)} · host {format_bytes(h['cpu_memory_bytes'])}"
+    )
+    for line in report.readings:
+        console.print(f"  [dim]{line}[/dim]")
+
+
+def _breakdown_table(predicted: Predicted) -> Table:
+    table = Table(title=f"Memory per GPU at the peak phase ({predicted.peak_phase})", title_justify="left")
+    table.add_column("component")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    total = max(1, predicted.peak_reserved_bytes)
+    for name, value in predicted.breakdown.items():
+        if value:
+            table.add_row(name.replace("_", " "), format_bytes(value), f"{100 * value / total:.0f}%")
+    table.add_row("[bold]peak reserved[/bold]", f"[bold]{format_bytes(predicted.peak_reserved_bytes)}[/bold]", "")
+    table.add_row("usable GPU memory", format_bytes(predicted.gpu_budget_bytes), "")
+    headroom = predicted.gpu_budget_bytes - predicted.peak_reserved_bytes
+    table.add_row("headroom", format_bytes(headroom), "", style="green" if headroom >= 0 else "red")
+    return table
+
+
+def _phases_table(predicted: Predicted) -> Table:
+    table = Table(title="Phases of one optimizer step", title_justify="left")
+    for column in ("phase", "runs", "peak allocated", "peak reserved", "time"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for phase in predicted.phases:
+        mark = " *" if phase.name == predicted.peak_phase else ""
+        table.add_row(
+            phase.name + mark,
+            str(phase.count),
+            _gib(phase.peak_allocated_bytes),
+            _gib(phase.peak_reserved_bytes),
+            _seconds(phase.time_s),
+        )
+    return table
+
+
+def _outside(report: PredictionReport) -> None:
+    console.print("[bold]Outside the DeepSpeed config[/bold]")
+    for name, text in report.outside_settings.items():
+        console.print(f"  {name}: {text or 'leave unset'}")
+
+
+def render_prediction(report: PredictionReport) -> None:
+    """``planner predict``: one strategy's memory, phases and time."""
+    _header(report)
+    p = report.predicted
+    verdict = "[green]fits[/green]" if report.fits else "[red]does not fit[/red]"
+    console.print(f"\nStrategy: [bold]{Strategy.from_dict(report.strategy).describe()}[/bold] · {verdict}")
+    console.print(
+        f"peak allocated {_gib(p.peak_allocated_bytes)} · peak reserved {_gib(p.peak_reserved_bytes)} · "
+        f"host {_gib(p.host_bytes)} of {_gib(p.host_budget_bytes)} · step {_seconds(p.step_time_s)}"
+    )
+    console.print(_breakdown_table(p))
+    console.print(_phases_table(p))
+    _time_line(p)
+    for note in p.notes:
+        console.print(f"note: {note}")
+
+
+def _time_line(p: Predicted) -> None:
+    parts = [f"{k} {_seconds(v)}" for k, v in p.time_breakdown.items() if v > 0]
+    console.print("step time: " + " + ".join(parts))
+
+
+def render_plan(plan: Plan) -> None:
+    """``planner recommend``: the chosen strategy, the next best, memory breakdown and phases."""
+    _header(plan)
+    verdict = "[green]fits[/green]" if plan.fits else "[red]nothing fits[/red]"
+    console.print(f"\nPlan [bold]{plan.plan_id or '(not saved)'}[/bold]: {verdict}")
+    table = Table()
+    for column in ("", "strategy", "peak reserved", "headroom", "host", "step time", "overhead"):
+        table.add_column(column, justify="left" if column in ("", "strategy") else "right")
+    fastest = plan.fastest_ignoring_memory.predicted.step_time_s if plan.fastest_ignoring_memory else None
+    rows: list[tuple[str, dict[str, Any], Predicted]] = [
+        ("chosen" if plan.fits else "closest", plan.strategy, plan.predicted)
+    ]
+    rows += [(f"#{i + 2}", alt.strategy, alt.predicted) for i, alt in enumerate(plan.alternatives)]
+    for label, strategy, p in rows:
+        overhead = f"+{100 * (p.step_time_s / fastest - 1):.0f}%" if fastest else "-"
+        table.add_row(
+            label,
+            Strategy.from_dict(strategy).describe(),
+            _gib(p.peak_reserved_bytes),
+            _gib(p.gpu_budget_bytes - p.peak_reserved_bytes),
+            _gib(p.host_bytes),
+            _seconds(p.step_time_s),
+            overhead,
+        )
+    console.print(table)
+    if plan.fastest_ignoring_memory:
+        f = plan.fastest_ignoring_memory
+        console.print(
+            f"[dim]overhead is against the fastest strategy if memory were unlimited: "
+            f"{Strategy.from_dict(f.strategy).describe()}, {_seconds(f.predicted.step_time_s)}, "
+            f"{_gib(f.predicted.peak_reserved_bytes)} peak[/dim]"
+        )
+    console.print(_breakdown_table(plan.predicted))
+    console.print(_phases_table(plan.predicted))
+    _time_line(plan.predicted)
+    for line in plan.suggestions:
+        console.print(f"[yellow]{'what would fit' if not plan.fits else 'note'}:[/yellow] {line}")
+    _outside(plan)
+    if plan.plan_id:
+        console.print(f"\nExport: planner export {plan.plan_id} -o ds_config.json")
+
+
+def render_check(result: CheckResult) -> None:
+    """``planner check``: the verdict, the reasons and the prediction behind them."""
+    render_prediction(result.report)
+    for reason in result.reasons:
+        console.print(f"[red]{reason}[/red]")

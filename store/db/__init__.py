@@ -1,0 +1,37 @@
+"""The plan database: saved plans as frozen records, behind one storage contract.
+
+Open it with ``open_storage()`` (an explicit URL or path, then ``$PLANNER_DB``, then ``memplan.db`` in
+the user data folder). Opening a new or older database migrates it with the Alembic scripts in
+``store/migrations``; opening one already at the newest schema does not import Alembic.
+
+Importing this package is cheap: SQLAlchemy (about half a second to import) loads on the first
+``open_storage()`` or on first access to ``SQLAlchemyStorage``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from store.db._base import BaseStorage
+from store.db._open import default_db_url, open_storage
+from store.db._record import PlanRecord
+
+if TYPE_CHECKING:
+    from store.db._sqlalchemy import SQLAlchemyStorage
+
+__all__ = [
+    "BaseStorage",
+    "PlanRecord",
+    "SQLAlchemyStorage",
+    "default_db_url",
+    "open_storage",
+]
+
+
+def __getattr__(name: str) -> object:
+    """Load ``SQLAlchemyStorage`` (and SQLAlchemy) on first access."""
+    if name == "SQLAlchemyStorage":
+        from store.db._sqlalchemy import SQLAlchemyStorage
+
+        return SQLAlchemyStorage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

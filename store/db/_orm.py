@@ -1,0 +1,61 @@
+"""SQLAlchemy ORM rows of the plan database. Private: storages turn rows into frozen records.
+
+The tables here must match what ``store/migrations`` builds; a test compares them with Alembic's
+autogenerate and fails on any difference.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Dialect, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A tz-aware UTC datetime, stored as UTC whether or not the database keeps time zones."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC; naive values are refused (their zone is unknown)."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("created_at must be timezone-aware")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Attach (or convert to) UTC."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the plan database."""
+
+
+class PlanRow(Base):
+    """One row of ``plans``: the searchable columns plus the JSON of every part of the plan."""
+
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    plan_id: Mapped[str] = mapped_column(String(32), unique=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    model: Mapped[str] = mapped_column(Text)
+    fits: Mapped[bool] = mapped_column(Boolean)
+    workload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    hardware: Mapped[dict[str, Any]] = mapped_column(JSON)
+    strategy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    predicted: Mapped[dict[str, Any]] = mapped_column(JSON)
+    ds_config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)

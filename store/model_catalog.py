@@ -1,0 +1,210 @@
+"""The built-in models: HF config dicts written from the published ``config.json`` of each repo.
+
+Only shape-relevant and behaviour-relevant keys are kept (no ``architectures``, ``torch_dtype`` or
+tokenizer ids beyond bos/eos/pad). Each entry is ``(canonical name, aliases, config)``; aliases are
+matched case-insensitively and include the Hugging Face repo id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Entry = tuple[str, tuple[str, ...], dict[str, Any]]
+
+
+def _opt(hidden: int, layers: int, heads: int, **changes: Any) -> dict[str, Any]:
+    # facebook/opt-*: pre-LN except opt-350m; ffn 4x hidden; learned positions (2048 + 2 rows).
+    return {
+        "model_type": "opt",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "ffn_dim": 4 * hidden,
+        "word_embed_proj_dim": hidden,
+        "vocab_size": 50272,
+        "max_position_embeddings": 2048,
+        "do_layer_norm_before": True,
+        "activation_function": "relu",
+        "dropout": 0.1,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "layerdrop": 0.0,
+        "init_std": 0.02,
+        "enable_bias": True,
+        "layer_norm_elementwise_affine": True,
+        "tie_word_embeddings": True,
+        "pad_token_id": 1,
+        "bos_token_id": 2,
+        "eos_token_id": 2,
+        **changes,
+    }
+
+
+def _gpt2(n_embd: int, n_layer: int, n_head: int) -> dict[str, Any]:
+    # openai-community/gpt2*: Conv1D blocks, 1024 learned positions, dropout 0.1 everywhere.
+    return {
+        "model_type": "gpt2",
+        "n_embd": n_embd,
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "n_ctx": 1024,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+    }
+
+
+def _decoder(model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, **more: Any) -> dict[str, Any]:
+    # The Llama-like families (llama, mistral, qwen2): RMSNorm, SwiGLU, rotary positions, GQA.
+    return {
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "attention_dropout": 0.0,
+        **more,
+    }
+
+
+def _llama2(hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[str, Any]:
+    # meta-llama/Llama-2-*-hf: 32k vocab, 4k context, untied head; 70b uses GQA (8 kv heads).
+    return _decoder(
+        "llama", hidden, inter, layers, heads, kv,
+        vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+        rope_scaling=None, attention_bias=False, mlp_bias=False, pretraining_tp=1,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
+def _llama3(hidden: int, inter: int, layers: int, heads: int, factor: float, **more: Any) -> dict[str, Any]:
+    # Llama 3.1 / 3.2: 128k vocab, 128k context through llama3 rope scaling of an 8k original.
+    rope = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    return _decoder(
+        "llama", hidden, inter, layers, heads, 8,
+        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=rope, attention_bias=False, mlp_bias=False, pretraining_tp=1,
+        bos_token_id=128000, eos_token_id=128001, **more,
+    )  # fmt: skip
+
+
+def _mistral(vocab: int, rope_theta: float, sliding_window: int | None) -> dict[str, Any]:
+    return _decoder(
+        "mistral", 4096, 14336, 32, 32, 8,
+        vocab_size=vocab, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=rope_theta,
+        sliding_window=sliding_window, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
+def _qwen25(
+    hidden: int, inter: int, layers: int, heads: int, kv: int, positions: int, window_layers: int = 0
+) -> dict[str, Any]:
+    # Qwen/Qwen2.5-* base models: q/k/v biases; the small ones (<= 3B) tie the head to a 151936 vocab,
+    # 7B and up have an untied head over 152064 rows. Sliding window is off.
+    small = hidden <= 2048
+    return _decoder(
+        "qwen2", hidden, inter, layers, heads, kv,
+        vocab_size=151936 if small else 152064, max_position_embeddings=positions,
+        rms_norm_eps=1e-6 if hidden <= 3584 else 1e-5, rope_theta=1000000.0,
+        use_sliding_window=False, sliding_window=positions, max_window_layers=window_layers or layers,
+        tie_word_embeddings=small, bos_token_id=151643, eos_token_id=151643,
+    )  # fmt: skip
+
+
+CATALOG: tuple[Entry, ...] = (
+    ("opt-125m", ("facebook/opt-125m",), _opt(768, 12, 12)),
+    # opt-350m: post-LN (no final layer norm) and 512-wide token embeddings projected to 1024.
+    (
+        "opt-350m",
+        ("facebook/opt-350m",),
+        _opt(1024, 24, 16, word_embed_proj_dim=512, do_layer_norm_before=False),
+    ),
+    ("opt-1.3b", ("facebook/opt-1.3b",), _opt(2048, 24, 32)),
+    ("opt-2.7b", ("facebook/opt-2.7b",), _opt(2560, 32, 32)),
+    ("opt-6.7b", ("facebook/opt-6.7b",), _opt(4096, 32, 32)),
+    ("opt-13b", ("facebook/opt-13b",), _opt(5120, 40, 40)),
+    ("opt-30b", ("facebook/opt-30b",), _opt(7168, 48, 56)),
+    ("opt-66b", ("facebook/opt-66b",), _opt(9216, 64, 72)),
+    ("gpt2", ("gpt2-small", "openai-community/gpt2"), _gpt2(768, 12, 12)),
+    ("gpt2-medium", ("openai-community/gpt2-medium",), _gpt2(1024, 24, 16)),
+    ("gpt2-large", ("openai-community/gpt2-large",), _gpt2(1280, 36, 20)),
+    ("gpt2-xl", ("openai-community/gpt2-xl",), _gpt2(1600, 48, 25)),
+    (
+        "llama-2-7b",
+        ("llama2-7b", "llama-2-7b-hf", "meta-llama/Llama-2-7b-hf"),
+        _llama2(4096, 11008, 32, 32, 32),
+    ),
+    (
+        "llama-2-13b",
+        ("llama2-13b", "llama-2-13b-hf", "meta-llama/Llama-2-13b-hf"),
+        _llama2(5120, 13824, 40, 40, 40),
+    ),
+    (
+        "llama-2-70b",
+        ("llama2-70b", "llama-2-70b-hf", "meta-llama/Llama-2-70b-hf"),
+        _llama2(8192, 28672, 80, 64, 8),
+    ),
+    # Llama 3.2 small models tie the head and give head_dim explicitly; "llama-3-1b"/"-3b" point here.
+    (
+        "llama-3.2-1b",
+        ("llama-3-1b", "llama3.2-1b", "meta-llama/Llama-3.2-1B"),
+        _llama3(2048, 8192, 16, 32, 32.0, head_dim=64, tie_word_embeddings=True),
+    ),
+    (
+        "llama-3.2-3b",
+        ("llama-3-3b", "llama3.2-3b", "meta-llama/Llama-3.2-3B"),
+        _llama3(3072, 8192, 28, 24, 32.0, head_dim=128, tie_word_embeddings=True),
+    ),
+    # Llama 3 and 3.1 share shapes (3.0 had 8k context, no rope scaling): the 3.0 names alias 3.1.
+    (
+        "llama-3.1-8b",
+        (
+            "llama-3-8b",
+            "llama3-8b",
+            "llama3.1-8b",
+            "meta-llama/Llama-3.1-8B",
+            "meta-llama/Meta-Llama-3.1-8B",
+            "meta-llama/Meta-Llama-3-8B",
+        ),
+        _llama3(4096, 14336, 32, 32, 8.0, tie_word_embeddings=False),
+    ),  # fmt: skip
+    (
+        "llama-3.1-70b",
+        (
+            "llama-3-70b",
+            "llama3-70b",
+            "llama3.1-70b",
+            "meta-llama/Llama-3.1-70B",
+            "meta-llama/Meta-Llama-3.1-70B",
+            "meta-llama/Meta-Llama-3-70B",
+        ),
+        _llama3(8192, 28672, 80, 64, 8.0, tie_word_embeddings=False),
+    ),  # fmt: skip
+    # "mistral-7b" is v0.1 (32000 vocab, 4096 sliding window); v0.3 (32768 vocab, no window) is separate.
+    ("mistral-7b", ("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1"), _mistral(32000, 10000.0, 4096)),
+    ("mistral-7b-v0.3", ("mistralai/Mistral-7B-v0.3",), _mistral(32768, 1000000.0, None)),
+    ("qwen2.5-0.5b", ("Qwen/Qwen2.5-0.5B",), _qwen25(896, 4864, 24, 14, 2, 32768)),
+    ("qwen2.5-1.5b", ("Qwen/Qwen2.5-1.5B",), _qwen25(1536, 8960, 28, 12, 2, 131072, 21)),
+    ("qwen2.5-3b", ("Qwen/Qwen2.5-3B",), _qwen25(2048, 11008, 36, 16, 2, 32768)),
+    ("qwen2.5-7b", ("Qwen/Qwen2.5-7B",), _qwen25(3584, 18944, 28, 28, 4, 131072)),
+    ("qwen2.5-14b", ("Qwen/Qwen2.5-14B",), _qwen25(5120, 13824, 48, 40, 8, 131072)),
+    ("qwen2.5-32b", ("Qwen/Qwen2.5-32B",), _qwen25(5120, 27648, 64, 40, 8, 131072)),
+    ("qwen2.5-72b", ("Qwen/Qwen2.5-72B",), _qwen25(8192, 29568, 80, 64, 8, 131072)),
+)

@@ -1,0 +1,85 @@
+"""The model catalog: built-in names and local ``config.json`` files turned into ModelSpec records.
+
+Nothing is downloaded and nothing heavy is imported: specs come from HF config dicts (the catalog's,
+in ``store.model_catalog``, or a local file) through the pure-Python parameter formulas of
+``store.model_params``, which match what transformers instantiates exactly.
+
+    >>> get_model("facebook/opt-1.3b").total_params
+    1315758080
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+from store.errors import InputError
+from store.model_catalog import CATALOG
+from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
+from store.records import ModelSpec
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "get_model", "model_names", "spec_from_hf_config"]
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+_BY_KEY: dict[str, tuple[str, dict[str, Any]]] = {}
+for _name, _aliases, _config in CATALOG:
+    for _alias in (_name, *_aliases):
+        _BY_KEY[_key(_alias)] = (_name, _config)
+
+
+def model_names() -> list[str]:
+    """Catalog names, in catalog order."""
+    return [name for name, _, _ in CATALOG]
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """The ModelSpec for a catalog name or alias (case-insensitive; HF repo ids such as
+    ``meta-llama/Llama-2-7b-hf`` work) or for a local ``config.json`` / a folder holding one.
+
+    A local config's spec is named by the path as given. Unknown names and unreadable or unsupported
+    configs raise InputError with one line that says what is wrong (and suggests close names).
+    """
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise InputError(f"model name is empty; give a catalog name ({', '.join(model_names())}) or a config.json")
+    path = Path(name_or_path).expanduser()
+    if path.is_file() or (path / "config.json").is_file():
+        return _from_path(name_or_path, path)
+    found = _BY_KEY.get(_key(name_or_path))
+    if found is not None:
+        name, config = found
+        return spec_from_hf_config(name, copy.deepcopy(config))
+    if path.is_dir():
+        raise InputError(f"{name_or_path}: folder has no config.json (expected a Hugging Face model folder)")
+    raise InputError(_unknown_message(name_or_path))
+
+
+def _from_path(given: str, path: Path) -> ModelSpec:
+    file = path if path.is_file() else path / "config.json"
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{file}: cannot read the model config ({err})") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{file}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{file}: a model config must be a JSON object, not {type(config).__name__}")
+    return spec_from_hf_config(given, config, source=str(file))
+
+
+def _unknown_message(name: str) -> str:
+    close = difflib.get_close_matches(_key(name), list(_BY_KEY), n=6, cutoff=0.5)
+    suggestions = list(dict.fromkeys(_BY_KEY[key][0] for key in close))[:3]
+    hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+    return (
+        f"unknown model {name!r} (not a catalog name, nor a config.json file or model folder){hint} "
+        f"Known: {', '.join(model_names())}"
+    )
