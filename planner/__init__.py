@@ -1,0 +1,51 @@
+"""memplan's face: the Python API and the ``planner`` CLI.
+
+    from planner import recommend, predict, check
+    plan = recommend("opt-1.3b", gpu_mem="24G", workload="sft")
+    plan.save("ds_config.json")
+
+Names are loaded on first use, so ``import planner`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.api import check, export, plans, predict, recommend
+    from planner.inputs import JobSpec
+    from planner.results import CheckResult, Plan, PredictionReport
+
+__all__ = [
+    "CheckResult",
+    "JobSpec",
+    "Plan",
+    "PredictionReport",
+    "check",
+    "export",
+    "plans",
+    "predict",
+    "recommend",
+]
+
+_HOMES = {
+    "check": "planner.api",
+    "export": "planner.api",
+    "plans": "planner.api",
+    "predict": "planner.api",
+    "recommend": "planner.api",
+    "JobSpec": "planner.inputs",
+    "CheckResult": "planner.results",
+    "Plan": "planner.results",
+    "PredictionReport": "planner.results",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value

@@ -108,7 +108,16 @@ def search(
         else:
             study_sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True)
         study = optuna.create_study(direction="minimize", sampler=study_sampler)
-        study.optimize(objective, n_trials=len(points) if sampler == "grid" else min(TPE_TRIALS, len(points)))
+
+        def stop_when_all_seen(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+            if len(evaluated) == len(points):
+                study.stop()
+
+        study.optimize(
+            objective,
+            n_trials=len(points) if sampler == "grid" else TPE_TRIALS,
+            callbacks=[stop_when_all_seen],
+        )
     order = {_key(p): i for i, p in enumerate(points)}
     ranked = sorted(evaluated.items(), key=lambda kv: (kv[1].score, order[kv[0]]))
     return SearchResult(

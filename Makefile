@@ -1,0 +1,21 @@
+# The two Quickstart commands: `make demo` and `make test`. Each sets up .venv first (scripts/setup.sh).
+VENV ?= .venv
+BIN := $(VENV)/bin
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: setup demo test lint bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/planner recommend --model opt-1.3b --gpu-mem 24G --workload sft
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && python3 ../shared/tools/check_layers.py
+
+bench: setup
+	$(BIN)/python benchmarks/latency.py
