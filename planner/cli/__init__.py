@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
+
+try:  # typer >= 0.25 vendors click as typer._click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as click_errors
 
 from planner.cli import check as check_cmd
 from planner.cli import explain as explain_cmd
@@ -46,18 +50,17 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, standalone_mode=False, prog_name="planner")
     except InputError as exc:
         return _fail(str(exc))
-    except click.exceptions.NoArgsIsHelpError as exc:
-        exc.ctx.command.get_help(exc.ctx) if exc.ctx else None
-        print(exc.ctx.get_help() if exc.ctx else "", file=sys.stdout)
+    except click_errors.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help() if exc.ctx else exc.format_message())
         return 0
-    except click.UsageError as exc:
-        return _fail(exc.format_message().replace("\n", " "))
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.Abort:
+    except click_errors.UsageError as exc:
+        return _fail(" ".join(exc.format_message().split()))
+    except click_errors.ClickException as exc:
+        return _fail(" ".join(exc.format_message().split()))
+    except (typer.Exit, getattr(click_errors, "Exit", typer.Exit)) as exc:
+        return int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
+    except (typer.Abort, KeyboardInterrupt):
         return _fail("aborted")
-    except click.ClickException as exc:
-        return _fail(exc.format_message())
     return result if isinstance(result, int) else 0
 
 
