@@ -234,6 +234,8 @@ def strategy_problems(strategy: Strategy) -> list[str]:
         problems.append("offload_param needs offload_optimizer too (ZeRO-Infinity offloads both)")
     if s.offload_optimizer != "none" and s.zero_stage == 0:
         problems.append("offload_optimizer needs zero_stage 1, 2 or 3")
+    elif s.offload_optimizer == "nvme" and s.zero_stage in (1, 2):
+        problems.append("offload_optimizer nvme needs zero_stage 3 (ZeRO-1/2 keep offloaded states in host memory)")
     if not isinstance(s.gradient_checkpointing, bool):
         problems.append("gradient_checkpointing must be true or false")
     for name in ("lora_rank",):

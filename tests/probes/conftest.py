@@ -1,0 +1,10 @@
+"""Shared setup of tests/probes: make the ``tiny_models`` helper importable under any import mode."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

@@ -1,0 +1,121 @@
+"""Test-side builders for the records the probes read: ModelSpec, Workload, Hardware, Strategy.
+
+``tiny_llama_spec`` describes a real (tiny) Llama causal LM: its ``hf_config`` is what
+``transformers.AutoConfig.for_model("llama", **hf_config)`` turns into the model the integration tests
+train, and its parameter counts are exact. ``rough_spec`` is for render-only tests, which read just
+``hidden_size`` and the names. Nothing here imports torch; ``build_tiny_model`` imports transformers
+lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.gpus import GENERIC_RATES
+from store.records import Hardware, ModelSpec, Strategy, Workload
+
+TINY_HIDDEN = 64
+TINY_LAYERS = 2
+TINY_HEADS = 4
+TINY_INTERMEDIATE = 128
+TINY_VOCAB = 128
+TINY_POSITIONS = 64
+
+GiB = 2**30
+
+
+def tiny_llama_hf_config() -> dict[str, Any]:
+    """The transformers LlamaConfig kwargs of the tiny model (random weights, never downloaded)."""
+    return {
+        "hidden_size": TINY_HIDDEN,
+        "intermediate_size": TINY_INTERMEDIATE,
+        "num_hidden_layers": TINY_LAYERS,
+        "num_attention_heads": TINY_HEADS,
+        "num_key_value_heads": TINY_HEADS,
+        "vocab_size": TINY_VOCAB,
+        "max_position_embeddings": TINY_POSITIONS,
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+    }
+
+
+def tiny_llama_spec() -> ModelSpec:
+    """ModelSpec of the tiny Llama with exact counts (q, k, v, o; gate, up, down; two RMSNorms)."""
+    h, i, v = TINY_HIDDEN, TINY_INTERMEDIATE, TINY_VOCAB
+    layer = 4 * h * h + 3 * h * i + 2 * h
+    embedding = v * h
+    lm_head = v * h
+    return ModelSpec(
+        name="tiny-llama",
+        model_type="llama",
+        hidden_size=h,
+        num_layers=TINY_LAYERS,
+        num_heads=TINY_HEADS,
+        num_kv_heads=TINY_HEADS,
+        head_dim=h // TINY_HEADS,
+        intermediate_size=i,
+        vocab_size=v,
+        max_positions=TINY_POSITIONS,
+        tie_word_embeddings=False,
+        gated_mlp=True,
+        dropout=0.0,
+        total_params=embedding + TINY_LAYERS * layer + h + lm_head,
+        layer_params=layer,
+        embedding_params=embedding,
+        lm_head_params=lm_head,
+        hf_config=tiny_llama_hf_config(),
+    )
+
+
+def rough_spec(name: str = "rough-1b", hidden_size: int = 2048) -> ModelSpec:
+    """A ModelSpec with plausible but rough counts: enough for config rendering, not for sizing."""
+    layers = 24
+    layer = 12 * hidden_size * hidden_size
+    embedding = 50_000 * hidden_size
+    return ModelSpec(
+        name=name,
+        model_type="opt",
+        hidden_size=hidden_size,
+        num_layers=layers,
+        num_heads=hidden_size // 64,
+        num_kv_heads=hidden_size // 64,
+        head_dim=64,
+        intermediate_size=4 * hidden_size,
+        vocab_size=50_000,
+        max_positions=2048,
+        tie_word_embeddings=True,
+        gated_mlp=False,
+        dropout=0.1,
+        total_params=embedding + layers * layer,
+        layer_params=layer,
+        embedding_params=embedding,
+        lm_head_params=0,
+    )
+
+
+def make_workload(
+    model: ModelSpec | None = None, dtype: str = "bf16", seq_len: int = 16, global_batch: int = 2
+) -> Workload:
+    """An SFT workload on ``model`` (the tiny Llama by default)."""
+    return Workload(
+        kind="sft", model=model or tiny_llama_spec(), seq_len=seq_len, global_batch=global_batch, dtype=dtype
+    )
+
+
+def make_hardware(gpus: int = 1, nodes: int = 1, nvme_path: str | None = None) -> Hardware:
+    """``nodes`` x ``gpus`` generic 24 GiB GPUs."""
+    return Hardware(gpu=GENERIC_RATES, gpu_memory_bytes=24 * GiB, gpus=gpus, nodes=nodes, nvme_path=nvme_path)
+
+
+def make_strategy(**changes: Any) -> Strategy:
+    """A Strategy with the given fields; the rest keep the record's defaults."""
+    return Strategy(**changes)
+
+
+def build_tiny_model(spec: ModelSpec | None = None) -> Any:
+    """Instantiate the causal LM of ``spec.hf_config`` with random weights (transformers, imported here)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = spec or tiny_llama_spec()
+    config = AutoConfig.for_model(spec.model_type, **spec.hf_config)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
