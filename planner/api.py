@@ -120,10 +120,31 @@ def _save(plan: Plan, db: str | None) -> Plan:
 
 def predict(model: str | JobSpec, strategy: Strategy | dict[str, Any], **job: Any) -> PredictionReport:
     """The prediction of one fixed strategy (the DESIGN.md single-model shape) for the job."""
-    resolved = _job(model, job)
     fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(strategy)
+    resolved = _job(model, job)
+    resolved = _with_batch_of(resolved, fixed, given=isinstance(model, JobSpec) or job.get("batch") is not None)
     prediction = predict_strategy(resolved.workload, fixed, resolved.hardware)
     return prediction_report(resolved, fixed, prediction)
+
+
+def _with_batch_of(job: ResolvedJob, strategy: Strategy, *, given: bool) -> ResolvedJob:
+    """The job with the global batch a fixed strategy runs; a --batch the strategy does not cover is an error."""
+    from dataclasses import replace
+
+    batch = strategy.micro_batch * strategy.grad_accum * job.hardware.world_size
+    if batch == job.workload.global_batch:
+        return job
+    if given:
+        raise InputError(
+            f"the strategy runs micro_batch {strategy.micro_batch} x grad_accum {strategy.grad_accum} x "
+            f"{job.hardware.world_size} GPUs = {batch} samples per step, not --batch {job.workload.global_batch}"
+        )
+    readings = tuple(r for r in job.readings if not r.startswith("global batch"))
+    return ResolvedJob(
+        workload=replace(job.workload, global_batch=batch),
+        hardware=job.hardware,
+        readings=readings + (f"global batch: {batch} (micro_batch x grad_accum x GPUs of the strategy)",),
+    )
 
 
 def check(ds_config: dict[str, Any] | str | Path, model: str | JobSpec, **job: Any) -> CheckResult:
@@ -136,18 +157,14 @@ def check(ds_config: dict[str, Any] | str | Path, model: str | JobSpec, **job: A
 
     config = read_json_file(ds_config, "ds_config") if isinstance(ds_config, (str, Path)) else ds_config
     outside = {k: job.pop(k) for k in ("gradient_checkpointing", "lora_rank", "empty_cache", "allocator") if k in job}
-    if job.get("dtype") is None and isinstance(config, dict):
-        job["dtype"] = dtype_of_ds_config(config)
+    if isinstance(config, dict):
+        config_dtype = dtype_of_ds_config(config)
+        if job.get("dtype") not in (None, config_dtype):
+            raise InputError(f"--dtype {job['dtype']} contradicts the config, which trains in {config_dtype}")
+        job["dtype"] = config_dtype
     resolved = _job(model, job)
-    strategy, batch = strategy_from_ds_config(config, resolved.hardware.world_size, **outside)
-    if batch != resolved.workload.global_batch:
-        from dataclasses import replace
-
-        resolved = ResolvedJob(
-            workload=replace(resolved.workload, global_batch=batch),
-            hardware=resolved.hardware,
-            readings=resolved.readings + (f"global batch: {batch} (train_batch_size of the config)",),
-        )
+    strategy, _ = strategy_from_ds_config(config, resolved.hardware.world_size, **outside)
+    resolved = _with_batch_of(resolved, strategy, given=False)
     prediction = predict_strategy(resolved.workload, strategy, resolved.hardware)
     report = prediction_report(resolved, strategy, prediction)
     reasons: list[str] = []

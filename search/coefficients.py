@@ -78,9 +78,7 @@ class Coefficients:
         1.5e9, "params/s per node", "DeepSpeedCPUAdam with AVX-512 on a many-core host (ZeRO-Offload)"
     )
     nvme_gbps: float = _coef(3.0, "GB/s per node", "sustained NVMe read/write of a single data-centre SSD")
-    empty_cache_call_s: float = _coef(
-        0.003, "s per call", "synchronize plus cudaFree of the cached segments"
-    )
+    empty_cache_call_s: float = _coef(0.003, "s per call", "synchronize plus cudaFree of the cached segments")
     empty_cache_realloc_s_per_gib: float = _coef(
         0.004, "s per GiB", "cudaMalloc of the released segments when the next phase needs them again"
     )

@@ -35,9 +35,7 @@ def gpu_budget_bytes(hardware: Hardware, coef: Coefficients) -> int:
     return max(0, int(usable))
 
 
-def predict_single_model(
-    workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients
-) -> Prediction:
+def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
     """Predicted peak memory per GPU, host memory per node and step time of one strategy."""
     model, s = workload.model, strategy
     d = DTYPE_BYTES[workload.dtype]

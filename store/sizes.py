@@ -24,8 +24,7 @@ def parse_size(text: str | int, what: str = "size") -> int:
         match = _PATTERN.match(str(text))
         if not match:
             raise InputError(
-                f"{what}: cannot read {str(text)!r} as a memory size; write it like 24G, 24GiB, "
-                "24576MiB or 25769803776"
+                f"{what}: cannot read {str(text)!r} as a memory size; write it like 24G, 24GiB, 24576MiB or 25769803776"
             )
         value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
     if value <= 0:

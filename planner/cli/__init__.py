@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, standalone_mode=False, prog_name="planner")
     except InputError as exc:
         return _fail(str(exc))
-    except click_errors.NoArgsIsHelpError as exc:
-        print(exc.ctx.get_help() if exc.ctx else exc.format_message())
-        return 0
+    except click_errors.NoArgsIsHelpError:
+        return 0  # typer has printed the help already
     except click_errors.UsageError as exc:
         return _fail(" ".join(exc.format_message().split()))
     except click_errors.ClickException as exc:

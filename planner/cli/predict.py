@@ -43,11 +43,12 @@ def read_strategy(text: str | None) -> dict[str, Any]:
     if not text.lstrip().startswith("{"):
         from planner.files import read_json_file
 
-        return read_json_file(Path(text), "--strategy")
-    try:
-        data = json.loads(source)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--strategy: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        data = read_json_file(Path(text), "--strategy")
+    else:
+        try:
+            data = json.loads(source)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--strategy: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(data, dict):
         raise InputError("--strategy: expected a JSON object")
     return data
@@ -120,7 +121,8 @@ def predict_command(
         "allocator": allocator,
     }
     data.update({k: v for k, v in flags.items() if v is not None})
-    if "grad_accum" not in data:
+    if micro_batch is not None or "grad_accum" not in data:
+        data.pop("grad_accum", None)
         data["grad_accum"] = _accumulation(model, options, data)
     report = predict(model, data, **options)
     if json_out:

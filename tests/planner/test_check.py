@@ -1,0 +1,182 @@
+"""``planner check``: exit 0 fits, 1 does not fit, 2 bad input; the dtype comes from the config."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planner_helpers import CPU_MEM, GIB, CliResult, assert_one_error_line
+
+Cli = Callable[..., CliResult]
+OPT_13B_PARAMS = 1_315_758_080  # facebook/opt-1.3b, tied LM head: what transformers instantiates
+
+
+def _write(folder: Path, config: Any, name: str = "ds_config.json") -> Path:
+    path = folder / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _zero2(**extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2},
+    }
+    config.update(extra)
+    return config
+
+
+def _outside_flags(strategy: dict[str, Any]) -> list[str]:
+    return [
+        "--grad-ckpt" if strategy["gradient_checkpointing"] else "--no-grad-ckpt",
+        "--lora-rank",
+        str(strategy["lora_rank"]),
+        "--empty-cache",
+        strategy["empty_cache"],
+        "--allocator",
+        strategy["allocator"],
+    ]
+
+
+def test_recommended_config_fits_and_reproduces_the_prediction(cli: Cli, tmp_path: Path, opt13_24g) -> None:
+    doc = opt13_24g.doc
+    path = _write(tmp_path, doc["ds_config"])
+    flags = _outside_flags(doc["strategy"])
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", *CPU_MEM, *flags)
+    assert result.rc == 0, result.err
+
+    as_json = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", *CPU_MEM, *flags, "--json")
+    assert as_json.rc == 0
+    checked = as_json.json()
+    assert checked["fits"] is True and checked["reasons"] == []
+    report = checked["report"]
+    assert report["strategy"] == doc["strategy"]
+    assert report["predicted"] == doc["predicted"]
+    assert report["ds_config"] == doc["ds_config"]
+
+
+def test_too_small_gpu_does_not_fit(cli: Cli, tmp_path: Path, opt13_24g) -> None:
+    path = _write(tmp_path, opt13_24g.doc["ds_config"])
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "4G", *CPU_MEM)
+    assert result.rc == 1, result.err
+    assert result.err_lines == []
+    checked = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "4G", *CPU_MEM, "--json").json()
+    assert checked["fits"] is False
+    assert checked["reasons"] and any("GPU" in r for r in checked["reasons"])
+    predicted = checked["report"]["predicted"]
+    # bf16 weights alone are 2 bytes x 1.3B = 2.45 GiB; with activations and buffers it cannot be under 4 GiB.
+    assert predicted["peak_reserved_bytes"] > predicted["gpu_budget_bytes"]
+    quiet = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "4G", *CPU_MEM, "-q")
+    assert quiet.rc == 1 and "does not fit" in quiet.out
+
+
+def test_too_little_host_memory_does_not_fit(cli: Cli, tmp_path: Path) -> None:
+    # Optimizer states offloaded to the host: fp32 master, m and v are 12 bytes x 1.3B = 14.7 GiB > 4 GiB.
+    config = _zero2(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}})
+    path = _write(tmp_path, config)
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", "--cpu-mem", "4G", "--json")
+    assert result.rc == 1, result.err
+    checked = result.json()
+    assert checked["fits"] is False
+    assert checked["report"]["predicted"]["host_bytes"] >= 12 * OPT_13B_PARAMS
+    assert any("host" in r for r in checked["reasons"])
+    roomy = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", "--cpu-mem", "256G", "-q")
+    assert roomy.rc == 0, roomy.out + roomy.err
+
+
+@pytest.mark.parametrize(
+    ("blocks", "dtype", "bytes_per_param"),
+    [
+        ({"bf16": {"enabled": True}, "fp16": {"enabled": False}}, "bf16", 2),
+        ({"bf16": {"enabled": False}, "fp16": {"enabled": True}}, "fp16", 2),
+        ({"bf16": {"enabled": False}, "fp16": {"enabled": False}}, "fp32", 4),
+        ({}, "fp32", 4),
+    ],
+    ids=["bf16", "fp16", "fp32", "no-precision-block"],
+)
+def test_dtype_is_read_from_the_config(
+    cli: Cli, tmp_path: Path, blocks: dict[str, Any], dtype: str, bytes_per_param: int
+) -> None:
+    config = _zero2()
+    del config["bf16"]
+    config.update(blocks)
+    path = _write(tmp_path, config)
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", *CPU_MEM, "--json")
+    assert result.rc in (0, 1), result.err
+    report = result.json()["report"]
+    assert report["workload"]["dtype"] == dtype
+    # ZeRO-2 keeps every weight on each GPU in the training dtype.
+    assert report["predicted"]["breakdown"]["parameters"] == bytes_per_param * OPT_13B_PARAMS
+    assert report["ds_config"].get("bf16", {}).get("enabled", False) == (dtype == "bf16")
+    assert report["ds_config"].get("fp16", {}).get("enabled", False) == (dtype == "fp16")
+
+
+def test_batch_comes_from_the_config(cli: Cli, tmp_path: Path) -> None:
+    config = _zero2(train_batch_size=32, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=4)
+    path = _write(tmp_path, config)
+    result = cli("check", path, "--model", "opt-125m", "--gpu-mem", "24G", "--gpus", "2", *CPU_MEM, "--json")
+    assert result.rc == 0, result.err
+    report = result.json()["report"]
+    assert report["workload"]["global_batch"] == 32
+    assert (report["strategy"]["micro_batch"], report["strategy"]["grad_accum"]) == (4, 4)
+    assert report["ds_config"]["train_batch_size"] == 32
+
+
+def test_malformed_json(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"train_batch_size": 8,')
+    assert_one_error_line(cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", *CPU_MEM), "JSON")
+
+
+def test_missing_file(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "nope.json"
+    assert_one_error_line(cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", *CPU_MEM), "nope.json")
+
+
+@pytest.mark.parametrize(
+    ("config", "gpus"),
+    [
+        (_zero2(train_batch_size=12), "1"),  # 12 != 8 x 1 x 1
+        (_zero2(), "2"),  # 8 != 8 x 1 x 2
+        ({"train_batch_size": 9, "gradient_accumulation_steps": 2}, "1"),  # 9 does not split into 2 steps
+        (_zero2(zero_optimization={"stage": 5}), "1"),
+        ([1, 2, 3], "1"),
+        ({"bf16": {"enabled": True}}, "1"),  # no batch at all
+    ],
+    ids=["batch-mismatch", "batch-mismatch-2-gpus", "batch-not-divisible", "stage-5", "not-an-object", "no-batch"],
+)
+def test_inconsistent_config_is_bad_input(cli: Cli, tmp_path: Path, config: Any, gpus: str) -> None:
+    path = _write(tmp_path, config)
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", "--gpus", gpus, *CPU_MEM)
+    assert_one_error_line(result)
+
+
+def test_check_needs_a_gpu_and_a_model(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, _zero2())
+    assert_one_error_line(cli("check", path, "--model", "opt-1.3b", *CPU_MEM), "--gpu")
+    assert_one_error_line(cli("check", path, "--model", "opt-9b", "--gpu-mem", "24G", *CPU_MEM), "opt-9b")
+
+
+def test_gpu_memory_in_check_is_parsed_like_recommend(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, _zero2())
+    for spelling in ("24G", "24576MiB", "25769803776"):
+        result = cli("check", path, "--model", "opt-125m", "--gpu-mem", spelling, *CPU_MEM, "--json")
+        assert result.rc in (0, 1), result.err
+        assert result.json()["report"]["hardware"]["gpu_memory_bytes"] == 24 * GIB
+
+
+def test_dtype_flag_cannot_contradict_the_config(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, _zero2())  # bf16 enabled
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", *CPU_MEM, "--dtype", "fp32", "--json")
+    if result.rc == 2:  # refusing the contradiction is fine
+        assert_one_error_line(result)
+        return
+    report = result.json()["report"]
+    assert report["workload"]["dtype"] == "bf16"
+    assert report["ds_config"]["bf16"]["enabled"] is True
