@@ -138,6 +138,17 @@ class Workload:
     reward_model: ModelSpec | None = None
     prompt_len: int | None = None
     gen_len: int | None = None
+    ppo_epochs: int = 1  # RLHF: training passes over each batch of experience
+    samples_per_prompt: int = 1  # grpo: k completions per prompt
+
+    @property
+    def is_rlhf(self) -> bool:
+        return self.kind in RLHF_WORKLOADS
+
+    @property
+    def has_critic(self) -> bool:
+        """Only PPO trains a critic; ReMax and GRPO drop it."""
+        return self.kind == "ppo"
 
     @property
     def sequences_per_sample(self) -> int:
@@ -160,6 +171,9 @@ class Workload:
         for name in ("prompt_len", "gen_len"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.is_rlhf:
+            out["ppo_epochs"] = self.ppo_epochs
+            out["samples_per_prompt"] = self.samples_per_prompt
         return out
 
 
@@ -218,9 +232,8 @@ class Strategy:
         return ", ".join(parts)
 
 
-def strategy_problems(strategy: Strategy) -> list[str]:
-    """Everything that makes ``strategy`` impossible, as readable phrases (empty when valid)."""
-    s = strategy
+def layout_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
+    """What makes a model's memory layout (ZeRO stage, offload, checkpointing, LoRA) impossible."""
     problems: list[str] = []
     if s.zero_stage not in (0, 1, 2, 3) or isinstance(s.zero_stage, bool):
         problems.append(f"zero_stage must be 0, 1, 2 or 3, not {s.zero_stage!r}")
@@ -242,6 +255,13 @@ def strategy_problems(strategy: Strategy) -> list[str]:
         value = getattr(s, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             problems.append(f"{name} must be a whole number >= 0, not {value!r}")
+    return problems
+
+
+def strategy_problems(strategy: Strategy) -> list[str]:
+    """Everything that makes ``strategy`` impossible, as readable phrases (empty when valid)."""
+    s = strategy
+    problems = layout_problems(s)
     for name in ("micro_batch", "grad_accum"):
         value = getattr(s, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -251,3 +271,162 @@ def strategy_problems(strategy: Strategy) -> list[str]:
     if s.allocator not in ALLOCATORS:
         problems.append(f"allocator must be one of {', '.join(ALLOCATORS)}, not {s.allocator!r}")
     return problems
+
+
+# --- RLHF: per-model blocks plus the step-wide knobs (DESIGN.md's RLHF strategy shape) ----------------
+
+
+@dataclass(frozen=True)
+class TrainedModelStrategy:
+    """How one trained RLHF model (actor or critic) is laid out: the single-model knobs that are per model."""
+
+    zero_stage: int = 2
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    gradient_checkpointing: bool = False
+    lora_rank: int = 0
+
+    def __post_init__(self) -> None:
+        problems = layout_problems(self)
+        if problems:
+            raise InputError("strategy: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        parts = [f"Z{self.zero_stage}"]
+        if self.offload_optimizer != "none":
+            parts.append(f"opt->{self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"param->{self.offload_param}")
+        if self.gradient_checkpointing:
+            parts.append("ckpt")
+        if self.lora_rank:
+            parts.append(f"LoRA r{self.lora_rank}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class FrozenModelStrategy:
+    """How a frozen RLHF model (reference or reward) is held: whole, ZeRO-3 partitioned, or offloaded.
+
+    Offload follows DeepSpeed-Chat's ``--offload_reference_model`` / ``--offload_reward_model``: ZeRO-3
+    with parameters offloaded to the host, gathered layer by layer for each forward.
+    """
+
+    zero_stage: int = 0
+    offload: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 3) or isinstance(self.zero_stage, bool):
+            raise InputError(f"strategy: a frozen model's zero_stage must be 0 or 3, not {self.zero_stage!r}")
+        if self.offload not in ("none", "cpu"):
+            raise InputError(f"strategy: a frozen model's offload must be none or cpu, not {self.offload!r}")
+        if self.offload == "cpu" and self.zero_stage != 3:
+            raise InputError("strategy: offloading a frozen model needs zero_stage 3 (DeepSpeed-Chat does the same)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return f"Z{self.zero_stage}" + (" offload" if self.offload != "none" else "")
+
+
+@dataclass(frozen=True)
+class RLHFStrategy:
+    """Strategy of an RLHF step: actor, critic (PPO only), reference and reward blocks, step-wide knobs.
+
+    ``generation_batch`` counts prompts per GPU per generation call; ``micro_batch`` counts sequences
+    per GPU per training micro-step; ``grad_accum`` micro-steps make one optimizer step.
+    """
+
+    actor: TrainedModelStrategy = field(default_factory=TrainedModelStrategy)
+    critic: TrainedModelStrategy | None = field(default_factory=TrainedModelStrategy)
+    reference: FrozenModelStrategy = field(default_factory=FrozenModelStrategy)
+    reward: FrozenModelStrategy = field(default_factory=FrozenModelStrategy)
+    hybrid_engine: bool = True
+    ema: bool = False
+    generation_batch: int = 4
+    micro_batch: int = 4
+    grad_accum: int = 1
+    empty_cache: str = "after-generation"
+    allocator: str = "default"
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("generation_batch", "micro_batch", "grad_accum"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be a whole number >= 1, not {value!r}")
+        for name in ("hybrid_engine", "ema"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be true or false")
+        if self.empty_cache not in EMPTY_CACHE_POLICIES:
+            problems.append(f"empty_cache must be one of {', '.join(EMPTY_CACHE_POLICIES)}, not {self.empty_cache!r}")
+        if self.allocator not in ALLOCATORS:
+            problems.append(f"allocator must be one of {', '.join(ALLOCATORS)}, not {self.allocator!r}")
+        if problems:
+            raise InputError("strategy: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"actor": self.actor.to_dict()}
+        if self.critic is not None:
+            out["critic"] = self.critic.to_dict()
+        out["reference"] = self.reference.to_dict()
+        out["reward"] = self.reward.to_dict()
+        for name in (
+            "hybrid_engine",
+            "ema",
+            "generation_batch",
+            "micro_batch",
+            "grad_accum",
+            "empty_cache",
+            "allocator",
+        ):
+            out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RLHFStrategy:
+        """Build from the DESIGN.md RLHF shape; unknown keys are an InputError naming them."""
+        if not isinstance(data, dict):
+            raise InputError("strategy: expected a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"strategy: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        values = dict(data)
+        blocks = {"actor": TrainedModelStrategy, "critic": TrainedModelStrategy}
+        blocks.update({"reference": FrozenModelStrategy, "reward": FrozenModelStrategy})
+        for name, block in blocks.items():
+            if name in values and values[name] is not None:
+                if not isinstance(values[name], dict):
+                    raise InputError(f"strategy: {name} must be an object")
+                try:
+                    values[name] = block(**values[name])
+                except TypeError as exc:
+                    raise InputError(f"strategy: {name}: {exc}") from None
+        if "critic" not in data:
+            values["critic"] = None
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> RLHFStrategy:
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        parts = [f"actor {self.actor.describe()}"]
+        if self.critic is not None:
+            parts.append(f"critic {self.critic.describe()}")
+        parts.append(f"ref {self.reference.describe()}")
+        parts.append(f"rm {self.reward.describe()}")
+        parts.append(f"gen {self.generation_batch}, mb {self.micro_batch}x{self.grad_accum}")
+        if self.hybrid_engine:
+            parts.append("HE")
+        if self.ema:
+            parts.append("EMA")
+        if self.empty_cache != "never":
+            parts.append(f"empty_cache {self.empty_cache}")
+        if self.allocator != "default":
+            parts.append(self.allocator)
+        return ", ".join(parts)
