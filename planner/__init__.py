@@ -15,9 +15,11 @@ if TYPE_CHECKING:
     from planner.api import check, export, plans, predict, recommend
     from planner.inputs import JobSpec
     from planner.results import CheckResult, Plan, PredictionReport
+    from planner.runtime import EmptyCachePolicy
 
 __all__ = [
     "CheckResult",
+    "EmptyCachePolicy",
     "JobSpec",
     "Plan",
     "PredictionReport",
@@ -36,6 +38,7 @@ _HOMES = {
     "recommend": "planner.api",
     "JobSpec": "planner.inputs",
     "CheckResult": "planner.results",
+    "EmptyCachePolicy": "planner.runtime",
     "Plan": "planner.results",
     "PredictionReport": "planner.results",
 }

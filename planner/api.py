@@ -14,11 +14,11 @@ from planner.reports import alternative, prediction_report
 from planner.results import CheckResult, Plan, PredictionReport
 from planner.suggest import what_would_fit
 from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
-from search import DEFAULT_COEFFICIENTS, Coefficients
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction
 from search import predict as predict_strategy
 from search import search as run_search
 from store.errors import InputError
-from store.records import Strategy
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 DEFAULT_LORA_RANK = 16
 
@@ -85,7 +85,8 @@ def recommend(
     report = prediction_report(resolved, chosen.strategy, chosen.prediction)
     others = [c for c in result.feasible if c is not chosen][:top]
     plan = Plan(
-        **report.model_dump(),
+        **dict(report),
+        empty_cache_effect=empty_cache_effect(workload, chosen.strategy, hardware, chosen.prediction, coefficients),
         alternatives=[alternative(c.strategy, c.prediction) for c in others],
         fastest_ignoring_memory=alternative(fastest.strategy, fastest.prediction) if fastest else None,
         overhead_vs_fastest=overhead,
@@ -95,6 +96,39 @@ def recommend(
     if save:
         plan = _save(plan, db)
     return plan
+
+
+def empty_cache_effect(
+    workload: Workload,
+    strategy: Strategy | RLHFStrategy,
+    hardware: Hardware,
+    prediction: Prediction,
+    coefficients: Coefficients,
+) -> dict[str, Any]:
+    """What an ``empty_cache`` placement saves and costs against never calling it.
+
+    The chosen placement when it is not ``never``; otherwise, for comparison, the placement the paper
+    measured (after every inference phase for RLHF and DPO, after every step for the others).
+    """
+    chosen = strategy.empty_cache != "never"
+    if chosen:
+        policy, placed = strategy.empty_cache, prediction
+        never = predict_strategy(workload, strategy.with_(empty_cache="never"), hardware, coefficients)
+    else:
+        policy = "after-inference" if workload.is_rlhf or workload.kind == "dpo" else "every-step"
+        placed = predict_strategy(workload, strategy.with_(empty_cache=policy), hardware, coefficients)
+        never = prediction
+    saved = never.peak_reserved_bytes - placed.peak_reserved_bytes
+    return {
+        "policy": policy,
+        "chosen": chosen,
+        "peak_reserved_bytes": placed.peak_reserved_bytes,
+        "peak_reserved_never_bytes": never.peak_reserved_bytes,
+        "peak_reserved_saved_bytes": saved,
+        "peak_reserved_saved_fraction": saved / never.peak_reserved_bytes,
+        "step_time_added_fraction": placed.step_time_s / never.step_time_s - 1.0,
+        "fits_without": never.fits,
+    }
 
 
 def _save(plan: Plan, db: str | None) -> Plan:
@@ -110,7 +144,7 @@ def _save(plan: Plan, db: str | None) -> Plan:
             hardware=plan.hardware,
             strategy=plan.strategy,
             predicted=plan.predicted.model_dump(),
-            ds_config=plan.ds_config,
+            ds_config=plan.ds_config if plan.ds_config is not None else plan.ds_configs,
             document=plan.model_dump(exclude={"plan_id"}),
         )
     finally:
@@ -120,9 +154,15 @@ def _save(plan: Plan, db: str | None) -> Plan:
 
 def predict(model: str | JobSpec, strategy: Strategy | dict[str, Any], **job: Any) -> PredictionReport:
     """The prediction of one fixed strategy (the DESIGN.md single-model shape) for the job."""
-    fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(strategy)
     resolved = _job(model, job)
-    resolved = _with_batch_of(resolved, fixed, given=isinstance(model, JobSpec) or job.get("batch") is not None)
+    if resolved.workload.is_rlhf:
+        fixed: Strategy | RLHFStrategy = (
+            strategy if isinstance(strategy, RLHFStrategy) else RLHFStrategy.from_dict(dict(strategy))
+        )
+    else:
+        fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(strategy)
+        given = isinstance(model, JobSpec) or job.get("batch") is not None
+        resolved = _with_batch_of(resolved, fixed, given=given)
     prediction = predict_strategy(resolved.workload, fixed, resolved.hardware)
     return prediction_report(resolved, fixed, prediction)
 
@@ -194,13 +234,14 @@ def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> li
 
 def export(
     plan_id: str | None = None, output: str | Path = "ds_config.json", *, force: bool = False, db: str | None = None
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[list[Path], dict[str, Any]]:
     """Write the DeepSpeed config of a saved plan (the latest by default) to ``output``.
 
-    Returns the path written and the plan's document (whose ``outside_settings`` name what is not a
+    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``,
+    ...). Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
     DeepSpeed key). Refuses to overwrite an existing file unless ``force``.
     """
-    from planner.files import write_json_atomic
+    from planner.files import write_configs
     from store.db import open_storage
 
     storage = open_storage(db)
@@ -210,5 +251,5 @@ def export(
         storage.close()
     if record is None:
         raise InputError("no plans saved yet: run `planner recommend ...` first")
-    path = write_json_atomic(Path(output), record.ds_config, force=force)
-    return path, record.document
+    paths = write_configs(Path(output), record.ds_config, force=force)
+    return paths, record.document

@@ -58,3 +58,35 @@ def read_json_file(path: str | Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{what}: {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def config_paths(path: Path, configs: dict[str, Any], *, per_model: bool) -> dict[Path, Any]:
+    """Where each config goes: ``path`` itself, or ``<stem>.<model><suffix>`` beside it for RLHF."""
+    if not per_model:
+        return {path: configs}
+    suffix = path.suffix or ".json"
+    return {path.with_name(f"{path.stem}.{name}{suffix}"): config for name, config in configs.items()}
+
+
+def write_configs(path: Path, configs: Any, *, force: bool = False, per_model: bool | None = None) -> list[Path]:
+    """Write one config (single model) or one per model (RLHF): every file or, on any problem, none.
+
+    ``per_model`` defaults to whether ``configs`` maps model names (actor, critic, ...) to configs.
+    """
+    if per_model is None:
+        per_model = isinstance(configs, dict) and "actor" in configs
+    targets = config_paths(Path(path), configs, per_model=per_model)
+    for target in targets:  # refuse before writing anything
+        if target.exists() and not force:
+            raise InputError(f"{target} exists; pass --force to overwrite it")
+        if target.is_dir():
+            raise InputError(f"{target} is a folder; give a file name such as {target / 'ds_config.json'}")
+    written: list[Path] = []
+    try:
+        for target, config in targets.items():
+            written.append(write_json_atomic(target, config, force=True))
+    except InputError:
+        for done in written:
+            done.unlink(missing_ok=True)
+        raise
+    return written

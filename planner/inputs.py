@@ -12,10 +12,13 @@ from typing import Any
 from store.errors import InputError
 from store.gpus import generic_gpu, get_gpu
 from store.models import get_model
-from store.records import ATTN_IMPLS, DTYPES, SINGLE_MODEL_WORKLOADS, WORKLOAD_KINDS, Hardware, Workload
+from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Workload
 from store.sizes import describe_size, parse_size
 
 DEFAULT_SEQ_LEN = 512
+DEFAULT_PROMPT_LEN = 256  # DeepSpeed-Chat step 3's --max_prompt_seq_len
+DEFAULT_GEN_LEN = 256  # and --max_answer_seq_len
+DEFAULT_GRPO_SAMPLES = 4
 DEFAULT_BATCH_PER_GPU = 8
 DEFAULT_CPU_MEM = 64 * 2**30
 NO_BF16_GPUS = ("V100-16G", "V100-32G", "T4")
@@ -43,6 +46,8 @@ class JobSpec:
     reward_model: str | None = None
     nvme_path: str | None = None
     safety_margin: float = 0.05
+    ppo_epochs: int = 1
+    samples_per_prompt: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -112,12 +117,9 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> 
     """The Workload record of ``spec``: models from the catalog or local configs, lengths, batch, dtype."""
     if spec.workload not in WORKLOAD_KINDS:
         raise InputError(f"--workload must be one of {', '.join(WORKLOAD_KINDS)}, not {spec.workload!r}")
-    if spec.workload not in SINGLE_MODEL_WORKLOADS:
-        raise InputError(
-            f"--workload {spec.workload} (RLHF) is not supported yet; use {', '.join(SINGLE_MODEL_WORKLOADS)}"
-        )
     if spec.attn_impl not in ATTN_IMPLS:
         raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {spec.attn_impl!r}")
+    rlhf = spec.workload in RLHF_WORKLOADS
     model = get_model(spec.model)
     dtype = spec.dtype
     if dtype is None:
@@ -126,19 +128,35 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> 
             readings.append(f"dtype: fp16 ({hardware.gpu.name} has no bf16 tensor cores)")
     elif dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    seq_len = _sequence_length(spec)
-    if seq_len > model.max_positions:
-        raise InputError(
-            f"sequence length {seq_len} is longer than {model.name}'s context of {model.max_positions} tokens"
-        )
+    prompt_len, gen_len = _rlhf_lengths(spec, readings) if rlhf else (None, None)
+    seq_len = prompt_len + gen_len if rlhf else _sequence_length(spec)
     if spec.batch is None:
         batch = DEFAULT_BATCH_PER_GPU * hardware.world_size
-        readings.append(f"global batch: {batch} ({DEFAULT_BATCH_PER_GPU} per GPU; pass --batch)")
+        unit = "prompts" if rlhf else "samples"
+        readings.append(f"global batch: {batch} {unit} ({DEFAULT_BATCH_PER_GPU} per GPU; pass --batch)")
     else:
         batch = _positive_int(spec.batch, "--batch")
-    ref_model = get_model(spec.ref_model) if spec.ref_model else None
-    if spec.workload != "dpo" and ref_model is not None:
-        raise InputError("--ref-model only applies to --workload dpo (and RLHF workloads)")
+    others = {role: getattr(spec, role) for role in ("ref_model", "critic_model", "reward_model")}
+    if not rlhf:
+        extra = [f"--{role.replace('_', '-')}" for role, name in others.items() if name and role != "ref_model"]
+        if extra or (others["ref_model"] and spec.workload != "dpo"):
+            raise InputError(f"{', '.join(extra) or '--ref-model'} only applies to RLHF workloads (ppo, remax, grpo)")
+    if spec.workload in ("remax", "grpo") and others["critic_model"]:
+        raise InputError(f"--critic-model: {spec.workload} trains no critic (only ppo does)")
+    specs = {role: get_model(name) if name else None for role, name in others.items()}
+    for role, spec_model in [("--model", model)] + [(f"--{r.replace('_', '-')}", m) for r, m in specs.items() if m]:
+        if seq_len > spec_model.max_positions:
+            what = f"prompt {prompt_len} + generation {gen_len}" if rlhf else "sequence length"
+            raise InputError(
+                f"{what} = {seq_len} tokens is longer than {spec_model.name}'s context of "
+                f"{spec_model.max_positions} tokens ({role})"
+            )
+    samples = 1
+    if spec.workload == "grpo":
+        samples = DEFAULT_GRPO_SAMPLES if spec.samples_per_prompt is None else spec.samples_per_prompt
+        samples = _positive_int(samples, "--samples-per-prompt")
+    elif spec.samples_per_prompt not in (None, 1):
+        raise InputError("--samples-per-prompt only applies to --workload grpo")
     return Workload(
         kind=spec.workload,
         model=model,
@@ -146,8 +164,24 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> 
         global_batch=batch,
         dtype=dtype,
         attn_impl=spec.attn_impl,
-        ref_model=ref_model,
+        ref_model=specs["ref_model"],
+        critic_model=specs["critic_model"],
+        reward_model=specs["reward_model"],
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        ppo_epochs=_positive_int(spec.ppo_epochs, "--ppo-epochs"),
+        samples_per_prompt=samples,
     )
+
+
+def _rlhf_lengths(spec: JobSpec, readings: list[str]) -> tuple[int, int]:
+    if spec.seq_len is not None:
+        raise InputError("RLHF workloads take --prompt-len and --gen-len, not --seq-len")
+    prompt = DEFAULT_PROMPT_LEN if spec.prompt_len is None else _positive_int(spec.prompt_len, "--prompt-len")
+    gen = DEFAULT_GEN_LEN if spec.gen_len is None else _positive_int(spec.gen_len, "--gen-len")
+    if spec.prompt_len is None or spec.gen_len is None:
+        readings.append(f"lengths: prompt {prompt} + generation {gen} tokens (pass --prompt-len/--gen-len)")
+    return prompt, gen
 
 
 def _sequence_length(spec: JobSpec) -> int:

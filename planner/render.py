@@ -9,11 +9,18 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.results import CheckResult, Plan, Predicted, PredictionReport
-from store.records import Strategy
+from store.records import RLHFStrategy, Strategy
 from store.sizes import format_bytes
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 GIB = 2**30
+
+
+def describe(strategy: dict[str, Any]) -> str:
+    """A short label of a strategy document, single-model or RLHF."""
+    if "actor" in strategy:
+        return RLHFStrategy.from_dict(strategy).describe()
+    return Strategy.from_dict(strategy).describe()
 
 
 def _gib(n: float) -> str:
@@ -27,10 +34,19 @@ def _seconds(s: float) -> str:
 def _header(report: PredictionReport) -> None:
     w, h = report.workload, report.hardware
     params = w.get("params", 0) / 1e9
-    console.print(
-        f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · global batch {w['global_batch']} x "
-        f"{w['seq_len']} tokens · {w['dtype']} · {w['attn_impl']}"
-    )
+    if "prompt_len" in w and w["kind"] in ("ppo", "remax", "grpo"):
+        roles = [f"{r.split('_')[0]} {w[r]}" for r in ("critic_model", "reward_model", "ref_model") if r in w]
+        per = f" x {w['samples_per_prompt']} samples" if w.get("samples_per_prompt", 1) > 1 else ""
+        console.print(
+            f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · {w['global_batch']} prompts{per} "
+            f"per step · prompt {w['prompt_len']} + generation {w['gen_len']} tokens · {w['dtype']}"
+            + (f" · {', '.join(roles)}" if roles else "")
+        )
+    else:
+        console.print(
+            f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · global batch {w['global_batch']} x "
+            f"{w['seq_len']} tokens · {w['dtype']} · {w['attn_impl']}"
+        )
     console.print(
         f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s) · GPU {format_bytes(h['gpu_memory_bytes'])}, "
         f"usable {format_bytes(report.predicted.gpu_budget_bytes)} · host {format_bytes(h['cpu_memory_bytes'])}"
@@ -74,7 +90,7 @@ def _phases_table(predicted: Predicted) -> Table:
 def _outside(report: PredictionReport) -> None:
     console.print("[bold]Outside the DeepSpeed config[/bold]")
     for name, text in report.outside_settings.items():
-        console.print(f"  {name}: {text or 'leave unset'}")
+        console.print(f"  {name}: {text or 'leave unset'}", soft_wrap=True)
 
 
 def render_prediction(report: PredictionReport) -> None:
@@ -82,7 +98,7 @@ def render_prediction(report: PredictionReport) -> None:
     _header(report)
     p = report.predicted
     verdict = "[green]fits[/green]" if report.fits else "[red]does not fit[/red]"
-    console.print(f"\nStrategy: [bold]{Strategy.from_dict(report.strategy).describe()}[/bold] · {verdict}")
+    console.print(f"\nStrategy: [bold]{describe(report.strategy)}[/bold] · {verdict}")
     console.print(
         f"peak allocated {_gib(p.peak_allocated_bytes)} · peak reserved {_gib(p.peak_reserved_bytes)} · "
         f"host {_gib(p.host_bytes)} of {_gib(p.host_budget_bytes)} · step {_seconds(p.step_time_s)}"
@@ -116,7 +132,7 @@ def render_plan(plan: Plan) -> None:
         overhead = f"+{100 * (p.step_time_s / fastest - 1):.0f}%" if fastest else "-"
         table.add_row(
             label,
-            Strategy.from_dict(strategy).describe(),
+            describe(strategy),
             _gib(p.peak_reserved_bytes),
             _gib(p.gpu_budget_bytes - p.peak_reserved_bytes),
             _gib(p.host_bytes),
@@ -128,15 +144,31 @@ def render_plan(plan: Plan) -> None:
         f = plan.fastest_ignoring_memory
         console.print(
             f"[dim]overhead is against the fastest strategy if memory were unlimited: "
-            f"{Strategy.from_dict(f.strategy).describe()}, {_seconds(f.predicted.step_time_s)}, "
+            f"{describe(f.strategy)}, {_seconds(f.predicted.step_time_s)}, "
             f"{_gib(f.predicted.peak_reserved_bytes)} peak[/dim]"
         )
     console.print(_breakdown_table(plan.predicted))
     console.print(_phases_table(plan.predicted))
     _time_line(plan.predicted)
+    effect = plan.empty_cache_effect
+    if effect:
+        chosen = effect["chosen"]
+        verb = "" if chosen else "not chosen; it would take "
+        console.print(
+            f"empty_cache {effect['policy']}: {verb}peak reserved {_gib(effect['peak_reserved_never_bytes'])} -> "
+            f"{_gib(effect['peak_reserved_bytes'])} ({100 * effect['peak_reserved_saved_fraction']:.0f}% less) "
+            f"for {100 * effect['step_time_added_fraction']:+.1f}% step time, against never calling it"
+            + ("" if effect["fits_without"] or not chosen else "; without it the plan would not fit"),
+            soft_wrap=True,
+        )
     for line in plan.suggestions:
         console.print(f"[yellow]{'what would fit' if not plan.fits else 'note'}:[/yellow] {line}")
     _outside(plan)
+    for framework, flags in plan.launch.items():
+        console.print(f"[bold]Launch flags ({framework.replace('_', ' ')})[/bold]")
+        console.print("  " + " ".join(flags), soft_wrap=True)
+        for gap in plan.launch_gaps.get(framework, []):
+            console.print(f"  [dim]not expressible: {gap}[/dim]", soft_wrap=True)
     if plan.plan_id:
         console.print(f"\nExport: planner export {plan.plan_id} -o ds_config.json")
 

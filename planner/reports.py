@@ -5,8 +5,16 @@ from __future__ import annotations
 from planner.inputs import ResolvedJob
 from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
+from probes.rlhf_config import (
+    deepspeed_chat_flags,
+    deepspeed_chat_gaps,
+    openrlhf_flags,
+    openrlhf_gaps,
+    render_rlhf_ds_configs,
+    rlhf_outside_settings,
+)
 from search import Prediction
-from store.records import Strategy
+from store.records import RLHFStrategy, Strategy
 
 
 def predicted_block(prediction: Prediction) -> Predicted:
@@ -14,21 +22,35 @@ def predicted_block(prediction: Prediction) -> Predicted:
     return Predicted.model_validate(prediction.to_dict())
 
 
-def alternative(strategy: Strategy, prediction: Prediction) -> Alternative:
+def alternative(strategy: Strategy | RLHFStrategy, prediction: Prediction) -> Alternative:
     return Alternative(strategy=strategy.to_dict(), predicted=predicted_block(prediction))
 
 
-def prediction_report(job: ResolvedJob, strategy: Strategy, prediction: Prediction) -> PredictionReport:
-    """Workload, hardware, strategy, prediction and the DeepSpeed config that runs it."""
+def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, prediction: Prediction) -> PredictionReport:
+    """Workload, hardware, strategy, prediction and the DeepSpeed config(s) that run it."""
     workload = job.workload.to_dict()
     workload["params"] = job.workload.model.total_params
+    common = {
+        "workload": workload,
+        "hardware": job.hardware.to_dict(),
+        "strategy": strategy.to_dict(),
+        "fits": prediction.fits,
+        "predicted": predicted_block(prediction),
+        "readings": list(job.readings),
+    }
+    if isinstance(strategy, RLHFStrategy):
+        w, h = job.workload, job.hardware
+        launch = {"deepspeed_chat": deepspeed_chat_flags(strategy, w, h), "openrlhf": openrlhf_flags(strategy, w, h)}
+        gaps = {"deepspeed_chat": deepspeed_chat_gaps(strategy, w, h), "openrlhf": openrlhf_gaps(strategy, w, h)}
+        return PredictionReport(
+            **common,
+            ds_configs=render_rlhf_ds_configs(strategy, job.workload, job.hardware),
+            outside_settings=rlhf_outside_settings(strategy),
+            launch={name: flags for name, flags in launch.items() if flags},
+            launch_gaps={name: notes for name, notes in gaps.items() if notes},
+        )
     return PredictionReport(
-        workload=workload,
-        hardware=job.hardware.to_dict(),
-        strategy=strategy.to_dict(),
-        fits=prediction.fits,
-        predicted=predicted_block(prediction),
+        **common,
         ds_config=render_ds_config(strategy, job.workload, job.hardware),
         outside_settings=outside_settings(strategy),
-        readings=list(job.readings),
     )

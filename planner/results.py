@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from planner.files import write_json_atomic
+from planner.files import write_configs
 
 
 class PhaseReport(BaseModel):
@@ -60,13 +60,28 @@ class PredictionReport(BaseModel):
     strategy: dict[str, Any]
     fits: bool
     predicted: Predicted
-    ds_config: dict[str, Any]
+    ds_config: dict[str, Any] | None = None  # single-model workloads
+    ds_configs: dict[str, dict[str, Any]] | None = None  # RLHF: one per model (actor, critic, reference, reward)
     outside_settings: dict[str, str]
+    launch: dict[str, list[str]] = {}  # RLHF: ready-to-paste flags per framework (deepspeed_chat, openrlhf)
+    launch_gaps: dict[str, list[str]] = {}  # what a framework's flags cannot express of the strategy
     readings: list[str] = []
 
-    def save(self, path: str | Path, *, force: bool = False) -> Path:
-        """Write the DeepSpeed config to ``path`` atomically (refuses to overwrite unless ``force``)."""
-        return write_json_atomic(Path(path), self.ds_config, force=force)
+    @model_serializer(mode="wrap")
+    def _one_config_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The document carries ``ds_config`` or ``ds_configs``, never a null one."""
+        data = handler(self)
+        for key in ("ds_config", "ds_configs"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+    def save(self, path: str | Path, *, force: bool = False) -> list[Path]:
+        """Write the DeepSpeed config(s) atomically; RLHF writes ``<stem>.<model>.json`` beside ``path``.
+
+        Refuses to overwrite any existing file unless ``force``; writes all files or none.
+        """
+        return write_configs(Path(path), self.ds_config if self.ds_config is not None else self.ds_configs, force=force)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2)
@@ -80,6 +95,7 @@ class Plan(PredictionReport):
     fastest_ignoring_memory: Alternative | None = None
     overhead_vs_fastest: float | None = None
     suggestions: list[str] = []
+    empty_cache_effect: dict[str, Any] | None = None
     search: dict[str, Any] = {}
 
 

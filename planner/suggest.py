@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.inputs import ResolvedJob
-from search import Coefficients, search
+from search import Coefficients
+from search import search as run_search
 from store.sizes import format_bytes
 
 MAX_GPUS_PER_NODE = 8
@@ -18,7 +19,7 @@ def what_would_fit(job: ResolvedJob, coef: Coefficients, *, include_lora: bool =
 
     def fits(w=workload, h=hardware, ranks=(0,)) -> str | None:
         try:
-            best = search(w, h, coef, lora_ranks=ranks).best
+            best = run_search(w, h, coef, lora_ranks=ranks).best
         except ValueError:  # the batch does not split over the new GPU count
             return None
         return None if best is None else best.strategy.describe()

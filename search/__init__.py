@@ -7,9 +7,13 @@ from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients, describe_coe
 from search.optimize import Candidate, SearchResult, exhaustive, search
 from search.predict import predict
 from search.prediction import PhasePrediction, Prediction
+from search.rlhf import predict_rlhf
+from search.rlhf_memory import RLHF_PHASES
+from search.rlhf_search import exhaustive_rlhf, search_rlhf
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",
+    "RLHF_PHASES",
     "Candidate",
     "Coefficients",
     "PhasePrediction",
@@ -17,6 +21,9 @@ __all__ = [
     "SearchResult",
     "describe_coefficients",
     "exhaustive",
+    "exhaustive_rlhf",
     "predict",
+    "predict_rlhf",
     "search",
+    "search_rlhf",
 ]

@@ -83,6 +83,27 @@ class Coefficients:
         0.004, "s per GiB", "cudaMalloc of the released segments when the next phase needs them again"
     )
     step_overhead_s: float = _coef(0.01, "s per micro-batch", "Python, launches and data loading")
+    # --- RLHF (search.rlhf) -------------------------------------------------------------------------
+    frag_inference_carried: float = _coef(
+        0.5,
+        "fraction of an inference phase's transient bytes",
+        "freed KV cache, logits and gathered weights stay cached in blocks training cannot reuse (2410.15651)",
+    )
+    hybrid_engine_workspace_hidden: float = _coef(
+        10,
+        "hidden-size vectors per token of the generation batch",
+        "DeepSpeed inference workspace beside its KV cache (inference_context.h GenWorkSpace: 10 x hidden)",
+    )
+    decode_s_per_layer: float = _coef(
+        5e-4,
+        "s per decoder layer per generated token",
+        "HF generate: Python module calls and dozens of kernel launches per layer that decoding cannot hide",
+    )
+    hybrid_engine_decode_factor: float = _coef(
+        0.2,
+        "multiplier",
+        "DeepSpeed's fused inference kernels cut per-token launch overhead (DeepSpeed-Chat: up to ~9x faster)",
+    )
 
     def with_(self, **changes: float) -> Coefficients:
         return replace(self, **changes)

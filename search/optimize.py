@@ -1,10 +1,13 @@
 """The Optuna search: least predicted step time such that peak reserved and host memory fit.
 
-A study samples the outer knobs (see ``search.space``); each trial resolves the inner knobs exactly and
-reports the predicted step time, or a penalty above every feasible time when nothing fits (so that,
-among infeasible points, the one that overflows least ranks first). The sampler is seeded: the same
-inputs always give the same plan. Small spaces are walked by Optuna's grid sampler (every point once,
+A study samples the outer knobs (see ``search.space``, ``search.rlhf_space``); each trial resolves the inner
+knobs exactly and reports the predicted step time, or a penalty above every feasible time when nothing fits
+(so that, among infeasible points, the one that overflows least ranks first). The sampler is seeded: the
+same inputs always give the same plan. Small spaces are walked by Optuna's grid sampler (every point once,
 so it cannot miss the optimum); larger ones use seeded multivariate TPE with a trial budget.
+
+``search`` and ``exhaustive`` serve every workload kind: RLHF kinds go to ``search.rlhf_search``
+(``search_rlhf``, ``exhaustive_rlhf``), whose candidates hold an ``RLHFStrategy``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from search.coefficients import Coefficients
 from search.prediction import Prediction
 from search.single_model import predict_single_model
 from search.space import OuterPoint, inner_choices, outer_points, strategy_at
-from store.records import Hardware, Strategy, Workload
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 INFEASIBLE_PENALTY_S = 1e6
 GRID_LIMIT = 64
@@ -25,19 +28,26 @@ TPE_TRIALS = 48
 
 @dataclass(frozen=True)
 class Candidate:
-    """A strategy with its prediction."""
+    """A strategy (single-model or RLHF) with its prediction."""
 
-    strategy: Strategy
+    strategy: Strategy | RLHFStrategy
     prediction: Prediction
 
     @property
     def score(self) -> float:
         """Step time when it fits; otherwise a penalty growing with the overflow."""
         p = self.prediction
-        if p.fits:
-            return p.step_time_s
-        overflow = max(0, -p.headroom_bytes) + max(0, p.host_bytes - p.host_budget_bytes)
-        return INFEASIBLE_PENALTY_S + overflow / 2**30
+        return penalized_score(
+            p.step_time_s, p.peak_reserved_bytes, p.gpu_budget_bytes, p.host_bytes, p.host_budget_bytes
+        )
+
+
+def penalized_score(step_time: float, reserved: int, gpu_budget: int, host: int, host_budget: int) -> float:
+    """Step time when GPU and host memory fit; otherwise a penalty growing with the overflow (GiB)."""
+    if reserved <= gpu_budget and host <= host_budget:
+        return step_time
+    overflow = max(0, reserved - gpu_budget) + max(0, host - host_budget)
+    return INFEASIBLE_PENALTY_S + overflow / 2**30
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,14 @@ def search(
     seed: int = 0,
     sampler: str = "auto",
 ) -> SearchResult:
-    """Run the Optuna study over the outer knobs and rank what it evaluated (fastest fitting first)."""
+    """Run the Optuna study over the outer knobs and rank what it evaluated (fastest fitting first).
+
+    RLHF workloads are searched by ``search_rlhf`` (same arguments).
+    """
+    if workload.is_rlhf:
+        from search.rlhf_search import search_rlhf  # it builds on this module's records
+
+        return search_rlhf(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -145,6 +162,10 @@ def exhaustive(
     workload: Workload, hardware: Hardware, coef: Coefficients, *, lora_ranks: tuple[int, ...] = (0,)
 ) -> Candidate | None:
     """The fastest fitting strategy by trying every point of the whole space (for tests and checks)."""
+    if workload.is_rlhf:
+        from search.rlhf_search import exhaustive_rlhf
+
+        return exhaustive_rlhf(workload, hardware, coef, lora_ranks=lora_ranks)
     from search.space import all_strategies
 
     best: Candidate | None = None

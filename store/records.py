@@ -311,8 +311,9 @@ class TrainedModelStrategy:
 class FrozenModelStrategy:
     """How a frozen RLHF model (reference or reward) is held: whole, ZeRO-3 partitioned, or offloaded.
 
-    Offload follows DeepSpeed-Chat's ``--offload_reference_model`` / ``--offload_reward_model``: ZeRO-3
-    with parameters offloaded to the host, gathered layer by layer for each forward.
+    Offload follows DeepSpeed-Chat's ``--offload_reference_model`` (its reward model is offloaded only through
+    ``--offload`` with a ZeRO-3 critic): ZeRO-3 with parameters offloaded to the host, gathered layer by layer
+    for each forward.
     """
 
     zero_stage: int = 0

@@ -26,8 +26,9 @@ def export_command(
     """
     from planner.api import export
 
-    path, document = export(plan_id, output, force=force, db=db)
-    print(f"wrote {path} (plan {document.get('plan_id', plan_id)})")
+    paths, document = export(plan_id, output, force=force, db=db)
+    for path in paths:
+        print(f"wrote {path} (plan {document.get('plan_id', plan_id)})")
     outside = document.get("outside_settings", {})
     if outside:
         print("Also apply, outside the DeepSpeed config:")
@@ -36,4 +37,7 @@ def export_command(
     env = outside.get("PYTORCH_CUDA_ALLOC_CONF")
     if env:
         print(f"  export PYTORCH_CUDA_ALLOC_CONF={env}")
+    for framework, flags in document.get("launch", {}).items():
+        print(f"Launch flags for {framework.replace('_', ' ')}:")
+        print("  " + " ".join(flags))
     return 0

@@ -18,7 +18,16 @@ Model = Annotated[
         rich_help_panel=JOB,
     ),
 ]
-WorkloadKind = Annotated[str, typer.Option("--workload", "-w", help="sft, reward or dpo.", rich_help_panel=JOB)]
+WorkloadKind = Annotated[
+    str, typer.Option("--workload", "-w", help="ppo, remax, grpo (RLHF) or sft, reward, dpo.", rich_help_panel=JOB)
+]
+PpoEpochs = Annotated[
+    int, typer.Option("--ppo-epochs", help="RLHF: training passes per experience batch.", rich_help_panel=JOB)
+]
+SamplesPerPrompt = Annotated[
+    int | None,
+    typer.Option("--samples-per-prompt", help="grpo: completions per prompt (default 4).", rich_help_panel=JOB),
+]
 GpuMem = Annotated[
     str | None,
     typer.Option("--gpu-mem", help="Memory of one GPU: 24G, 24GiB, 24576MiB or bytes.", rich_help_panel=HARDWARE),
@@ -85,5 +94,7 @@ def job_keywords(**values: Any) -> dict[str, Any]:
         "reward_model",
         "nvme_path",
         "safety_margin",
+        "ppo_epochs",
+        "samples_per_prompt",
     )
     return {name: values[name] for name in names if name in values}

@@ -32,8 +32,7 @@ def plans_command(
         return 0
     from rich.table import Table
 
-    from planner.render import console
-    from store.records import Strategy
+    from planner.render import console, describe
 
     if not records:
         console.print("no plans saved yet: run `planner recommend ...` first")
@@ -47,7 +46,7 @@ def plans_command(
             r.created_at.strftime("%Y-%m-%d %H:%M"),
             r.model,
             r.kind,
-            Strategy.from_dict(r.strategy).describe(),
+            describe(r.strategy),
             "yes" if r.fits else "no",
             f"{r.predicted.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB",
             f"{r.predicted.get('step_time_s', 0):.3f} s",

@@ -22,10 +22,12 @@ from planner.cli.options import (
     Model,
     Nodes,
     NvmePath,
+    PpoEpochs,
     PromptLen,
     RefModel,
     RewardModel,
     SafetyMargin,
+    SamplesPerPrompt,
     SeqLen,
     WorkloadKind,
     job_keywords,
@@ -73,6 +75,8 @@ def predict_command(
     reward_model: RewardModel = None,
     nvme_path: NvmePath = None,
     safety_margin: SafetyMargin = 0.05,
+    ppo_epochs: PpoEpochs = 1,
+    samples_per_prompt: SamplesPerPrompt = None,
     strategy: Annotated[
         str | None, typer.Option("--strategy", help="Strategy as JSON or a JSON file.", rich_help_panel=KNOBS)
     ] = None,

@@ -21,10 +21,12 @@ from planner.cli.options import (
     Model,
     Nodes,
     NvmePath,
+    PpoEpochs,
     PromptLen,
     RefModel,
     RewardModel,
     SafetyMargin,
+    SamplesPerPrompt,
     SeqLen,
     WorkloadKind,
     job_keywords,
@@ -34,7 +36,7 @@ from planner.cli.options import (
 def recommend_command(
     model: Model,
     gpu_mem: GpuMem = None,
-    workload: WorkloadKind = "sft",
+    workload: WorkloadKind = "ppo",
     gpu: Gpu = None,
     gpus: Gpus = 1,
     nodes: Nodes = 1,
@@ -50,6 +52,8 @@ def recommend_command(
     reward_model: RewardModel = None,
     nvme_path: NvmePath = None,
     safety_margin: SafetyMargin = 0.05,
+    ppo_epochs: PpoEpochs = 1,
+    samples_per_prompt: SamplesPerPrompt = None,
     top: Annotated[int, typer.Option("--top", help="How many next-best strategies to show.")] = 3,
     lora_rank: Annotated[
         str, typer.Option("--lora-rank", help="auto (LoRA only if no full fine-tune fits), 0 (never) or a rank.")

@@ -96,7 +96,17 @@ def opt13_24g(tmp_path_factory: pytest.TempPathFactory) -> Recommended:
 @pytest.fixture(scope="session")
 def nothing_fits(tmp_path_factory: pytest.TempPathFactory) -> Recommended:
     """A 70B model on a 16G GPU with 16G of host memory: no strategy fits, not even LoRA."""
-    return _recommend(tmp_path_factory.mktemp("huge"), "--model", "llama-2-70b", "--gpu-mem", "16G", "--cpu-mem", "16G")
+    return _recommend(
+        tmp_path_factory.mktemp("huge"),
+        "--model",
+        "llama-2-70b",
+        "--gpu-mem",
+        "16G",
+        "--cpu-mem",
+        "16G",
+        "--workload",
+        "sft",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 GIB = 2**30
-CPU_MEM = ("--cpu-mem", "64G")
+CPU_MEM = ("--cpu-mem", "64G", "--workload", "sft")  # host memory fixed; these tests cover the single-model path
 STRATEGY_KEYS = frozenset(
     {
         "zero_stage",

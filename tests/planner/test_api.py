@@ -100,7 +100,7 @@ def test_save_is_atomic_and_refuses_to_overwrite(api_plan, tmp_path: Path) -> No
     plan, _ = api_plan
     target = tmp_path / "ds_config.json"
     written = plan.save(target)
-    assert Path(written) == target
+    assert written == [target]
     assert json.loads(target.read_text()) == plan.ds_config
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds_config.json"]  # no temporary file left
 

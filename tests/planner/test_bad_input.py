@@ -11,6 +11,8 @@ from planner_helpers import CPU_MEM, CliResult, assert_one_error_line
 
 Cli = Callable[..., CliResult]
 GPU = ("--gpu-mem", "24G")
+SFT = (*GPU, *CPU_MEM)  # CPU_MEM pins --workload sft
+PPO = (*GPU, *CPU_MEM, "--workload", "ppo")
 
 
 @pytest.mark.parametrize(
@@ -26,20 +28,30 @@ GPU = ("--gpu-mem", "24G")
         (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--batch", "12", "--gpus", "4", "--nodes", "2"], "--batch 12"),
         (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--batch", "0"], "--batch"),
         (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--batch", "-8"], "--batch"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--seq-len", "0"], "--seq-len"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--seq-len", "99999"], "2048"),
+        (["--model", "opt-1.3b", *SFT, "--seq-len", "0"], "--seq-len"),
+        (["--model", "opt-1.3b", *SFT, "--seq-len", "99999"], "2048"),
         (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--prompt-len", "1500", "--gen-len", "1000"], "2048"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--prompt-len", "128"], "--gen-len"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--gpus", "0"], "--gpus"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--nodes", "0"], "--nodes"),
+        (["--model", "opt-1.3b", *SFT, "--prompt-len", "128"], "--gen-len"),
+        # RLHF
+        (["--model", "opt-1.3b", *PPO, "--gen-len", "0"], "--gen-len"),
+        (["--model", "opt-1.3b", *PPO, "--prompt-len", "-3"], "--prompt-len"),
+        (["--model", "opt-1.3b", *PPO, "--seq-len", "512"], "--prompt-len"),
+        (["--model", "opt-1.3b", *PPO, "--ppo-epochs", "0"], "--ppo-epochs"),
+        (["--model", "opt-1.3b", *PPO, "--samples-per-prompt", "4"], "grpo"),
+        (["--model", "opt-1.3b", *PPO, "--workload", "remax", "--critic-model", "opt-350m"], "critic"),
+        (["--model", "opt-1.3b", *PPO, "--critic-model", "opt-13"], "opt-13b"),
+        (["--model", "opt-1.3b", *PPO, "--reward-model", "gpt2", "--prompt-len", "100", "--gen-len", "1900"], "gpt2"),
+        (["--model", "opt-1.3b", *PPO, "--gpus", "0"], "--gpus"),
+        (["--model", "opt-1.3b", *PPO, "--nodes", "0"], "--nodes"),
         (["--model", "opt-1.3b", "--gpu", "H900", *CPU_MEM], "H900"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--workload", "pretrain"], "pretrain"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--dtype", "fp8"], "fp8"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--attn-impl", "xformers"], "xformers"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--safety-margin", "0.9"], "--safety-margin"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--lora-rank", "many"], "--lora-rank"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--top", "-1"], "--top"),
-        (["--model", "opt-1.3b", *GPU, *CPU_MEM, "--ref-model", "opt-125m"], "--ref-model"),
+        (["--model", "opt-1.3b", *PPO, "--workload", "pretrain"], "pretrain"),
+        (["--model", "opt-1.3b", *PPO, "--dtype", "fp8"], "fp8"),
+        (["--model", "opt-1.3b", *PPO, "--attn-impl", "xformers"], "xformers"),
+        (["--model", "opt-1.3b", *PPO, "--safety-margin", "0.9"], "--safety-margin"),
+        (["--model", "opt-1.3b", *PPO, "--lora-rank", "many"], "--lora-rank"),
+        (["--model", "opt-1.3b", *PPO, "--top", "-1"], "--top"),
+        (["--model", "opt-1.3b", *SFT, "--ref-model", "opt-125m"], "--ref-model"),
+        (["--model", "opt-1.3b", *SFT, "--critic-model", "opt-125m"], "--critic-model"),
         (["--model", "opt-1.3b", *CPU_MEM], "--gpu"),  # no GPU given: neither --gpu-mem nor --gpu
         (["--model", "", *GPU, *CPU_MEM], "model"),
     ],

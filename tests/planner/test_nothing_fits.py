@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from planner_helpers import CliResult, check_predicted_block, fits_by_numbers
+from planner_helpers import CPU_MEM, CliResult, check_predicted_block, fits_by_numbers
 
 Cli = Callable[..., CliResult]
 
@@ -35,7 +35,7 @@ def test_nothing_fits_is_still_exit_0_and_saved(cli: Cli, nothing_fits, db: Path
 
 def test_lora_rank_0_on_a_huge_model(cli: Cli, db: Path) -> None:
     result = cli(
-        "recommend", "--model", "llama-2-70b", "--gpu-mem", "16G", "--cpu-mem", "64G", "--lora-rank", "0",
+        "recommend", "--model", "llama-2-70b", "--gpu-mem", "16G", *CPU_MEM, "--lora-rank", "0",
         "--json", "--db", db,
     )  # fmt: skip
     assert result.rc == 0, result.err
@@ -48,7 +48,7 @@ def test_lora_rank_0_on_a_huge_model(cli: Cli, db: Path) -> None:
 def test_lora_is_the_fallback_when_only_lora_fits(cli: Cli, db: Path) -> None:
     # llama-2-7b on 24 GiB with 16 GiB of host: full fine-tuning needs 16 bytes/param of model states
     # (~104 GiB) on the GPU or host, so nothing fits; LoRA keeps only the frozen bf16 weights (~12.6 GiB).
-    job = ("--model", "llama-2-7b", "--gpu-mem", "24G", "--cpu-mem", "16G")
+    job = ("--model", "llama-2-7b", "--gpu-mem", "24G", "--cpu-mem", "16G", "--workload", "sft")
     full = cli("recommend", *job, "--lora-rank", "0", "--json", "--db", db)
     assert full.rc == 0, full.err
     assert full.json()["fits"] is False, "premise: no full fine-tune fits"
@@ -70,7 +70,7 @@ def test_lora_is_the_fallback_when_only_lora_fits(cli: Cli, db: Path) -> None:
 
 def test_explicit_lora_rank(cli: Cli, db: Path) -> None:
     result = cli(
-        "recommend", "--model", "opt-1.3b", "--gpu-mem", "24G", "--cpu-mem", "64G", "--lora-rank", "8",
+        "recommend", "--model", "opt-1.3b", "--gpu-mem", "24G", *CPU_MEM, "--lora-rank", "8",
         "--json", "--db", db,
     )  # fmt: skip
     assert result.rc == 0, result.err

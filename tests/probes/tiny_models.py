@@ -12,7 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from store.gpus import GENERIC_RATES
-from store.records import Hardware, ModelSpec, Strategy, Workload
+from store.records import (
+    FrozenModelStrategy,
+    Hardware,
+    ModelSpec,
+    RLHFStrategy,
+    Strategy,
+    TrainedModelStrategy,
+    Workload,
+)
 
 TINY_HIDDEN = 64
 TINY_LAYERS = 2
@@ -119,3 +127,165 @@ def build_tiny_model(spec: ModelSpec | None = None) -> Any:
     spec = spec or tiny_llama_spec()
     config = AutoConfig.for_model(spec.model_type, **spec.hf_config)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+
+
+# --- RLHF helpers: a second causal LM (tiny OPT), a smaller critic/reward backbone, RLHF records ---------
+
+
+def tiny_opt_hf_config() -> dict[str, Any]:
+    """The transformers OPTConfig kwargs of a tiny OPT (pre-norm, tied LM head, no dropout)."""
+    return {
+        "hidden_size": TINY_HIDDEN,
+        "ffn_dim": TINY_INTERMEDIATE,
+        "num_hidden_layers": TINY_LAYERS,
+        "num_attention_heads": TINY_HEADS,
+        "vocab_size": TINY_VOCAB,
+        "max_position_embeddings": TINY_POSITIONS,
+        "word_embed_proj_dim": TINY_HIDDEN,
+        "do_layer_norm_before": True,
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "layerdrop": 0.0,
+        "pad_token_id": 1,
+        "bos_token_id": 2,
+        "eos_token_id": 2,
+    }
+
+
+def tiny_opt_spec() -> ModelSpec:
+    """ModelSpec of the tiny OPT with exact counts (biased q, k, v, out, fc1, fc2; two LayerNorms a layer)."""
+    h, f, v, p = TINY_HIDDEN, TINY_INTERMEDIATE, TINY_VOCAB, TINY_POSITIONS
+    layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    embedding = v * h + (p + 2) * h  # OPT's learned positions are offset by 2
+    return ModelSpec(
+        name="tiny-opt",
+        model_type="opt",
+        hidden_size=h,
+        num_layers=TINY_LAYERS,
+        num_heads=TINY_HEADS,
+        num_kv_heads=TINY_HEADS,
+        head_dim=h // TINY_HEADS,
+        intermediate_size=f,
+        vocab_size=v,
+        max_positions=p,
+        tie_word_embeddings=True,
+        gated_mlp=False,
+        dropout=0.0,
+        total_params=embedding + TINY_LAYERS * layer + 2 * h,
+        layer_params=layer,
+        embedding_params=embedding,
+        lm_head_params=0,
+        hf_config=tiny_opt_hf_config(),
+    )
+
+
+def tiny_critic_spec(hidden: int = 32, layers: int = 1, heads: int = 2, intermediate: int = 64) -> ModelSpec:
+    """A smaller Llama (same vocabulary as the tiny actor) for critic and reward backbones; exact counts."""
+    v = TINY_VOCAB
+    layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
+    hf_config = {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "vocab_size": v,
+        "max_position_embeddings": TINY_POSITIONS,
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+    }
+    return ModelSpec(
+        name=f"tiny-critic-h{hidden}",
+        model_type="llama",
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hidden // heads,
+        intermediate_size=intermediate,
+        vocab_size=v,
+        max_positions=TINY_POSITIONS,
+        tie_word_embeddings=False,
+        gated_mlp=True,
+        dropout=0.0,
+        total_params=v * hidden + layers * layer + hidden + v * hidden,
+        layer_params=layer,
+        embedding_params=v * hidden,
+        lm_head_params=v * hidden,
+        hf_config=hf_config,
+    )
+
+
+def build_value_model(spec: ModelSpec | None = None) -> Any:
+    """A critic / reward model: the backbone of ``spec`` (no LM head) plus a scalar value head.
+
+    ``model(input_ids, attention_mask)`` returns one value per token, shape (batch, seq). Random weights;
+    torch and transformers are imported here.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    spec = spec or tiny_critic_spec()
+    config = AutoConfig.for_model(spec.model_type, **spec.hf_config)
+
+    class ValueModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = config
+            self.backbone = AutoModel.from_config(config, attn_implementation="sdpa")
+            self.v_head = torch.nn.Linear(config.hidden_size, 1, bias=False)
+
+        def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return self.v_head(hidden).squeeze(-1)
+
+    return ValueModel()
+
+
+def make_rlhf_workload(
+    kind: str = "ppo",
+    model: ModelSpec | None = None,
+    critic_model: ModelSpec | None = None,
+    dtype: str = "bf16",
+    prompt_len: int = 8,
+    gen_len: int = 4,
+    global_batch: int = 2,
+    ppo_epochs: int = 1,
+    samples_per_prompt: int = 1,
+) -> Workload:
+    """An RLHF workload: actor and reference ``model`` (tiny Llama), critic and reward ``critic_model``."""
+    model = model or tiny_llama_spec()
+    critic_model = critic_model or tiny_critic_spec()
+    return Workload(
+        kind=kind,
+        model=model,
+        seq_len=prompt_len + gen_len,
+        global_batch=global_batch,
+        dtype=dtype,
+        ref_model=model,
+        critic_model=critic_model if kind == "ppo" else None,
+        reward_model=critic_model,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        ppo_epochs=ppo_epochs,
+        samples_per_prompt=samples_per_prompt,
+    )
+
+
+def make_rlhf_strategy(
+    actor: dict[str, Any] | None = None,
+    critic: dict[str, Any] | None = None,
+    reference: dict[str, Any] | None = None,
+    reward: dict[str, Any] | None = None,
+    with_critic: bool = True,
+    **changes: Any,
+) -> RLHFStrategy:
+    """An RLHFStrategy from per-model block dictionaries (defaults where left out) and step-wide knobs."""
+    return RLHFStrategy(
+        actor=TrainedModelStrategy(**(actor or {})),
+        critic=TrainedModelStrategy(**(critic or {})) if with_critic else None,
+        reference=FrozenModelStrategy(**(reference or {})),
+        reward=FrozenModelStrategy(**(reward or {})),
+        **changes,
+    )

@@ -1,0 +1,483 @@
+"""Render the DeepSpeed configs (one per model) and the launcher flags that run one RLHF strategy.
+
+Pure Python, like :mod:`probes.ds_config` (``planner recommend`` and ``export`` import it): nothing here
+imports torch, deepspeed or transformers.
+
+An RLHF step holds four models on every GPU, each in its own DeepSpeed engine:
+
+- ``actor`` and ``critic`` (PPO only) train: their configs are exactly what
+  :func:`probes.ds_config.render_ds_config` renders for a single-model ``Strategy`` made of the model's
+  block plus the step-wide ``micro_batch`` / ``grad_accum`` / ``empty_cache`` / ``allocator``, sized for
+  that model (ZeRO-3 buckets follow its hidden size). The batch sizes count sequences:
+  ``train_batch_size = micro_batch x grad_accum x world_size``. The actor's config also carries
+  DeepSpeed's ``hybrid_engine`` block (``deepspeed/runtime/config.py``: ``HybridEngineConfig``), which
+  ``deepspeed.initialize`` reads to build a ``DeepSpeedHybridEngine`` for generation.
+- ``reference`` and ``reward`` are frozen: their configs have the shape of DeepSpeed-Chat's
+  ``get_eval_ds_config`` (``dschat/utils/ds_utils.py``): batch sizes (DeepSpeed asks for them even
+  without an optimizer), precision, and a ``zero_optimization`` block of stage 0 or 3 with, at stage 3,
+  the ZeRO-3 knobs of ``store.ds_defaults.zero3_buckets`` (DeepSpeed-Chat sets only the persistence
+  threshold; the prefetch bucket and live-parameter limits are spelled out here so the exported config
+  holds the same buffer sizes the cost model counts) and ``offload_param`` to the CPU when offloaded.
+  No optimizer, no gradient clipping.
+
+EMA (``strategy.ema``): DeepSpeed-Chat (``--enable_ema``) keeps the exponential moving average of the
+actor as a fifth engine, initialized with the *reference's* eval config (``get_eval_ds_config`` with
+``--offload_reference_model`` and ZeRO-3 only when the actor is ZeRO-3); it never trains, the EMA update
+runs after each actor step. DeepSpeed-Chat has no config of its own for it, so none is emitted here:
+hold the EMA copy with the reference's config.
+
+Models: the critic is ``workload.critic_model`` (else the reward model, as DeepSpeed-Chat initializes
+the critic from the reward model, else the actor's model); the reference is ``workload.ref_model``
+(else the actor's model); the reward model is ``workload.reward_model`` (else the critic's, else the
+actor's model). ReMax and GRPO train no critic: their configs have no ``critic`` key even when the
+strategy carries a critic block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from probes.ds_config import EMPTY_CACHE_PLACEMENT, STEPS_PER_PRINT, outside_settings, render_ds_config
+from store.ds_defaults import PIN_MEMORY, zero3_buckets
+from store.errors import InputError
+from store.records import (
+    FrozenModelStrategy,
+    Hardware,
+    ModelSpec,
+    RLHFStrategy,
+    Strategy,
+    TrainedModelStrategy,
+    Workload,
+)
+
+__all__ = [
+    "HYBRID_ENGINE_SETTINGS",
+    "OPENRLHF_STYLES",
+    "deepspeed_chat_flags",
+    "deepspeed_chat_gaps",
+    "model_specs",
+    "openrlhf_flags",
+    "openrlhf_gaps",
+    "render_rlhf_ds_configs",
+    "rlhf_outside_settings",
+    "trained_model_strategy",
+]
+
+# The fixed keys of the actor's ``hybrid_engine`` block (``enabled`` and ``max_out_tokens`` come from the
+# strategy and workload). DeepSpeed-Chat's defaults, except release_inference_cache: the planner frees the
+# inference workspace after each generation (the fragmentation study, arXiv 2410.15651).
+HYBRID_ENGINE_SETTINGS: dict[str, Any] = {
+    "inference_tp_size": 1,
+    "release_inference_cache": True,
+    "pin_parameters": True,
+    "tp_gather_partition_size": 8,
+}
+# DeepSpeed-Chat's LoRA target: a substring of module names; "layers." matches OPT's
+# "model.decoder.layers.N" and Llama-style "model.layers.N" (its default "decoder.layers." fits OPT only).
+DSCHAT_LORA_MODULE_NAME = "layers."
+OPENRLHF_STYLES: tuple[str, ...] = ("classic", "dotted")
+
+
+# --- DeepSpeed configs --------------------------------------------------------------------------------
+
+
+def model_specs(workload: Workload) -> dict[str, ModelSpec]:
+    """The model of each RLHF role (see the module docstring for the fall-backs); no critic without PPO."""
+    specs = {"actor": workload.model}
+    critic = workload.critic_model or workload.reward_model or workload.model
+    if workload.has_critic:
+        specs["critic"] = critic
+    specs["reference"] = workload.ref_model or workload.model
+    specs["reward"] = workload.reward_model or workload.critic_model or workload.model
+    return specs
+
+
+def trained_model_strategy(strategy: RLHFStrategy, role: str) -> Strategy:
+    """The single-model ``Strategy`` of ``role`` ("actor" or "critic"): its block plus the step-wide knobs."""
+    block: TrainedModelStrategy | None = getattr(strategy, role)
+    if block is None:
+        raise InputError(f"strategy: no {role} block")
+    return Strategy(
+        zero_stage=block.zero_stage,
+        offload_optimizer=block.offload_optimizer,
+        offload_param=block.offload_param,
+        gradient_checkpointing=block.gradient_checkpointing,
+        lora_rank=block.lora_rank,
+        micro_batch=strategy.micro_batch,
+        grad_accum=strategy.grad_accum,
+        empty_cache=strategy.empty_cache,
+        allocator=strategy.allocator,
+    )
+
+
+def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict]:
+    """Return one DeepSpeed config per model: keys ``actor``, ``critic`` (PPO only), ``reference``, ``reward``.
+
+    Raises:
+        InputError: the workload is not RLHF, has no prompt/generation lengths, is PPO without a critic
+            block, or NVMe offload is asked for without ``hardware.nvme_path``.
+    """
+    _check_rlhf(strategy, workload)
+    specs = model_specs(workload)
+    actor = render_ds_config(
+        trained_model_strategy(strategy, "actor"), replace(workload, model=specs["actor"]), hardware
+    )
+    actor["hybrid_engine"] = {
+        "enabled": strategy.hybrid_engine,
+        "max_out_tokens": _max_out_tokens(workload),
+        **HYBRID_ENGINE_SETTINGS,
+    }
+    configs: dict[str, dict] = {"actor": actor}
+    if "critic" in specs:
+        critic_strategy = trained_model_strategy(strategy, "critic")
+        configs["critic"] = render_ds_config(critic_strategy, replace(workload, model=specs["critic"]), hardware)
+    configs["reference"] = _frozen_config(strategy.reference, specs["reference"], strategy, workload, hardware)
+    configs["reward"] = _frozen_config(strategy.reward, specs["reward"], strategy, workload, hardware)
+    return configs
+
+
+def _check_rlhf(strategy: RLHFStrategy, workload: Workload) -> None:
+    if not workload.is_rlhf:
+        raise InputError(f"RLHF configs need a ppo, remax or grpo workload, not {workload.kind!r}")
+    if not workload.prompt_len or not workload.gen_len:
+        raise InputError("RLHF configs need the prompt and generation lengths (--prompt-len P --gen-len G)")
+    if workload.has_critic and strategy.critic is None:
+        raise InputError("strategy: ppo trains a critic; give the strategy a critic block")
+
+
+def _max_out_tokens(workload: Workload) -> int:
+    return int(workload.prompt_len or 0) + int(workload.gen_len or 0)
+
+
+def _frozen_config(
+    block: FrozenModelStrategy, spec: ModelSpec, strategy: RLHFStrategy, workload: Workload, hardware: Hardware
+) -> dict[str, Any]:
+    """DeepSpeed-Chat's ``get_eval_ds_config`` shape for a frozen model (no optimizer)."""
+    zero: dict[str, Any] = {"stage": block.zero_stage}
+    if block.zero_stage == 3:
+        buckets = zero3_buckets(spec)
+        zero.update(
+            {
+                "stage3_param_persistence_threshold": buckets.param_persistence_threshold,
+                "stage3_prefetch_bucket_size": buckets.prefetch_bucket_size,
+                "stage3_max_live_parameters": buckets.max_live_parameters,
+                "stage3_max_reuse_distance": buckets.max_reuse_distance,
+            }
+        )
+        if block.offload != "none":
+            zero["offload_param"] = {"device": block.offload, "pin_memory": PIN_MEMORY}
+    dtype = workload.dtype
+    return {
+        "train_batch_size": strategy.micro_batch * strategy.grad_accum * hardware.world_size,
+        "train_micro_batch_size_per_gpu": strategy.micro_batch,
+        "gradient_accumulation_steps": strategy.grad_accum,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16"},
+        "zero_optimization": zero,
+        "steps_per_print": STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+    }
+
+
+# --- DeepSpeed-Chat step 3 ----------------------------------------------------------------------------
+
+
+def deepspeed_chat_flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> list[str]:
+    """Flags for DeepSpeed-Chat's ``training/step3_rlhf_finetuning/main.py`` (model and data paths not included).
+
+    DeepSpeed-Chat's step 3 trains PPO only: for ``remax`` and ``grpo`` this returns ``[]`` (the planner
+    says it does not apply). What the flags cannot say is listed by :func:`deepspeed_chat_gaps`:
+
+    - ``--offload`` is one switch for actor *and* critic, and offloads parameters too under ZeRO-3
+      (DeepSpeed-Chat's train config sets ``offload_param`` and ``offload_optimizer`` to the same device);
+      it also offloads the reward model when that is ZeRO-3. It is emitted when either trained model
+      offloads its optimizer.
+    - The frozen models' stage is not a flag: the reference (and the EMA copy) is ZeRO-3 exactly when the
+      actor is, the reward model exactly when the critic is. ``--offload_reference_model`` offloads the
+      reference (and EMA). There is no reward-model offload flag in DeepSpeed-Chat (the reward model
+      follows ``--offload``), so none is emitted.
+    - ``--dtype`` takes ``fp16`` or ``bf16``; fp32 cannot be asked for (DeepSpeed-Chat's default is fp16).
+    - NVMe offload, ``allocator`` and ``empty_cache`` have no flag (set PYTORCH_CUDA_ALLOC_CONF and call
+      ``torch.cuda.empty_cache()`` yourself; see :func:`rlhf_outside_settings`).
+    - DeepSpeed-Chat refuses ZeRO-2 actor + ZeRO-2 critic + hybrid engine + ``--offload`` without actor
+      LoRA ("currently unsupported due to training instability").
+    - ``--generation_batches`` is left at its default 1 (one generation call per experience batch).
+
+    LoRA: ``--actor_lora_dim`` / ``--critic_lora_dim`` with ``--*_lora_module_name layers.`` (matches
+    OPT and Llama-style block names) and ``--only_optimize_lora`` (the planner's LoRA trains the adapters
+    only; without the flag DeepSpeed-Chat trains the base weights too).
+    """
+    _check_rlhf(strategy, workload)
+    if workload.kind != "ppo":
+        return []
+    actor, critic = strategy.actor, strategy.critic
+    assert critic is not None  # _check_rlhf: ppo has a critic block
+    flags = ["--actor_zero_stage", str(actor.zero_stage), "--critic_zero_stage", str(critic.zero_stage)]
+    if actor.offload_optimizer != "none" or critic.offload_optimizer != "none":
+        flags.append("--offload")
+    if strategy.reference.offload != "none":
+        flags.append("--offload_reference_model")
+    if actor.gradient_checkpointing:
+        flags.append("--actor_gradient_checkpointing")
+    if critic.gradient_checkpointing:
+        flags.append("--critic_gradient_checkpointing")
+    if strategy.hybrid_engine:
+        flags.append("--enable_hybrid_engine")
+        if HYBRID_ENGINE_SETTINGS["release_inference_cache"]:
+            flags.append("--release_inference_cache")
+    for role, block in (("actor", actor), ("critic", critic)):
+        if block.lora_rank:
+            flags += [f"--{role}_lora_dim", str(block.lora_rank), f"--{role}_lora_module_name", DSCHAT_LORA_MODULE_NAME]
+    if actor.lora_rank or critic.lora_rank:
+        flags.append("--only_optimize_lora")
+    flags += [
+        "--per_device_generation_batch_size",
+        str(strategy.generation_batch),
+        "--per_device_training_batch_size",
+        str(strategy.micro_batch),
+        "--gradient_accumulation_steps",
+        str(strategy.grad_accum),
+        "--ppo_epochs",
+        str(workload.ppo_epochs),
+        "--max_prompt_seq_len",
+        str(workload.prompt_len),
+        "--max_answer_seq_len",
+        str(workload.gen_len),
+    ]
+    if strategy.ema:
+        flags.append("--enable_ema")
+    if workload.dtype in ("fp16", "bf16"):
+        flags += ["--dtype", workload.dtype]
+    return flags
+
+
+def deepspeed_chat_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> list[str]:
+    """What of this strategy :func:`deepspeed_chat_flags` cannot express, one sentence each (empty: nothing)."""
+    _check_rlhf(strategy, workload)
+    if workload.kind != "ppo":
+        return [f"DeepSpeed-Chat's step 3 trains PPO only; it has no {workload.kind} trainer"]
+    actor, critic = strategy.actor, strategy.critic
+    assert critic is not None
+    gaps: list[str] = []
+    offload = actor.offload_optimizer != "none" or critic.offload_optimizer != "none"
+    if offload and (actor.offload_optimizer == "none" or critic.offload_optimizer == "none"):
+        gaps.append("--offload offloads the optimizer of both actor and critic; the strategy offloads only one")
+    for role, block in (("actor", actor), ("critic", critic)):
+        if "nvme" in (block.offload_optimizer, block.offload_param):
+            gaps.append(f"the {role}'s NVMe offload has no DeepSpeed-Chat flag (--offload means cpu)")
+        if offload and block.zero_stage == 3 and block.offload_param == "none":
+            gaps.append(f"--offload also offloads the ZeRO-3 {role}'s parameters; the strategy keeps them on the GPU")
+    ref_stage = 3 if actor.zero_stage == 3 else 0
+    if strategy.reference.zero_stage != ref_stage:
+        gaps.append(
+            f"DeepSpeed-Chat holds the reference at ZeRO-{ref_stage} (ZeRO-3 exactly when the actor is); "
+            f"the strategy asks for ZeRO-{strategy.reference.zero_stage}"
+        )
+    reward_stage = 3 if critic.zero_stage == 3 else 0
+    if strategy.reward.zero_stage != reward_stage:
+        gaps.append(
+            f"DeepSpeed-Chat holds the reward model at ZeRO-{reward_stage} (ZeRO-3 exactly when the critic is); "
+            f"the strategy asks for ZeRO-{strategy.reward.zero_stage}"
+        )
+    reward_offloaded = offload and reward_stage == 3
+    if (strategy.reward.offload != "none") != reward_offloaded:
+        gaps.append(
+            "DeepSpeed-Chat has no reward-model offload flag: the reward model is offloaded exactly when "
+            f"--offload is given and the critic is ZeRO-3 (here: {'yes' if reward_offloaded else 'no'})"
+        )
+    if workload.dtype == "fp32":
+        gaps.append("DeepSpeed-Chat's --dtype takes fp16 or bf16 only (default fp16); fp32 cannot be asked for")
+    if actor.zero_stage == 2 and critic.zero_stage == 2 and strategy.hybrid_engine and offload and actor.lora_rank == 0:
+        gaps.append(
+            "DeepSpeed-Chat refuses ZeRO-2 actor and critic with --enable_hybrid_engine and --offload without "
+            "actor LoRA (training instability)"
+        )
+    if workload.samples_per_prompt > 1:
+        gaps.append("DeepSpeed-Chat generates one answer per prompt; samples_per_prompt > 1 has no flag")
+    return gaps
+
+
+# --- OpenRLHF -----------------------------------------------------------------------------------------
+
+
+def openrlhf_flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: str = "classic") -> list[str]:
+    """Flags for OpenRLHF's PPO trainer (model, data and Ray placement flags not included).
+
+    ``style="classic"``: the flat option names of ``openrlhf.cli.train_ppo`` and of ``train_ppo_ray``
+    before 0.11 (``--zero_stage``, ``--adam_offload``, ``--micro_train_batch_size`` ...).
+    ``style="dotted"``: the dotted names of ``openrlhf.cli.train_ppo_ray`` in OpenRLHF 0.11 (checked
+    against 0.11.2: ``--ds.zero_stage``, ``--ds.adam_offload``, ``--ref.offload`` / ``--reward.offload``,
+    ``--data.max_len`` = prompt + generation, ``--ds.param_dtype``), plus ``--train.colocate_all`` and
+    each model's node/GPU counts, so that every model shares every GPU as the planner assumes.
+
+    OpenRLHF has one setting for both trained models where the strategy has two: ``--zero_stage`` is the
+    actor's stage (the critic trains at the same stage), ``--adam_offload`` is given when either offloads
+    its optimizer, ``--gradient_checkpointing`` and ``--lora_rank`` are the actor's. The frozen models
+    take ZeRO-3 exactly when ``--zero_stage`` is 3. ``--rollout_batch_size`` is the workload's global
+    batch of prompts, ``--train_batch_size`` the strategy's global batch of sequences. GRPO adds
+    ``--advantage_estimator group_norm --n_samples_per_prompt k``; OpenRLHF has no ReMax estimator
+    (choices: gae, reinforce, rloo, reinforce_baseline, group_norm, dr_grpo), so ReMax gets
+    ``--advantage_estimator reinforce``: the same models (no critic) without ReMax's greedy-baseline
+    rollout. Everything that does not carry over is listed by :func:`openrlhf_gaps`.
+    """
+    if style not in OPENRLHF_STYLES:
+        raise InputError(f"OpenRLHF flag style must be one of {', '.join(OPENRLHF_STYLES)}, not {style!r}")
+    _check_rlhf(strategy, workload)
+    actor, critic = strategy.actor, strategy.critic if workload.has_critic else None
+    adam_offload = actor.offload_optimizer != "none" or (critic is not None and critic.offload_optimizer != "none")
+    dotted = style == "dotted"
+    flags = ["--ds.zero_stage" if dotted else "--zero_stage", str(actor.zero_stage)]
+    if adam_offload:
+        flags.append("--ds.adam_offload" if dotted else "--adam_offload")
+    if actor.gradient_checkpointing:
+        flags.append("--actor.gradient_checkpointing_enable" if dotted else "--gradient_checkpointing")
+    if dotted:
+        flags += ["--ref.offload"] if strategy.reference.offload != "none" else []
+        flags += ["--reward.offload"] if strategy.reward.offload != "none" else []
+    elif strategy.reference.offload != "none" or strategy.reward.offload != "none":
+        flags.append("--ref_reward_offload")
+    micro_train = strategy.micro_batch
+    train_batch = strategy.micro_batch * strategy.grad_accum * hardware.world_size
+    names = (
+        ("--train.micro_batch_size", "--train.batch_size", "--rollout.micro_batch_size", "--rollout.batch_size")
+        if dotted
+        else ("--micro_train_batch_size", "--train_batch_size", "--micro_rollout_batch_size", "--rollout_batch_size")
+    )
+    for name, value in zip(
+        names, (micro_train, train_batch, strategy.generation_batch, workload.global_batch), strict=True
+    ):
+        flags += [name, str(value)]
+    flags += ["--train.max_epochs" if dotted else "--max_epochs", str(workload.ppo_epochs)]
+    if dotted:
+        flags += ["--data.max_len", str(_max_out_tokens(workload)), "--rollout.max_new_tokens", str(workload.gen_len)]
+        if workload.dtype in ("bf16", "fp16"):
+            flags += ["--ds.param_dtype", workload.dtype]
+    else:
+        flags += ["--prompt_max_len", str(workload.prompt_len), "--generate_max_len", str(workload.gen_len)]
+        if workload.dtype == "bf16":
+            flags.append("--bf16")
+    if actor.lora_rank:
+        flags += ["--ds.lora.rank" if dotted else "--lora_rank", str(actor.lora_rank)]
+    if strategy.ema:
+        flags.append("--train.enable_ema" if dotted else "--enable_ema")
+    estimator = {"grpo": "group_norm", "remax": "reinforce"}.get(workload.kind)
+    if estimator:
+        flags += ["--algo.advantage.estimator" if dotted else "--advantage_estimator", estimator]
+    if workload.kind == "grpo" or workload.samples_per_prompt > 1:
+        flags += [
+            "--rollout.n_samples_per_prompt" if dotted else "--n_samples_per_prompt",
+            str(workload.samples_per_prompt),
+        ]
+    if dotted:
+        flags.append("--train.colocate_all")
+        roles = ("actor", "critic", "ref", "reward") if critic is not None else ("actor", "ref", "reward")
+        for role in roles:
+            flags += [f"--{role}.num_nodes", str(hardware.nodes), f"--{role}.num_gpus_per_node", str(hardware.gpus)]
+    return flags
+
+
+def openrlhf_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: str = "classic") -> list[str]:
+    """What of this strategy :func:`openrlhf_flags` cannot express, one sentence each (empty: nothing)."""
+    if style not in OPENRLHF_STYLES:
+        raise InputError(f"OpenRLHF flag style must be one of {', '.join(OPENRLHF_STYLES)}, not {style!r}")
+    _check_rlhf(strategy, workload)
+    actor, critic = strategy.actor, strategy.critic if workload.has_critic else None
+    gaps: list[str] = []
+    if critic is not None:
+        for knob, label in (
+            ("zero_stage", "--zero_stage"),
+            ("gradient_checkpointing", "--gradient_checkpointing"),
+            ("lora_rank", "--lora_rank"),
+        ):
+            if getattr(critic, knob) != getattr(actor, knob):
+                gaps.append(f"OpenRLHF's {label} is one setting for actor and critic; the strategy's critic differs")
+        if (actor.offload_optimizer == "none") != (critic.offload_optimizer == "none"):
+            gaps.append("--adam_offload offloads the optimizer of both actor and critic; the strategy offloads one")
+    for role, block in (("actor", actor), ("critic", critic)):
+        if block is None:
+            continue
+        if block.offload_param != "none":
+            gaps.append(f"OpenRLHF cannot offload the {role}'s parameters (only Adam states, --adam_offload)")
+        if block.offload_optimizer == "nvme":
+            gaps.append(f"OpenRLHF offloads the {role}'s optimizer to the CPU only, not NVMe")
+    frozen_stage = 3 if actor.zero_stage == 3 else 0
+    for role, block in (("reference", strategy.reference), ("reward", strategy.reward)):
+        if block.zero_stage != frozen_stage:
+            gaps.append(
+                f"OpenRLHF holds the {role} model at ZeRO-{frozen_stage} (ZeRO-3 exactly when --zero_stage is 3); "
+                f"the strategy asks for ZeRO-{block.zero_stage}"
+            )
+    if style == "classic" and strategy.reference.offload != strategy.reward.offload:
+        gaps.append("--ref_reward_offload offloads reference and reward together; the strategy offloads one")
+    if style == "classic" and workload.dtype == "fp16":
+        gaps.append("classic OpenRLHF has --bf16 only (else fp32); fp16 cannot be asked for")
+    if style == "dotted" and workload.dtype == "fp32":
+        gaps.append("OpenRLHF 0.11's --ds.param_dtype takes bf16 or fp16; fp32 cannot be asked for")
+    if strategy.hybrid_engine:
+        gaps.append(
+            "OpenRLHF has no DeepSpeed hybrid engine: it generates with the actor's own generate() "
+            "(classic) or with vLLM engines (Ray)"
+        )
+    if workload.kind == "remax":
+        gaps.append(
+            "OpenRLHF has no ReMax estimator; --advantage_estimator reinforce runs the same models without "
+            "ReMax's greedy-baseline generation (one rollout per prompt, not two)"
+        )
+    if style == "dotted":
+        gaps.append(
+            "OpenRLHF 0.11 generates with vLLM engines (--vllm.num_engines, --vllm.gpu_memory_utilization); "
+            "their memory is not the generation phase the planner models"
+        )
+    return gaps
+
+
+# --- Settings outside the configs ---------------------------------------------------------------------
+
+
+def rlhf_outside_settings(strategy: RLHFStrategy) -> dict[str, str]:
+    """The settings of an RLHF strategy that live outside the DeepSpeed configs, as copyable text.
+
+    Keys: ``actor.gradient_checkpointing``, ``critic.gradient_checkpointing`` (with a critic block),
+    ``actor.lora`` / ``critic.lora`` (only with a LoRA rank), ``generation``, ``empty_cache``,
+    ``PYTORCH_CUDA_ALLOC_CONF`` (empty string: leave it unset) and, with ``strategy.ema``, ``ema``.
+    """
+    settings: dict[str, str] = {}
+    roles = ("actor", "critic") if strategy.critic is not None else ("actor",)
+    for role in roles:
+        single = outside_settings(trained_model_strategy(strategy, role))
+        what = "actor (causal LM)" if role == "actor" else "critic (backbone + value head)"
+        settings[f"{role}.gradient_checkpointing"] = f"{what}: {single['gradient_checkpointing']}"
+        if "lora" in single:
+            text = single["lora"]
+            if role == "critic":
+                text = text.replace('task_type="CAUSAL_LM"', 'modules_to_save=["value head"]')
+            settings[f"{role}.lora"] = f"{what}: {text}"
+    if strategy.hybrid_engine:
+        settings["generation"] = (
+            "generate with actor_engine.module.generate(..., use_cache=True) between actor_engine.eval() and "
+            'actor_engine.train(); the actor config\'s "hybrid_engine" block makes deepspeed.initialize return '
+            "a DeepSpeedHybridEngine that swaps in its inference kernels for models it has a policy for"
+        )
+    else:
+        settings["generation"] = (
+            "generate with actor_engine.module.generate(..., use_cache=True) under torch.no_grad() "
+            "(hybrid engine off: the training module generates as it is)"
+        )
+    policy = strategy.empty_cache
+    settings["empty_cache"] = EMPTY_CACHE_PLACEMENT[policy]
+    if policy != "never":
+        settings["empty_cache"] += (
+            f"; in your own PPO loop planner.runtime.EmptyCachePolicy({policy!r}) does this: mark the phases "
+            '"generation", "scoring", "actor_training", "critic_training" and call end_step() after the '
+            "optimizer steps"
+        )
+    settings["PYTORCH_CUDA_ALLOC_CONF"] = (
+        "expandable_segments:True" if strategy.allocator == "expandable-segments" else ""
+    )
+    if strategy.ema:
+        settings["ema"] = (
+            "keep an EMA copy of the actor (DeepSpeed-Chat --enable_ema) in a fifth engine started with the "
+            "reference's config; update it after each actor step"
+        )
+    return settings

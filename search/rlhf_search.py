@@ -1,0 +1,317 @@
+"""The search over RLHF strategies: least predicted step time such that peak reserved and host memory fit.
+
+Outer points (model layouts, hybrid engine; see ``search.rlhf_space``) are resolved exactly over their inner
+knobs by ``best_inner_rlhf``. Small spaces are walked whole (``grid``); larger ones by ``bound``: the step
+time of a point is a sum over its models, and its memory is bounded below by per-model bytes, so points are
+resolved best bound first until none left can win, which finds the exhaustive optimum at a fraction of the
+cost. ``tpe`` runs a seeded multivariate Optuna TPE study over the same knobs instead (a trial budget, no
+guarantee). Scores and ranking are those of ``search.optimize``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+from search.coefficients import Coefficients
+from search.optimize import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
+from search.rlhf import (
+    finish_rlhf,
+    predict_rlhf,
+    reserved_floor,
+    rlhf_context,
+    rlhf_step,
+    score_rlhf,
+    step_halves,
+    step_of,
+    step_time,
+)
+from search.rlhf_space import (
+    RLHFOuterPoint,
+    batch_choices,
+    cache_choices,
+    frozen_blocks,
+    rlhf_outer_points,
+    rlhf_strategy_at,
+    role_bytes,
+    role_live_floor,
+    role_seconds,
+    shared_bytes,
+    shared_seconds,
+    trained_layouts,
+)
+from search.single_model import gpu_budget_bytes
+from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
+
+RLHF_GRID_LIMIT = 512  # walking this many points whole costs about what 96 TPE trials cost
+RLHF_TPE_TRIALS = 96
+RLHF_ALTERNATIVES = 4  # fitting points the bound walk ranks exactly, beside the best
+
+
+def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
+    """The best inner choice of an outer point, exactly: the least score over every (generation batch,
+    micro-batch, empty_cache, allocator), the first in ``batch_choices`` x ``cache_choices`` order among equals.
+
+    Branch and bound. A batch split can do no better than its step time without empty_cache when its least
+    reserved bytes (``after-phase`` with expandable segments) fit, else than the penalty of that overflow;
+    splits are visited by that bound until no remaining one can win, and within a split the cache choices
+    stop at the first that reaches the bound.
+    """
+    ctx = rlhf_context(workload, hardware, coef)
+    budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
+    splits = []
+    for i, batches in enumerate(batch_choices(workload, hardware)):
+        strategy = rlhf_strategy_at(point, batches)
+        models, inference, training = step_halves(ctx, strategy)
+        seconds = sum(step_time(inference, training).values())  # exactly the step's base_time_s
+        floor = reserved_floor(models, (inference, training), coef)
+        splits.append((penalized_score(seconds, floor, budget, models.host_bytes, host_budget), i, strategy))
+    splits.sort(key=lambda split: split[:2])
+    best: tuple[float, int, int] | None = None
+    steps = {}
+    for bound, i, strategy in splits:
+        if best is not None and (bound, i) > best[:2]:
+            break  # this split and the later ones can at best tie with a later index
+        steps[i] = step = step_of(ctx, strategy)
+        for j, (policy, allocator) in enumerate(cache_choices()):
+            reserved, seconds = score_rlhf(step, policy, allocator, coef)
+            score = penalized_score(seconds, reserved, budget, step.host_bytes, host_budget)
+            if best is None or (score, i, j) < best:
+                best = (score, i, j)
+            if score == bound:
+                break  # later choices of this split can at best tie
+    assert best is not None
+    _, i, j = best
+    policy, allocator = cache_choices()[j]
+    strategy = next(split[2] for split in splits if split[1] == i)
+    prediction = finish_rlhf(steps[i], policy, allocator, hardware, coef)
+    return Candidate(strategy.with_(empty_cache=policy, allocator=allocator), prediction)
+
+
+def _trained_name(layout: TrainedModelStrategy) -> str:
+    return f"z{layout.zero_stage}/{layout.offload_optimizer}/{layout.offload_param}"
+
+
+def _frozen_name(block: FrozenModelStrategy) -> str:
+    return f"z{block.zero_stage}/{block.offload}"
+
+
+def _rlhf_key(p: RLHFOuterPoint) -> tuple:
+    critic = (None, None) if p.critic is None else (_trained_name(p.critic), p.critic.gradient_checkpointing)
+    return (
+        _trained_name(p.actor),
+        p.actor.gradient_checkpointing,
+        *critic,
+        _frozen_name(p.reference),
+        _frozen_name(p.reward),
+        p.hybrid_engine,
+        p.actor.lora_rank,
+    )
+
+
+def search_rlhf(
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    *,
+    seed: int = 0,
+    lora_ranks: tuple[int, ...] = (0,),
+    n_trials: int = RLHF_TPE_TRIALS,
+    sampler: str = "auto",
+) -> SearchResult:
+    """The search over an RLHF step's outer knobs, inner knobs resolved exactly per point (``best_inner_rlhf``).
+
+    Outer knobs: actor layout and checkpointing, critic layout and checkpointing (PPO), reference and reward
+    blocks, hybrid engine, LoRA rank (actor and critic). ``sampler``:
+
+    - ``grid`` (auto up to ``RLHF_GRID_LIMIT`` points): every point once, in order. Walked directly: Optuna's
+      GridSampler rescans all trials after each one, which costs more than the predictions here.
+    - ``bound`` (auto above): exact too, best bound first (see ``_bound_walk``); ``n_trials`` caps the points
+      resolved only to rank alternatives.
+    - ``tpe``: a seeded multivariate Optuna TPE study of ``n_trials`` trials (no guarantee of the optimum).
+
+    Ranked fastest first (each evaluated point's best candidate); deterministic for a seed.
+    """
+    points = list(rlhf_outer_points(workload, hardware, lora_ranks))
+    by_key = {_rlhf_key(p): p for p in points}
+    if sampler == "auto":
+        sampler = "grid" if len(points) <= RLHF_GRID_LIMIT else "bound"
+    evaluated: dict[tuple, Candidate] = {}
+    if sampler == "grid":
+        for key, point in by_key.items():
+            evaluated[key] = best_inner_rlhf(point, workload, hardware, coef)
+        trials = len(points)
+    elif sampler == "bound":
+        trials = _bound_walk(workload, hardware, coef, by_key, evaluated, n_trials=n_trials)
+    else:
+        trials = _tpe_rlhf(workload, hardware, coef, by_key, evaluated, seed=seed, n_trials=n_trials)
+    order = {key: i for i, key in enumerate(by_key)}
+    ranked = sorted(evaluated.items(), key=lambda kv: (kv[1].score, order[kv[0]]))
+    return SearchResult(
+        ranked=tuple(c for _, c in ranked),
+        trials=trials,
+        sampler=sampler,
+        fastest_ignoring_memory=fastest_rlhf_ignoring_memory(workload, hardware, coef, lora_ranks),
+    )
+
+
+def _bound_walk(
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    by_key: dict[tuple, RLHFOuterPoint],
+    evaluated: dict[tuple, Candidate],
+    *,
+    n_trials: int,
+) -> int:
+    """Exact search of the outer points, best bound first; fills ``evaluated``, returns how many it resolved.
+
+    A point's step time is the sum of its models' times, each depending only on that model's block (and the
+    batch split), so the sum of each model's least time over the splits bounds it from below; its resident
+    bytes and host memory, also sums over models, plus the most that any one model's moments must add,
+    bound its memory. Points are resolved by ``best_inner_rlhf``
+    in order of that bound until no remaining point can beat the best found, nor the ``RLHF_ALTERNATIVES``-th
+    best that fits (while fewer fit, until ``n_trials`` points are resolved).
+    """
+    ctx = rlhf_context(workload, hardware, coef)
+    budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
+    splits = batch_choices(workload, hardware)
+    least_shared = min(shared_seconds(ctx, split) for split in splits)
+    constant = shared_bytes(ctx)
+    per_role: dict[tuple, tuple[float, int, tuple[int, float, int]]] = {}
+
+    def role_bound(role: str, block: TrainedModelStrategy | FrozenModelStrategy, he: bool) -> tuple:
+        key = (role, block, he and role == "actor")
+        if key not in per_role:
+            per_role[key] = (
+                min(role_seconds(ctx, role, block, he, False, split) for split in splits),
+                min(role_live_floor(ctx, role, block, he, split) for split in splits),
+                role_bytes(ctx, role, block),
+            )
+        return per_role[key]
+
+    bounds = []
+    for index, (key, p) in enumerate(by_key.items()):
+        roles = [("actor", p.actor), ("critic", p.critic), ("reference", p.reference), ("reward", p.reward)]
+        parts = [role_bound(role, block, p.hybrid_engine) for role, block in roles if block is not None]
+        time = least_shared + sum(seconds for seconds, _, _ in parts)
+        reserved = constant + sum(size[0] for _, _, size in parts) + max(live for _, live, _ in parts)
+        host = max(sum(size[1] for _, _, size in parts), max(size[2] for _, _, size in parts)) * hardware.gpus
+        # float sums in another order than the step's: keep the bound a hair below
+        bound = penalized_score(time * (1 - 1e-9), reserved, budget, int(host * (1 - 1e-9)), host_budget)
+        bounds.append((bound, index, key))
+    bounds.sort()
+    best = float("inf")
+    fitting: list[float] = []  # the best scores that fit, at most RLHF_ALTERNATIVES
+    for bound, _, key in bounds:
+        if bound > best:  # cannot win; resolve it only as a possible alternative
+            if len(fitting) >= RLHF_ALTERNATIVES:
+                wanted = bound <= fitting[-1]
+            else:
+                wanted = bound < INFEASIBLE_PENALTY_S and len(evaluated) < n_trials
+            if not wanted:
+                break
+        candidate = evaluated[key] = best_inner_rlhf(by_key[key], workload, hardware, coef)
+        best = min(best, candidate.score)
+        if candidate.prediction.fits:
+            fitting = sorted([*fitting, candidate.score])[:RLHF_ALTERNATIVES]
+    return len(evaluated)
+
+
+def _tpe_rlhf(
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    by_key: dict[tuple, RLHFOuterPoint],
+    evaluated: dict[tuple, Candidate],
+    *,
+    seed: int,
+    n_trials: int,
+) -> int:
+    """A seeded multivariate TPE study over the outer knobs; fills ``evaluated``, returns the trial count."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    points = list(by_key.values())
+    layouts = list(dict.fromkeys(_trained_name(p.actor) for p in points))
+    blocks = [_frozen_name(b) for b in frozen_blocks(hardware)]
+    space: dict[str, list] = {"actor": layouts, "actor_checkpointing": [False, True]}
+    if workload.has_critic:
+        space.update(critic=layouts, critic_checkpointing=[False, True])
+    ranks = list(dict.fromkeys(p.actor.lora_rank for p in points))
+    space.update(reference=blocks, reward=blocks, hybrid_engine=[True, False], lora_rank=ranks)
+
+    def objective(trial: optuna.Trial) -> float:
+        values = {name: trial.suggest_categorical(name, choices) for name, choices in space.items()}
+        key = (
+            values["actor"],
+            values["actor_checkpointing"],
+            values.get("critic"),
+            values.get("critic_checkpointing"),
+            values["reference"],
+            values["reward"],
+            values["hybrid_engine"],
+            values["lora_rank"],
+        )
+        if key not in evaluated:
+            evaluated[key] = best_inner_rlhf(by_key[key], workload, hardware, coef)
+        candidate = evaluated[key]
+        trial.set_user_attr("fits", candidate.prediction.fits)
+        return candidate.score
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(
+            direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True)
+        )
+
+        def stop_when_all_seen(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+            if len(evaluated) == len(points):
+                study.stop()
+
+        study.optimize(objective, n_trials=min(n_trials, len(points)), callbacks=[stop_when_all_seen])
+    return len(study.trials)
+
+
+def fastest_rlhf_ignoring_memory(
+    workload: Workload, hardware: Hardware, coef: Coefficients, lora_ranks: tuple[int, ...] = (0,)
+) -> Candidate | None:
+    """The fastest RLHF strategy if memory were unlimited (largest batches, no empty_cache).
+
+    Step time is a sum of per-model times, each depending only on that model's block (the actor's also on
+    the hybrid engine), so each model's fastest block is chosen on its own: a few dozen predictions.
+    """
+    batches = batch_choices(workload, hardware)[0]
+    blocks = frozen_blocks(hardware)
+    fastest: Candidate | None = None
+    for rank in lora_ranks:
+        layouts = trained_layouts(workload, hardware, rank)
+        point = RLHFOuterPoint(layouts[0], layouts[0] if workload.has_critic else None, blocks[0], blocks[0], True)
+
+        def role_time(p: RLHFOuterPoint, role: str) -> float:
+            return rlhf_step(workload, rlhf_strategy_at(p, batches), hardware, coef).role_time[role]
+
+        actor_options = [(a, he) for a in layouts for he in (True, False)]
+        actor, he = min(actor_options, key=lambda o: role_time(replace(point, actor=o[0], hybrid_engine=o[1]), "actor"))
+        point = replace(point, actor=actor, hybrid_engine=he)
+        if workload.has_critic:
+            point = replace(point, critic=min(layouts, key=lambda c: role_time(replace(point, critic=c), "critic")))
+        point = replace(point, reference=min(blocks, key=lambda b: role_time(replace(point, reference=b), "reference")))
+        point = replace(point, reward=min(blocks, key=lambda b: role_time(replace(point, reward=b), "reward")))
+        strategy = rlhf_strategy_at(point, batches)
+        candidate = Candidate(strategy, predict_rlhf(workload, strategy, hardware, coef))
+        if fastest is None or candidate.prediction.step_time_s < fastest.prediction.step_time_s:
+            fastest = candidate
+    return fastest
+
+
+def exhaustive_rlhf(
+    workload: Workload, hardware: Hardware, coef: Coefficients, *, lora_ranks: tuple[int, ...] = (0,)
+) -> Candidate | None:
+    """The fastest fitting RLHF strategy over every outer point (each resolved by ``best_inner_rlhf``)."""
+    best: Candidate | None = None
+    for point in rlhf_outer_points(workload, hardware, lora_ranks):
+        candidate = best_inner_rlhf(point, workload, hardware, coef)
+        if candidate.prediction.fits and (best is None or candidate.score < best.score):
+            best = candidate
+    return best

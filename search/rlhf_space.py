@@ -1,0 +1,228 @@
+"""The RLHF strategy space: outer knobs (model layouts, hybrid engine) and inner knobs (batch splits, allocator).
+
+Outer knobs choose where each model lives and how generation runs: the actor's and the critic's layouts
+(ZeRO stage, offloads, checkpointing, LoRA rank shared by both) as for single-model training, the
+reference and reward blocks (ZeRO-0, ZeRO-3, ZeRO-3 + offload) and the hybrid engine. Inner knobs scale
+what a layout holds and are resolved exactly per outer point: prompts per generate call, the micro-batch
+with its accumulation, the ``empty_cache`` policy and the allocator.
+
+The last section splits a point into its models: a step's time is the sum of per-model times (each set by
+that model's block alone) and its resident bytes the sum of per-model bytes, which lets the search bound a
+whole point from a few dozen per-model pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from search.rlhf import (
+    RLHFContext,
+    frozen_model,
+    generation_phase,
+    rlhf_job,
+    scoring_forward,
+    trained_model,
+)
+from search.rlhf_memory import Live, experience_bytes, trained_factor, training_live
+from search.rlhf_time import ema_time, training_time
+from search.space import outer_points
+from store.records import (
+    ALLOCATORS,
+    DTYPE_BYTES,
+    EMPTY_CACHE_POLICIES,
+    FrozenModelStrategy,
+    Hardware,
+    RLHFStrategy,
+    TrainedModelStrategy,
+    Workload,
+)
+
+FROZEN_BLOCKS: tuple[FrozenModelStrategy, ...] = (
+    FrozenModelStrategy(0, "none"),
+    FrozenModelStrategy(3, "none"),
+    FrozenModelStrategy(3, "cpu"),
+)
+# simplest first: among equally fast choices the search keeps the earlier one
+POLICIES: tuple[str, ...] = ("never", "every-step", "after-generation", "after-inference", "after-phase")
+assert sorted(POLICIES) == sorted(EMPTY_CACHE_POLICIES)
+
+
+@dataclass(frozen=True)
+class RLHFOuterPoint:
+    """One choice of the outer knobs of an RLHF step."""
+
+    actor: TrainedModelStrategy
+    critic: TrainedModelStrategy | None
+    reference: FrozenModelStrategy
+    reward: FrozenModelStrategy
+    hybrid_engine: bool
+
+
+def trained_layouts(workload: Workload, hardware: Hardware, lora_rank: int) -> list[TrainedModelStrategy]:
+    """Every valid layout of a trained model (the single-model outer points of one LoRA rank)."""
+    return [
+        TrainedModelStrategy(p.zero_stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing, p.lora_rank)
+        for p in outer_points(workload, hardware, (lora_rank,))
+    ]
+
+
+def frozen_blocks(hardware: Hardware) -> tuple[FrozenModelStrategy, ...]:
+    """Blocks of a frozen model. On one GPU ZeRO-3 without offload partitions nothing: the same bytes plus a
+    gathered module and never faster than ZeRO-0, so it is left out (it cannot be the unique optimum)."""
+    if hardware.world_size == 1:
+        return tuple(b for b in FROZEN_BLOCKS if not (b.zero_stage == 3 and b.offload == "none"))
+    return FROZEN_BLOCKS
+
+
+def rlhf_outer_points(
+    workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...] = (0,)
+) -> Iterator[RLHFOuterPoint]:
+    """Every outer point in a fixed order (what the exhaustive search walks). LoRA applies to actor and critic."""
+    rlhf_job(workload, hardware)  # the workload must be an RLHF step whose batch splits over the GPUs
+    blocks = frozen_blocks(hardware)
+    for rank in lora_ranks:
+        layouts = trained_layouts(workload, hardware, rank)
+        critics: list[TrainedModelStrategy | None] = list(layouts) if workload.has_critic else [None]
+        for actor in layouts:
+            for critic in critics:
+                for reference in blocks:
+                    for reward in blocks:
+                        for hybrid_engine in (True, False):
+                            yield RLHFOuterPoint(actor, critic, reference, reward, hybrid_engine)
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n``, largest first."""
+    return [k for k in range(n, 0, -1) if n % k == 0]
+
+
+def batch_choices(workload: Workload, hardware: Hardware) -> list[tuple[int, int, int]]:
+    """(generation_batch, micro_batch, grad_accum) that keep every batch exact, largest first."""
+    job = rlhf_job(workload, hardware)
+    sequences = job.sequences_per_gpu
+    return [(g, m, sequences // m) for g in divisors(job.prompts_per_gpu) for m in divisors(sequences)]
+
+
+def cache_choices() -> list[tuple[str, str]]:
+    """(empty_cache, allocator) pairs, simplest first."""
+    return [(policy, allocator) for policy in POLICIES for allocator in ALLOCATORS]
+
+
+def rlhf_strategy_at(
+    point: RLHFOuterPoint, batches: tuple[int, int, int], cache: tuple[str, str] = ("never", "default")
+) -> RLHFStrategy:
+    """The full strategy of an outer point with one inner choice (EMA stays off: it only costs)."""
+    generation_batch, micro_batch, grad_accum = batches
+    empty_cache, allocator = cache
+    return RLHFStrategy(
+        actor=point.actor,
+        critic=point.critic,
+        reference=point.reference,
+        reward=point.reward,
+        hybrid_engine=point.hybrid_engine,
+        ema=False,
+        generation_batch=generation_batch,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        empty_cache=empty_cache,
+        allocator=allocator,
+    )
+
+
+def all_rlhf_strategies(
+    workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...] = (0,)
+) -> Iterator[RLHFStrategy]:
+    """The whole space, outer x inner."""
+    for point in rlhf_outer_points(workload, hardware, lora_ranks):
+        for batches in batch_choices(workload, hardware):
+            for cache in cache_choices():
+                yield rlhf_strategy_at(point, batches, cache)
+
+
+# --- per-model pieces: what the search bounds whole points with -------------------------------------------
+
+
+def role_seconds(
+    ctx: RLHFContext,
+    role: str,
+    block: TrainedModelStrategy | FrozenModelStrategy,
+    hybrid_engine: bool,
+    ema: bool,
+    batches: tuple[int, int, int],
+) -> float:
+    """Seconds per step that one model costs under its block and a (generation batch, micro-batch,
+    accumulation) split: the step's ``role_time[role]``, which depends on no other model's block."""
+    generation_batch, micro_batch, grad_accum = batches
+    if role in ("reference", "reward"):
+        return scoring_forward(ctx, frozen_model(ctx, role, block), generation_batch)[1]
+    placed = trained_model(ctx, role, block, 1)
+    seconds = scoring_forward(ctx, placed, generation_batch)[1]
+    if role == "actor":
+        seconds = generation_phase(ctx, placed, hybrid_engine, generation_batch).time_s + seconds
+    w, job = ctx.workload, ctx.job
+    trained = trained_model(ctx, role, block, grad_accum)
+    parts = training_time(trained, micro_batch, grad_accum, job.seq_len, w.dtype, ctx.hardware, ctx.coef)
+    extra = ema_time(trained, w.dtype, ctx.hardware, ctx.coef) if (role == "actor" and ema) else 0.0
+    return seconds + w.ppo_epochs * (sum(parts) + extra)
+
+
+def shared_seconds(ctx: RLHFContext, batches: tuple[int, int, int]) -> float:
+    """The per-call and per-micro-step overhead of a split (the step's ``role_time["shared"]``)."""
+    generation_batch, _, grad_accum = batches
+    job, w = ctx.job, ctx.workload
+    calls = job.prompts_per_gpu // generation_batch
+    micro_steps = w.ppo_epochs * grad_accum * (2 if w.has_critic else 1)
+    return ctx.coef.step_overhead_s * (calls * (job.generate_passes + 1) + micro_steps)
+
+
+def role_live_floor(
+    ctx: RLHFContext,
+    role: str,
+    block: TrainedModelStrategy | FrozenModelStrategy,
+    hybrid_engine: bool,
+    batches: tuple[int, int, int],
+) -> int:
+    """The least a model's own moments (its generation, scoring forward, training) add to the resident bytes
+    under a split, fragments included: live bytes plus within-phase fragments with expandable segments and
+    nothing carried (``after-phase``); the other model's gradients and a larger scoring factor only add."""
+    w, coef = ctx.workload, ctx.coef
+    generation_batch, micro_batch, grad_accum = batches
+    moments: list[tuple[Live, float]] = []
+    if role in ("reference", "reward"):
+        live, _, factor = scoring_forward(ctx, frozen_model(ctx, role, block), generation_batch)
+        moments.append((live, factor))
+    else:
+        placed = trained_model(ctx, role, block, 1)
+        live, _, factor = scoring_forward(ctx, placed, generation_batch)
+        moments.append((live, factor))
+        if role == "actor":
+            generation = generation_phase(ctx, placed, hybrid_engine, generation_batch)
+            moments += [(m, generation.factor) for m in generation.moments]
+        trained = trained_model(ctx, role, block, grad_accum)
+        factor = trained_factor(trained, coef, training=True)
+        seq_len = ctx.job.seq_len
+        trained_moments = training_live(trained, 0, micro_batch, grad_accum, seq_len, w.dtype, w.attn_impl, coef)
+        moments += [(m, factor) for m in trained_moments]
+    share = coef.frag_expandable_factor * coef.frag_within_step
+    return max(m.total + int(share * factor * m.transient + 0) for m, factor in moments)
+
+
+def shared_bytes(ctx: RLHFContext) -> int:
+    """Resident bytes that belong to no model's block: the cuBLAS workspace and the rollout buffer."""
+    job = ctx.job
+    rollout = experience_bytes(job.sequences_per_gpu, job.seq_len, ctx.workload.dtype)
+    return int(ctx.coef.cublas_workspace_bytes) + rollout
+
+
+def role_bytes(
+    ctx: RLHFContext, role: str, block: TrainedModelStrategy | FrozenModelStrategy
+) -> tuple[int, float, int]:
+    """(resident GPU bytes, offloaded host bytes per GPU, 16-bit bytes per GPU while loading) of one model."""
+    n, d, coef = ctx.hardware.world_size, DTYPE_BYTES[ctx.workload.dtype], ctx.coef
+    if role in ("reference", "reward"):
+        frozen = frozen_model(ctx, role, block)
+        return frozen.resident, frozen.host, d * frozen.params // (n if frozen.block.zero_stage == 3 else 1)
+    p = trained_model(ctx, role, block, 1)
+    resident = p.states.parameters + p.states.optimizer_states + p.buffers
+    return resident, coef.host_buffer_factor * p.states.host, d * p.resident // (n if p.layout.zero_stage == 3 else 1)

@@ -1,0 +1,174 @@
+"""The RLHF search finds what walking the whole space finds; its shortcuts (exact inner resolution by
+branch and bound, per-model bounds of whole points) never cut off a better strategy."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from search import DEFAULT_COEFFICIENTS, exhaustive, exhaustive_rlhf, predict_rlhf, search, search_rlhf
+from search.optimize import Candidate
+from search.rlhf import reserved_floor, rlhf_context, rlhf_step, step_halves
+from search.rlhf_search import best_inner_rlhf
+from search.rlhf_space import (
+    batch_choices,
+    cache_choices,
+    rlhf_outer_points,
+    rlhf_strategy_at,
+    role_bytes,
+    role_live_floor,
+    role_seconds,
+    shared_bytes,
+    shared_seconds,
+)
+from store.gpus import generic_gpu, get_gpu
+from store.models import get_model
+from store.records import Hardware, Workload
+
+GiB = 2**30
+C = DEFAULT_COEFFICIENTS
+
+CASES = {
+    # DeepSpeed-Chat's OPT-1.3b actor with OPT-350m critic and reward model on one 24 GB GPU
+    "opt-1.3b-ppo-24G": ("ppo", "opt-1.3b", "opt-350m", None, 24, 1, 8, 1, 64),
+    "opt-125m-grpo-16G": ("grpo", "opt-125m", None, None, 16, 1, 4, 4, 32),
+    "opt-1.3b-ppo-2xRTX-4090": ("ppo", "opt-1.3b", "opt-350m", "RTX-4090", None, 2, 8, 1, 64),
+    "opt-1.3b-remax-2xL4": ("remax", "opt-1.3b", "opt-350m", "L4", None, 2, 8, 1, 32),
+}
+
+
+def _job(name: str) -> tuple[Workload, Hardware]:
+    kind, actor, small, gpu_name, mem, gpus, batch, samples, host = CASES[name]
+    gpu = get_gpu(gpu_name) if gpu_name else generic_gpu(mem * GiB)
+    hardware = Hardware(gpu=gpu, gpu_memory_bytes=gpu.memory_bytes, gpus=gpus, cpu_memory_bytes=host * GiB)
+    workload = Workload(
+        kind=kind,
+        model=get_model(actor),
+        seq_len=512,
+        global_batch=batch,
+        prompt_len=256,
+        gen_len=256,
+        critic_model=get_model(small) if small and kind == "ppo" else None,
+        reward_model=get_model(small) if small else None,
+        samples_per_prompt=samples,
+    )
+    return workload, hardware
+
+
+@pytest.fixture(scope="module")
+def optima() -> dict[str, Candidate | None]:
+    return {name: exhaustive_rlhf(*_job(name), C) for name in CASES}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("sampler", ["auto", "bound"])
+def test_search_finds_the_exhaustive_optimum(name: str, sampler: str, optima: dict[str, Candidate | None]) -> None:
+    workload, hardware = _job(name)
+    expected = optima[name]
+    found = search_rlhf(workload, hardware, C, sampler=sampler).best
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None and found.prediction.fits
+    assert found.prediction.step_time_s == expected.prediction.step_time_s
+    assert found.strategy == expected.strategy
+
+
+def test_the_spread_means_something(optima: dict[str, Candidate | None]) -> None:
+    """Every case fits somewhere, and the winners differ in layout (not one answer for all)."""
+    winners = list(optima.values())
+    assert all(w is not None for w in winners)
+    layouts = {(w.strategy.actor, w.strategy.critic, w.strategy.reference, w.strategy.reward) for w in winners}
+    assert len(layouts) >= 3
+
+
+def test_search_is_deterministic_with_a_seed() -> None:
+    workload, hardware = _job("opt-1.3b-ppo-2xRTX-4090")
+    for sampler in ("auto", "tpe"):
+        first = search_rlhf(workload, hardware, C, seed=7, sampler=sampler, n_trials=24)
+        second = search_rlhf(workload, hardware, C, seed=7, sampler=sampler, n_trials=24)
+        assert [c.strategy for c in first.ranked] == [c.strategy for c in second.ranked]
+        assert first.sampler == ("bound" if sampler == "auto" else "tpe")
+
+
+def test_generic_entry_points_route_rlhf_workloads(optima: dict[str, Candidate | None]) -> None:
+    workload, hardware = _job("opt-125m-grpo-16G")
+    assert search(workload, hardware, C).best == search_rlhf(workload, hardware, C).best
+    assert exhaustive(workload, hardware, C) == optima["opt-125m-grpo-16G"]
+
+
+def test_ranked_candidates_keep_every_batch_exact_and_fastest_first() -> None:
+    workload, hardware = _job("opt-1.3b-ppo-24G")
+    result = search_rlhf(workload, hardware, C)
+    prompts = workload.global_batch // hardware.world_size
+    for candidate in result.ranked:
+        s = candidate.strategy
+        assert prompts % s.generation_batch == 0
+        assert s.micro_batch * s.grad_accum == prompts * workload.samples_per_prompt
+        assert candidate.prediction == predict_rlhf(workload, s, hardware, C)
+    times = [c.prediction.step_time_s for c in result.feasible]
+    assert times == sorted(times) and len(times) >= 2
+    fastest = result.fastest_ignoring_memory
+    assert fastest is not None and fastest.prediction.step_time_s <= times[0]
+
+
+def test_inner_resolution_equals_trying_every_inner_choice() -> None:
+    """best_inner_rlhf's branch and bound returns the first strategy of least score in enumeration order."""
+    for name in ("opt-1.3b-ppo-24G", "opt-125m-grpo-16G"):
+        workload, hardware = _job(name)
+        points = list(rlhf_outer_points(workload, hardware))
+        for point in points[:: max(1, len(points) // 24)]:
+            brute = min(
+                (
+                    Candidate(s, predict_rlhf(workload, s, hardware, C))
+                    for s in (
+                        rlhf_strategy_at(point, batches, cache)
+                        for batches in batch_choices(workload, hardware)
+                        for cache in cache_choices()
+                    )
+                ),
+                key=lambda c: c.score,
+            )
+            found = best_inner_rlhf(point, workload, hardware, C)
+            assert (found.score, found.strategy) == (brute.score, brute.strategy)
+
+
+def test_per_model_pieces_bound_whole_points() -> None:
+    """What the bound walk adds up per model is what the step holds: exact time and resident bytes, and a
+    memory floor no policy or allocator goes under."""
+    workload, hardware = _job("opt-1.3b-ppo-2xRTX-4090")
+    ctx = rlhf_context(workload, hardware, C)
+    points = list(rlhf_outer_points(workload, hardware))
+    for point, batches in itertools.product(points[::397], batch_choices(workload, hardware)):
+        strategy = rlhf_strategy_at(point, batches)
+        step = rlhf_step(workload, strategy, hardware, C)
+        roles = [("actor", point.actor), ("critic", point.critic), ("reference", point.reference)]
+        roles.append(("reward", point.reward))
+        seconds = shared_seconds(ctx, batches) + sum(
+            role_seconds(ctx, role, block, point.hybrid_engine, False, batches) for role, block in roles
+        )
+        assert seconds == pytest.approx(step.base_time_s, rel=1e-12)
+        assert shared_bytes(ctx) + sum(role_bytes(ctx, role, block)[0] for role, block in roles) == step.resident_bytes
+        models, inference, training = step_halves(ctx, strategy)
+        floor = reserved_floor(models, (inference, training), C)
+        own = max(role_live_floor(ctx, role, block, point.hybrid_engine, batches) for role, block in roles)
+        assert step.resident_bytes + own <= floor
+        for policy, allocator in cache_choices():
+            assert (
+                predict_rlhf(
+                    workload, strategy.with_(empty_cache=policy, allocator=allocator), hardware, C
+                ).peak_reserved_bytes
+                >= floor
+            )
+
+
+def test_ppo_search_is_fast() -> None:
+    """``planner recommend`` for PPO stays interactive: the whole search well under a second (about 0.1 s)."""
+    workload, hardware = _job("opt-1.3b-ppo-24G")
+    fresh = C.with_(step_overhead_s=C.step_overhead_s * (1 + 1e-9))  # new coefficients: no cached pieces
+    start = time.perf_counter()
+    result = search_rlhf(workload, hardware, fresh)
+    assert time.perf_counter() - start < 1.0
+    assert result.best is not None
