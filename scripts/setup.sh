@@ -25,3 +25,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/pip" install --quiet -e ".[dev]"
   touch "$stamp"
 fi
+# Byte-compile the project once, so `planner` starts fast even where PYTHONDONTWRITEBYTECODE is set.
+"$VENV/bin/python" -m compileall -q planner search probes store >/dev/null
