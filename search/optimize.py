@@ -41,6 +41,11 @@ class Candidate:
             p.step_time_s, p.peak_reserved_bytes, p.gpu_budget_bytes, p.host_bytes, p.host_budget_bytes
         )
 
+    @property
+    def rank_key(self) -> tuple[float, int]:
+        """Order of preference: the score, then (equal times) the lower peak reserved."""
+        return (self.score, self.prediction.peak_reserved_bytes)
+
 
 def penalized_score(step_time: float, reserved: int, gpu_budget: int, host: int, host_budget: int) -> float:
     """Step time when GPU and host memory fit; otherwise a penalty growing with the overflow (GiB)."""
@@ -136,7 +141,8 @@ def search(
             callbacks=[stop_when_all_seen],
         )
     order = {_key(p): i for i, p in enumerate(points)}
-    ranked = sorted(evaluated.items(), key=lambda kv: (kv[1].score, order[kv[0]]))
+    # equal times: the one with more headroom first, then the simpler (earlier) layout
+    ranked = sorted(evaluated.items(), key=lambda kv: (*kv[1].rank_key, order[kv[0]]))
     return SearchResult(
         ranked=tuple(c for _, c in ranked),
         trials=len(study.trials),
@@ -171,7 +177,7 @@ def exhaustive(
     best: Candidate | None = None
     for strategy in all_strategies(workload, hardware, lora_ranks):
         candidate = Candidate(strategy, predict_single_model(workload, strategy, hardware, coef))
-        if candidate.prediction.fits and (best is None or candidate.score < best.score):
+        if candidate.prediction.fits and (best is None or candidate.rank_key < best.rank_key):
             best = candidate
     return best
 

@@ -146,7 +146,8 @@ def search_rlhf(
     else:
         trials = _tpe_rlhf(workload, hardware, coef, by_key, evaluated, seed=seed, n_trials=n_trials)
     order = {key: i for i, key in enumerate(by_key)}
-    ranked = sorted(evaluated.items(), key=lambda kv: (kv[1].score, order[kv[0]]))
+    # equal times: the one with more headroom first, then the simpler (earlier) layout
+    ranked = sorted(evaluated.items(), key=lambda kv: (*kv[1].rank_key, order[kv[0]]))
     return SearchResult(
         ranked=tuple(c for _, c in ranked),
         trials=trials,
@@ -312,6 +313,6 @@ def exhaustive_rlhf(
     best: Candidate | None = None
     for point in rlhf_outer_points(workload, hardware, lora_ranks):
         candidate = best_inner_rlhf(point, workload, hardware, coef)
-        if candidate.prediction.fits and (best is None or candidate.score < best.score):
+        if candidate.prediction.fits and (best is None or candidate.rank_key < best.rank_key):
             best = candidate
     return best
