@@ -1,0 +1,161 @@
+"""What a probe measured: frozen records shared by probes (which fill them), store (which keeps them)
+and planner (which compares them with predictions). Plain data, JSON-shaped, no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OUTCOMES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
+
+
+@dataclass(frozen=True)
+class PhaseMeasurement:
+    """One phase of a probe step (SFT: forward, backward, optimizer_step; PPO: generation, scoring,
+    actor_training, critic_training), measured over the probe's steps (peaks reset at each phase start).
+
+    On CUDA the bytes are ``torch.cuda.max_memory_allocated/reserved`` within the phase; on the CPU
+    backend ``peak_allocated_bytes`` is the peak of live tensor bytes seen by the dispatch-level tracker
+    and reserved equals allocated (there is no caching allocator).
+    """
+
+    name: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    time_s: float  # median over measured steps (CUDA events on GPU, perf_counter on CPU)
+    inactive_split_bytes: int = 0  # fragmentation: cached blocks split and not in use
+    alloc_retries: int = 0
+    num_ooms: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PhaseMeasurement:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class DeviceFingerprint:
+    """Which device and software produced a measurement."""
+
+    device: str  # "cuda" or "cpu"
+    name: str  # GPU name, or the CPU model
+    total_memory_bytes: int
+    compute_capability: str = ""
+    driver: str = ""
+    cuda: str = ""
+    torch: str = ""
+    deepspeed: str = ""
+    transformers: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceFingerprint:
+        return cls(**data)
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return {"torch": self.torch, "deepspeed": self.deepspeed, "transformers": self.transformers}
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One probe to run: a workload and a strategy (JSON shapes), on a device, for a few steps.
+
+    ``layers`` cuts the model to that many decoder layers (None: the full model); ``memory_cap_bytes``
+    (CPU backend only) raises an out-of-memory error when live tensor bytes exceed it, standing in for
+    the device's capacity.
+    """
+
+    workload: dict[str, Any]
+    strategy: dict[str, Any]
+    hardware: dict[str, Any]
+    device: str = "cpu"
+    steps: int = 3
+    layers: int | None = None
+    timeout_s: float = 600.0
+    memory_cap_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeRequest:
+        return cls(**data)
+
+    def key(self, versions: dict[str, str]) -> str:
+        """Canonical hash of what decides the measurement: workload, strategy, hardware, device, steps,
+        layers, cap and software versions. Identical probes share it (and are not run twice)."""
+        payload = {
+            "workload": self.workload,
+            "strategy": self.strategy,
+            "hardware": self.hardware,
+            "device": self.device,
+            "steps": self.steps,
+            "layers": self.layers,
+            "memory_cap_bytes": self.memory_cap_bytes,
+            "versions": versions,
+        }
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What happened: the outcome, where it stopped, and what each phase measured."""
+
+    outcome: str  # one of OUTCOMES
+    phases: tuple[PhaseMeasurement, ...] = ()
+    failed_phase: str | None = None  # the phase running when an oom/error/timeout struck
+    message: str = ""
+    host_rss_peak_bytes: int = 0
+    wall_s: float = 0.0
+    fingerprint: DeviceFingerprint | None = None
+    layers: int | None = None  # decoder layers of the model that ran
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return max((p.peak_allocated_bytes for p in self.phases), default=0)
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return max((p.peak_reserved_bytes for p in self.phases), default=0)
+
+    @property
+    def step_time_s(self) -> float:
+        return sum(p.time_s for p in self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "phases": [p.to_dict() for p in self.phases],
+            "failed_phase": self.failed_phase,
+            "message": self.message,
+            "host_rss_peak_bytes": self.host_rss_peak_bytes,
+            "wall_s": self.wall_s,
+            "fingerprint": self.fingerprint.to_dict() if self.fingerprint else None,
+            "layers": self.layers,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+        fingerprint = data.get("fingerprint")
+        return cls(
+            outcome=data["outcome"],
+            phases=tuple(PhaseMeasurement.from_dict(p) for p in data.get("phases", [])),
+            failed_phase=data.get("failed_phase"),
+            message=data.get("message", ""),
+            host_rss_peak_bytes=data.get("host_rss_peak_bytes", 0),
+            wall_s=data.get("wall_s", 0.0),
+            fingerprint=DeviceFingerprint.from_dict(fingerprint) if fingerprint else None,
+            layers=data.get("layers"),
+            extra=dict(data.get("extra", {})),
+        )
