@@ -21,7 +21,7 @@ from store.model_catalog import CATALOG
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
 from store.records import ModelSpec
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "get_model", "model_names", "spec_from_hf_config"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "get_model", "model_names", "spec_from_hf_config", "with_layers"]
 
 
 def _key(name: str) -> str:
@@ -83,3 +83,17 @@ def _unknown_message(name: str) -> str:
         f"unknown model {name!r} (not a catalog name, nor a config.json file or model folder){hint} "
         f"Known: {', '.join(model_names())}"
     )
+
+
+_LAYER_KEYS = {"gpt2": "n_layer"}
+
+
+def with_layers(spec: ModelSpec, layers: int) -> ModelSpec:
+    """The same model cut to ``layers`` decoder layers (what a layer-cut probe builds and runs)."""
+    if not isinstance(layers, int) or layers < 1:
+        raise InputError(f"layers must be a whole number >= 1, not {layers!r}")
+    config = copy.deepcopy(spec.hf_config)
+    config[_LAYER_KEYS.get(spec.model_type, "num_hidden_layers")] = layers
+    cut = spec_from_hf_config(spec.name, config)
+    assert cut.num_layers == layers, (spec.model_type, layers)
+    return cut

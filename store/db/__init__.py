@@ -1,4 +1,5 @@
-"""The plan database: saved plans as frozen records, behind one storage contract.
+"""The plan database: saved plans, measured probes and probe runs as frozen records, behind one
+storage contract.
 
 Open it with ``open_storage()`` (an explicit URL or path, then ``$PLANNER_DB``, then ``memplan.db`` in
 the user data folder). Opening a new or older database migrates it with the Alembic scripts in
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from store.db._base import BaseStorage
 from store.db._open import default_db_url, open_storage
-from store.db._record import PlanRecord
+from store.db._record import RUN_STATUSES, PlanRecord, ProbeRecord, ProbeRunRecord
 
 if TYPE_CHECKING:
     from store.db._sqlalchemy import SQLAlchemyStorage
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 __all__ = [
     "BaseStorage",
     "PlanRecord",
+    "ProbeRecord",
+    "ProbeRunRecord",
+    "RUN_STATUSES",
     "SQLAlchemyStorage",
     "default_db_url",
     "open_storage",

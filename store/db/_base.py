@@ -1,4 +1,4 @@
-"""The storage contract: what every plan database backend promises."""
+"""The storage contract: what every plan database backend promises (plans, probes and probe runs)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,21 @@ import abc
 from types import TracebackType
 from typing import Any
 
-from store.db._record import PlanRecord
+from store.db._record import PlanRecord, ProbeRecord, ProbeRunRecord
+from store.measurements import ProbeRequest, ProbeResult
 
 
 class BaseStorage(abc.ABC):
-    """A database of saved plans. Every backend keeps this contract; one test suite checks them all.
+    """A database of saved plans and measured probes. Every backend keeps this contract; one test suite
+    checks them all.
 
     Records:
-        Methods return frozen ``PlanRecord`` values, never ORM rows or live views. The dicts in a
-        record are fresh JSON-decoded copies: mutating them changes nothing stored, and the next read
-        returns what was saved.
+        Methods return frozen ``PlanRecord``, ``ProbeRecord`` and ``ProbeRunRecord`` values, never ORM
+        rows or live views. The dicts in a record are fresh JSON-decoded copies: mutating them changes
+        nothing stored, and the next read returns what was saved.
+
+    Plans
+    -----
 
     ``save_plan(*, kind, model, fits, workload, hardware, strategy, predicted, ds_config, document)``:
         Assigns a new ``plan_id`` (12 lowercase hex characters) and ``created_at`` (tz-aware UTC),
@@ -36,6 +41,63 @@ class BaseStorage(abc.ABC):
         Up to ``limit`` (>= 1, else InputError) plans, newest first; ``kind`` keeps only plans of that
         workload kind. Plans saved in the same instant come out in reverse order of saving.
 
+    Probes
+    ------
+    A probe is one measured ``ProbeRequest`` and its ``ProbeResult``, stored under a ``key``: the
+    canonical hash ``ProbeRequest.key(versions)`` (at most 64 characters), so that an identical probe
+    is found instead of run again. Every save adds a row: history is kept, and the newest wins.
+
+    ``save_probe(request, result, *, key, run_id=None)``:
+        Assigns a new ``probe_id`` (12 lowercase hex characters) and ``created_at`` (tz-aware UTC) and
+        stores the probe in one transaction, with ``kind`` and ``model`` from ``request.workload``,
+        ``device`` from the request, and the outcome, failed phase, message, fingerprint, peaks, step
+        time and wall time from the result. An earlier probe with the same key is kept, not replaced.
+        ``run_id`` ties the probe to a probe run (see below); a run_id that names no run is InputError.
+        Programming errors write nothing: TypeError for a request or result of the wrong type, an empty
+        or over-long key, a workload without a non-empty str ``kind`` and ``model``, or anything JSON
+        cannot encode (naming the field); ValueError for an outcome not in ``store.measurements.OUTCOMES``.
+        Returns the record exactly as a later ``get_probe`` returns it: its ``request`` and ``result``
+        equal the ones given (for JSON-shaped values).
+
+    ``find_probe(key)``:
+        The newest probe stored under ``key`` whose outcome is final (every outcome in ``OUTCOMES``
+        is: ok, oom, error and timeout), or None. Probes saved in the same instant: the last saved wins.
+
+    ``list_probes(limit=50, kind=None, model=None, device=None)``:
+        Up to ``limit`` (>= 1, else InputError) probes, newest first (same instant: reverse order of
+        saving); each given filter keeps only probes whose workload kind, model or device equals it.
+
+    ``get_probe(probe_id_or_prefix)``:
+        As ``get_plan``, for probe ids: at least 4 characters, case-insensitive, unique; InputError
+        with one line otherwise.
+
+    Probe runs
+    ----------
+    A probe run records one command that asked for several probes, so that an interrupted command,
+    issued again, resumes where it stopped.
+
+    ``start_run(request_keys, options)``:
+        Stores a new run with status ``"running"``, a new ``run_id`` (12 lowercase hex characters),
+        ``created_at``, the keys in the order given (``total`` is their number, duplicates count) and
+        the JSON ``options``; returns its record (``done_keys`` empty). TypeError for keys that are not
+        a list of non-empty strings or options that are not a JSON dict; nothing is written then.
+
+    ``finish_run(run_id, status="done")``:
+        Sets the run's status to ``"done"`` or ``"interrupted"`` (anything else: ValueError) and returns
+        its record. A run_id naming no run is InputError.
+
+    ``unfinished_run(request_keys)``:
+        The newest run whose status is ``"running"`` or ``"interrupted"`` and whose request keys equal
+        ``request_keys`` (same keys, same order), or None. Runs marked done are never returned.
+
+    ``get_run(run_id_or_prefix)``:
+        The run with this id or unique id prefix (rules as ``get_plan``); InputError otherwise.
+
+    Every run record carries ``done_keys``: the keys of the probes stored with its ``run_id``, each once,
+    in the order they were first stored (``pending_keys`` is what remains).
+
+    Both
+    ----
     ``close()``:
         Releases connections. The storage must not be used afterwards. Storages are also context
         managers that close on exit.
@@ -71,6 +133,42 @@ class BaseStorage(abc.ABC):
     @abc.abstractmethod
     def list_plans(self, limit: int = 20, kind: str | None = None) -> list[PlanRecord]:
         """Up to ``limit`` plans, newest first, optionally only those of workload ``kind``."""
+
+    @abc.abstractmethod
+    def save_probe(
+        self, request: ProbeRequest, result: ProbeResult, *, key: str, run_id: str | None = None
+    ) -> ProbeRecord:
+        """Store a new probe under ``key`` in one transaction, keeping older ones (see the class docstring)."""
+
+    @abc.abstractmethod
+    def find_probe(self, key: str) -> ProbeRecord | None:
+        """The newest probe stored under ``key`` with a final outcome, or None."""
+
+    @abc.abstractmethod
+    def list_probes(
+        self, limit: int = 50, kind: str | None = None, model: str | None = None, device: str | None = None
+    ) -> list[ProbeRecord]:
+        """Up to ``limit`` probes, newest first, optionally only those of this kind, model and device."""
+
+    @abc.abstractmethod
+    def get_probe(self, probe_id_or_prefix: str) -> ProbeRecord:
+        """The probe with this id or unique id prefix of at least 4 characters; else InputError."""
+
+    @abc.abstractmethod
+    def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
+        """Store a new probe run, status ``"running"``, for these keys (in order) and options."""
+
+    @abc.abstractmethod
+    def finish_run(self, run_id: str, status: str = "done") -> ProbeRunRecord:
+        """Mark the run ``"done"`` or ``"interrupted"`` and return its record; InputError for no such run."""
+
+    @abc.abstractmethod
+    def unfinished_run(self, request_keys: list[str]) -> ProbeRunRecord | None:
+        """The newest running or interrupted run asked for exactly these keys (in order), or None."""
+
+    @abc.abstractmethod
+    def get_run(self, run_id_or_prefix: str) -> ProbeRunRecord:
+        """The run with this id or unique id prefix of at least 4 characters; else InputError."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Dialect, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -59,3 +59,45 @@ class PlanRow(Base):
     predicted: Mapped[dict[str, Any]] = mapped_column(JSON)
     ds_config: Mapped[dict[str, Any]] = mapped_column(JSON)
     document: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class ProbeRunRow(Base):
+    """One row of ``probe_runs``: one probe command, the keys it asked for (in order) and its status."""
+
+    __tablename__ = "probe_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(32), unique=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    total: Mapped[int] = mapped_column(Integer)
+    request_keys: Mapped[list[str]] = mapped_column(JSON)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class ProbeRow(Base):
+    """One row of ``probes``: the searchable columns, the peaks, and the JSON of request and result.
+
+    ``run_id`` names a ``probe_runs`` row by value (no foreign key: a probe may outlive its run).
+    """
+
+    __tablename__ = "probes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    probe_id: Mapped[str] = mapped_column(String(32), unique=True, index=True)
+    key: Mapped[str] = mapped_column(String(64), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    model: Mapped[str] = mapped_column(Text)
+    device: Mapped[str] = mapped_column(String(32))
+    outcome: Mapped[str] = mapped_column(String(16))
+    failed_phase: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(Text)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    peak_allocated_bytes: Mapped[int] = mapped_column(BigInteger)
+    peak_reserved_bytes: Mapped[int] = mapped_column(BigInteger)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    wall_s: Mapped[float] = mapped_column(Float)

@@ -1,4 +1,6 @@
-"""The SQLAlchemy backend of the plan database (SQLite files by default, any SQLAlchemy URL works)."""
+"""The SQLAlchemy backend of the plan database (SQLite files by default, any SQLAlchemy URL works):
+plans, probes and probe runs, each read and written in one session scope.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +8,42 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import URL, Engine, make_url, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from store.db._base import BaseStorage
 from store.db._engine import is_sqlite, make_engine, prepare_sqlite_file, sqlite_file
-from store.db._orm import PlanRow
-from store.db._record import MIN_PREFIX_LENGTH, PlanRecord, json_copy, new_plan_id
+from store.db._orm import Base, PlanRow, ProbeRow, ProbeRunRow
+from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
+from store.db._record import (
+    MIN_PREFIX_LENGTH,
+    UNFINISHED_STATUSES,
+    PlanRecord,
+    ProbeRecord,
+    ProbeRunRecord,
+    json_copy,
+    new_plan_id,
+)
 from store.db._schema import SchemaVersionError, ensure_schema
 from store.errors import InputError
+from store.measurements import OUTCOMES, ProbeRequest, ProbeResult
 
 _JSON_FIELDS = ("workload", "hardware", "strategy", "predicted", "ds_config", "document")
+_FINISHED_STATUSES = ("done", "interrupted")
+# How prefix lookups name what they look for: the id, "none of them", and where the ids are listed.
+_PLAN_WORDS = ("plan id", "no saved plan", "; `planner plans` lists them")
+_PROBE_WORDS = ("probe id", "no saved probe", "; `planner probes` lists them")
+_RUN_WORDS = ("probe run id", "no probe run", "")
+
+_Row = TypeVar("_Row", bound=Base)
 
 
 class SQLAlchemyStorage(BaseStorage):
-    """Plans in a SQLAlchemy database; opening it creates or upgrades the schema to the newest version.
+    """Plans, probes and probe runs in a SQLAlchemy database; opening it creates or upgrades the schema
+    to the newest version.
 
     ``url`` is a SQLAlchemy URL such as ``sqlite:////abs/path/memplan.db``; the folder of a SQLite file
     is created when missing. A database that cannot be opened (unwritable place, not a database, a
@@ -114,26 +134,9 @@ class SQLAlchemyStorage(BaseStorage):
 
     def get_plan(self, plan_id_or_prefix: str) -> PlanRecord:
         """The plan with this id or unique id prefix (see ``BaseStorage``)."""
-        wanted = plan_id_or_prefix.strip().lower()
-        if len(wanted) < MIN_PREFIX_LENGTH:
-            raise InputError(
-                f"plan id {plan_id_or_prefix!r} is too short: give at least {MIN_PREFIX_LENGTH} characters"
-            )
-        stmt = (
-            select(PlanRow)
-            .where(PlanRow.plan_id.startswith(wanted, autoescape=True))
-            .order_by(PlanRow.plan_id)
-            .limit(3)
-        )
         with self._session_scope() as session:
-            rows = list(session.scalars(stmt))
-            exact = [row for row in rows if row.plan_id == wanted]
-            if exact or len(rows) == 1:
-                return _to_record((exact or rows)[0])
-        if not rows:
-            raise InputError(f"no saved plan has an id starting with {wanted!r}; `planner plans` lists them")
-        shown = ", ".join(row.plan_id for row in rows[:2]) + (" and more" if len(rows) > 2 else "")
-        raise InputError(f"plan id {wanted!r} is ambiguous: it matches {shown}; give more characters")
+            row = _by_prefix(session, PlanRow, PlanRow.plan_id, plan_id_or_prefix, _PLAN_WORDS)
+            return _to_record(row)
 
     def latest_plan(self) -> PlanRecord | None:
         """The newest plan, or None when none is saved."""
@@ -142,13 +145,96 @@ class SQLAlchemyStorage(BaseStorage):
 
     def list_plans(self, limit: int = 20, kind: str | None = None) -> list[PlanRecord]:
         """Up to ``limit`` plans, newest first, optionally only those of workload ``kind``."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InputError(f"the number of plans to list must be a whole number >= 1, got {limit!r}")
+        _check_limit(limit, "plans")
         stmt = select(PlanRow).order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit)
         if kind is not None:
             stmt = stmt.where(PlanRow.kind == kind)
         with self._session_scope() as session:
             return [_to_record(row) for row in session.scalars(stmt)]
+
+    def save_probe(
+        self, request: ProbeRequest, result: ProbeResult, *, key: str, run_id: str | None = None
+    ) -> ProbeRecord:
+        """Store a new probe under ``key`` in one transaction, keeping older ones (see ``BaseStorage``)."""
+        row = new_probe_row(request, result, key, run_id)
+        with self._session_scope() as session:
+            if run_id is not None and _run_row(session, run_id) is None:
+                raise InputError(f"no probe run has the id {run_id!r}; start one before saving probes to it")
+            session.add(row)
+            session.flush()
+            session.refresh(row)  # what the database kept (its time precision), not what we sent
+            return probe_record(row)
+
+    def find_probe(self, key: str) -> ProbeRecord | None:
+        """The newest probe stored under ``key`` with a final outcome, or None."""
+        stmt = (
+            select(ProbeRow)
+            .where(ProbeRow.key == key, ProbeRow.outcome.in_(OUTCOMES))
+            .order_by(ProbeRow.created_at.desc(), ProbeRow.id.desc())
+            .limit(1)
+        )
+        with self._session_scope() as session:
+            row = session.scalars(stmt).first()
+            return probe_record(row) if row is not None else None
+
+    def list_probes(
+        self, limit: int = 50, kind: str | None = None, model: str | None = None, device: str | None = None
+    ) -> list[ProbeRecord]:
+        """Up to ``limit`` probes, newest first, optionally only those of this kind, model and device."""
+        _check_limit(limit, "probes")
+        stmt = select(ProbeRow).order_by(ProbeRow.created_at.desc(), ProbeRow.id.desc()).limit(limit)
+        for column, wanted in ((ProbeRow.kind, kind), (ProbeRow.model, model), (ProbeRow.device, device)):
+            if wanted is not None:
+                stmt = stmt.where(column == wanted)
+        with self._session_scope() as session:
+            return [probe_record(row) for row in session.scalars(stmt)]
+
+    def get_probe(self, probe_id_or_prefix: str) -> ProbeRecord:
+        """The probe with this id or unique id prefix (see ``BaseStorage``)."""
+        with self._session_scope() as session:
+            row = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
+            return probe_record(row)
+
+    def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
+        """Store a new probe run, status ``"running"``, for these keys (in order) and options."""
+        row = new_run_row(request_keys, options)
+        with self._session_scope() as session:
+            session.add(row)
+            session.flush()
+            session.refresh(row)
+            return run_record(row, [])
+
+    def finish_run(self, run_id: str, status: str = "done") -> ProbeRunRecord:
+        """Mark the run ``"done"`` or ``"interrupted"`` and return its record (see ``BaseStorage``)."""
+        if status not in _FINISHED_STATUSES:
+            raise ValueError(f"a probe run finishes as one of {', '.join(_FINISHED_STATUSES)}, got {status!r}")
+        with self._session_scope() as session:
+            row = _run_row(session, run_id)
+            if row is None:
+                raise InputError(f"no probe run has the id {run_id!r}")
+            row.status = status
+            session.flush()
+            return run_record(row, _stored_keys(session, row.run_id))
+
+    def unfinished_run(self, request_keys: list[str]) -> ProbeRunRecord | None:
+        """The newest running or interrupted run asked for exactly these keys (in order), or None."""
+        wanted = check_keys(request_keys)
+        stmt = (
+            select(ProbeRunRow)
+            .where(ProbeRunRow.status.in_(UNFINISHED_STATUSES), ProbeRunRow.total == len(wanted))
+            .order_by(ProbeRunRow.created_at.desc(), ProbeRunRow.id.desc())
+        )
+        with self._session_scope() as session:
+            for row in session.scalars(stmt):  # few runs stay unfinished: compare the key lists here
+                if list(row.request_keys) == wanted:
+                    return run_record(row, _stored_keys(session, row.run_id))
+        return None
+
+    def get_run(self, run_id_or_prefix: str) -> ProbeRunRecord:
+        """The run with this id or unique id prefix (see ``BaseStorage``)."""
+        with self._session_scope() as session:
+            row = _by_prefix(session, ProbeRunRow, ProbeRunRow.run_id, run_id_or_prefix, _RUN_WORDS)
+            return run_record(row, _stored_keys(session, row.run_id))
 
     def close(self) -> None:
         """Release the connections; the storage must not be used afterwards."""
@@ -165,6 +251,45 @@ def _parse_url(url: str) -> URL:
         return make_url(url)
     except ArgumentError as exc:
         raise InputError(f"cannot open database {url}: not a database URL ({exc})") from exc
+
+
+def _check_limit(limit: object, what: str) -> None:
+    """InputError unless ``limit`` is a whole number >= 1."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError(f"the number of {what} to list must be a whole number >= 1, got {limit!r}")
+
+
+def _by_prefix(
+    session: Session, row_type: type[_Row], column: InstrumentedAttribute[str], given: str, words: tuple[str, str, str]
+) -> _Row:
+    """The one row whose id ``column`` is, or starts with, ``given`` (case-insensitive, at least
+    ``MIN_PREFIX_LENGTH`` characters); else InputError with one line. ``words`` name the id, say that
+    none matched, and say where ids are listed: ("plan id", "no saved plan", "; `planner plans` lists them").
+    """
+    id_words, none_words, hint = words
+    wanted = given.strip().lower() if isinstance(given, str) else ""
+    if len(wanted) < MIN_PREFIX_LENGTH:
+        raise InputError(f"{id_words} {given!r} is too short: give at least {MIN_PREFIX_LENGTH} characters")
+    stmt = select(row_type).where(column.startswith(wanted, autoescape=True)).order_by(column).limit(3)
+    rows = list(session.scalars(stmt))
+    exact = [row for row in rows if getattr(row, column.key) == wanted]
+    if exact or len(rows) == 1:
+        return (exact or rows)[0]
+    if not rows:
+        raise InputError(f"{none_words} has an id starting with {wanted!r}{hint}")
+    shown = ", ".join(getattr(row, column.key) for row in rows[:2]) + (" and more" if len(rows) > 2 else "")
+    raise InputError(f"{id_words} {wanted!r} is ambiguous: it matches {shown}; give more characters")
+
+
+def _run_row(session: Session, run_id: str) -> ProbeRunRow | None:
+    """The run row with exactly this id, or None."""
+    return session.scalars(select(ProbeRunRow).where(ProbeRunRow.run_id == run_id)).first()
+
+
+def _stored_keys(session: Session, run_id: str) -> list[str]:
+    """The keys of the probes stored with ``run_id``, in the order they were stored."""
+    stmt = select(ProbeRow.key).where(ProbeRow.run_id == run_id).order_by(ProbeRow.id)
+    return list(session.scalars(stmt))
 
 
 def _reason(exc: BaseException) -> str:
