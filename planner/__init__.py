@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from planner.api import check, export, plans, predict, recommend
+    from planner.api import check, export, plans, predict, probe, recommend
     from planner.inputs import JobSpec
     from planner.results import CheckResult, Plan, PredictionReport
     from planner.runtime import EmptyCachePolicy
@@ -27,6 +27,7 @@ __all__ = [
     "export",
     "plans",
     "predict",
+    "probe",
     "recommend",
 ]
 
@@ -35,6 +36,7 @@ _HOMES = {
     "export": "planner.api",
     "plans": "planner.api",
     "predict": "planner.api",
+    "probe": "planner.api",
     "recommend": "planner.api",
     "JobSpec": "planner.inputs",
     "CheckResult": "planner.results",

@@ -253,3 +253,10 @@ def export(
         raise InputError("no plans saved yet: run `planner recommend ...` first")
     paths = write_configs(Path(output), record.ds_config, force=force)
     return paths, record.document
+
+
+def probe(model: str | JobSpec, **options: Any) -> Any:
+    """Run strategies for a few real steps and compare with the prediction (see ``planner.probe.probe``)."""
+    from planner.probe import probe as run
+
+    return run(model, **options)

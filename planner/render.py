@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from planner.results import CheckResult, Plan, Predicted, PredictionReport
+from planner.results import CheckResult, Plan, Predicted, PredictionReport, ProbeReport
 from store.records import RLHFStrategy, Strategy
 from store.sizes import format_bytes
 
@@ -178,3 +178,66 @@ def render_check(result: CheckResult) -> None:
     render_prediction(result.report)
     for reason in result.reasons:
         console.print(f"[red]{reason}[/red]")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.0f}%"
+
+
+def render_probe_report(report: ProbeReport) -> None:
+    """``planner probe``: measured against predicted, per probe, and the per-layer extrapolations."""
+    fp = report.fingerprint or {}
+    device = f"{fp.get('name', report.device)}" + (f", torch {fp['torch']}" if fp.get("torch") else "")
+    console.print(f"[bold]{report.workload['model']}[/bold] · {report.workload['kind']} · {report.device}: {device}")
+    table = Table(title="Measured against predicted (error = predicted / measured - 1)", title_justify="left")
+    for column in (
+        "probe",
+        "strategy",
+        "outcome",
+        "peak alloc",
+        "pred",
+        "err",
+        "peak reserved",
+        "pred",
+        "err",
+        "step",
+        "pred",
+        "err",
+    ):
+        table.add_column(column, justify="left" if column in ("probe", "strategy", "outcome") else "right")
+    for row in report.rows:
+        m, p, e = row.measured or {}, row.predicted, row.errors
+        outcome = (
+            row.outcome + (f" in {row.failed_phase}" if row.failed_phase else "") + (" (stored)" if row.reused else "")
+        )
+        table.add_row(
+            row.probe_id,
+            row.label,
+            outcome if row.outcome == "ok" else f"[red]{outcome}[/red]",
+            _gib(m["peak_allocated_bytes"]) if m else "-",
+            _gib(p["peak_allocated_bytes"]),
+            _pct(e.get("peak_allocated")),
+            _gib(m["peak_reserved_bytes"]) if m else "-",
+            _gib(p["peak_reserved_bytes"]),
+            _pct(e.get("peak_reserved")),
+            _seconds(m["step_time_s"]) if m else "-",
+            _seconds(p["step_time_s"]),
+            _pct(e.get("step_time")),
+        )
+    console.print(table)
+    for row in report.rows:
+        if row.outcome != "ok" and row.message:
+            console.print(f"  {row.probe_id}: {row.message}", soft_wrap=True)
+    for x in report.extrapolations:
+        line = (
+            f"{x.label}: layers {x.depths[0]} and {x.depths[1]} extrapolated to {x.full_layers}: "
+            f"peak allocated {_gib(x.extrapolated['peak_allocated_bytes'])} "
+            f"(cost model {_gib(x.predicted_full['peak_allocated_bytes'])}), "
+            f"step {_seconds(x.extrapolated['step_time_s'])} (cost model {_seconds(x.predicted_full['step_time_s'])})"
+        )
+        if x.measured_full:
+            line += (
+                f"; full model measured {_gib(x.measured_full['peak_allocated_bytes'])}, extrapolation error "
+                f"{_pct(x.errors.get('peak_allocated_bytes'))} memory, {_pct(x.errors.get('step_time_s'))} time"
+            )
+        console.print(line, soft_wrap=True)

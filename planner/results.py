@@ -107,3 +107,97 @@ class CheckResult(BaseModel):
     fits: bool
     reasons: list[str]
     report: PredictionReport
+
+
+def _relative(measured: float, predicted: float) -> float | None:
+    return None if not measured else (predicted - measured) / measured
+
+
+class ProbeRow(BaseModel):
+    """One probe: what ran, what happened, measured beside predicted (relative error = pred/meas - 1)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    probe_id: str
+    strategy: dict[str, Any]
+    label: str
+    layers: int | None
+    outcome: str
+    failed_phase: str | None = None
+    message: str = ""
+    reused: bool = False
+    measured: dict[str, Any] | None = None
+    predicted: dict[str, Any]
+    errors: dict[str, float | None] = {}
+
+    @classmethod
+    def from_probe(cls, item: Any, probe_id: str, result: Any, *, reused: bool) -> ProbeRow:
+        """From a planned probe (strategy, layers, prediction) and its ProbeResult."""
+        p = item.prediction
+        predicted = {
+            "peak_allocated_bytes": p.peak_allocated_bytes,
+            "peak_reserved_bytes": p.peak_reserved_bytes,
+            "step_time_s": p.step_time_s,
+            "phases": [phase.to_dict() for phase in p.phases],
+        }
+        measured = None
+        errors: dict[str, float | None] = {}
+        if result.phases:
+            measured = {
+                "peak_allocated_bytes": result.peak_allocated_bytes,
+                "peak_reserved_bytes": result.peak_reserved_bytes,
+                "step_time_s": result.step_time_s,
+                "host_rss_peak_bytes": result.host_rss_peak_bytes,
+                "phases": [phase.to_dict() for phase in result.phases],
+            }
+        if result.outcome == "ok" and measured:
+            errors = {
+                "peak_allocated": _relative(measured["peak_allocated_bytes"], p.peak_allocated_bytes),
+                "peak_reserved": _relative(measured["peak_reserved_bytes"], p.peak_reserved_bytes),
+                "step_time": _relative(measured["step_time_s"], p.step_time_s),
+            }
+        depth = "" if item.layers is None else f" [{item.layers} layers]"
+        return cls(
+            probe_id=probe_id,
+            strategy=item.strategy.to_dict(),
+            label=item.strategy.describe() + depth,
+            layers=item.layers,
+            outcome=result.outcome,
+            failed_phase=result.failed_phase,
+            message=result.message,
+            reused=reused,
+            measured=measured,
+            predicted=predicted,
+            errors=errors,
+        )
+
+
+class Extrapolation(BaseModel):
+    """A strategy probed at two depths, extrapolated per layer to the full model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    depths: list[int]
+    full_layers: int
+    extrapolated: dict[str, float]  # peak_allocated_bytes, peak_reserved_bytes, step_time_s
+    predicted_full: dict[str, float]
+    measured_full: dict[str, float] | None = None
+    errors: dict[str, float | None] = {}  # extrapolated against measured full model
+
+
+class ProbeReport(BaseModel):
+    """What ``probe`` returns: every probe row, the per-layer extrapolations and the device."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workload: dict[str, Any]
+    hardware: dict[str, Any]
+    device: str
+    run_id: str
+    fingerprint: dict[str, Any] | None = None
+    rows: list[ProbeRow]
+    extrapolations: list[Extrapolation] = []
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)

@@ -1,0 +1,29 @@
+"""probes: measuring. Renders DeepSpeed configs from a strategy and runs short real runs that measure it.
+
+Public API (loaded on first use, so ``import probes.ds_config`` on the planner's fast path stays light;
+nothing here imports torch)::
+
+    from probes import run_probe, PHASES
+    result = run_probe(ProbeRequest(workload=..., strategy=..., hardware=..., device="cpu", steps=3))
+
+``run_probe(request) -> ProbeResult`` runs one probe in a fresh process (``probes.runner``);
+``PHASES`` maps each workload kind to its phase names, in step order (``probes.phases``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PHASES", "run_probe"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run_probe":
+        from probes.runner import run_probe
+
+        return run_probe
+    if name == "PHASES":
+        from probes.phases import PHASES
+
+        return PHASES
+    raise AttributeError(f"module 'probes' has no attribute {name!r}")

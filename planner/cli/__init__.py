@@ -19,6 +19,8 @@ from planner.cli import explain as explain_cmd
 from planner.cli import export as export_cmd
 from planner.cli import plans as plans_cmd
 from planner.cli import predict as predict_cmd
+from planner.cli import probe as probe_cmd
+from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from store.errors import InputError
 
@@ -36,6 +38,8 @@ app.command("predict")(predict_cmd.predict_command)
 app.command("check")(check_cmd.check_command)
 app.command("export")(export_cmd.export_command)
 app.command("plans")(plans_cmd.plans_command)
+app.command("probe")(probe_cmd.probe_command)
+app.command("probes")(probes_cmd.probes_command)
 app.command("explain")(explain_cmd.explain_command)
 
 

@@ -1,0 +1,272 @@
+"""``probe``: run strategies for a few real steps, store what happened, compare with the cost model.
+
+Reads top to bottom: choose the strategies, decide the depths (layer cuts), build one ProbeRequest per
+(strategy, depth), skip those the database already holds (unless ``force``), resume an interrupted run
+of the same requests, run the rest one process each, then put measured beside predicted and, for cut
+models, extrapolate per layer to the full depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from planner.files import read_json_file
+from planner.inputs import JobSpec, ResolvedJob, resolve
+from planner.results import ProbeReport, ProbeRow
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict, search
+from store.errors import InputError
+from store.measurements import ProbeRequest, ProbeResult
+from store.models import with_layers
+from store.records import RLHFStrategy, Strategy, Workload
+
+CPU_FULL_MODEL_LIMIT = 200_000_000  # parameters: larger models are only probed layer-cut on the CPU
+DEFAULT_DEPTHS = (1, 2)
+
+
+@dataclass(frozen=True)
+class PlannedProbe:
+    """One probe to run (or reuse) and what the cost model predicts for it."""
+
+    strategy: Strategy | RLHFStrategy
+    layers: int | None
+    request: ProbeRequest
+    key: str
+    prediction: Prediction
+
+
+def software_versions() -> dict[str, str]:
+    """Installed versions that decide a measurement (read from package metadata: no heavy imports)."""
+    out: dict[str, str] = {}
+    for name in ("torch", "deepspeed", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = ""
+    return out
+
+
+def device_coefficients(device: str, coef: Coefficients) -> Coefficients:
+    """The CPU backend has no CUDA context, cuBLAS workspace or caching allocator."""
+    if device == "cpu":
+        return coef.with_(cublas_workspace_bytes=0.0, cuda_context_bytes=0.0)
+    return coef
+
+
+def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int = 3) -> list[Strategy | RLHFStrategy]:
+    """``recommended`` (the plan and its next best), ``grid`` (a fixed spread of layouts) or a JSON file."""
+    workload, hardware = job.workload, job.hardware
+    if which == "recommended":
+        result = search(workload, hardware, coef)
+        chosen = list(result.feasible[: top + 1]) or list(result.ranked[:1])
+        return [c.strategy for c in chosen]
+    if which == "grid":
+        return list(_grid(job))
+    data = read_json_file(Path(which), "--strategies")
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(item, dict) for item in items):
+        raise InputError(f"--strategies: {which} must hold a strategy object or a list of them")
+    parse = RLHFStrategy.from_dict if workload.is_rlhf else Strategy.from_dict
+    return [parse(item) for item in items]
+
+
+def _grid(job: ResolvedJob) -> Iterator[Strategy | RLHFStrategy]:
+    from search.space import micro_batches
+
+    if job.workload.is_rlhf:
+        from store.records import TrainedModelStrategy
+
+        per_gpu = job.workload.global_batch // job.hardware.world_size
+        sequences = per_gpu * job.workload.samples_per_prompt
+        for stage in (2, 3):
+            for ckpt in (False, True):
+                block = TrainedModelStrategy(stage, gradient_checkpointing=ckpt)
+                yield RLHFStrategy(
+                    actor=block,
+                    critic=block if job.workload.has_critic else None,
+                    generation_batch=per_gpu,
+                    micro_batch=sequences,
+                    grad_accum=1,
+                    empty_cache="never",
+                )
+        return
+    micro = micro_batches(job.workload, job.hardware)[-1]
+    accum = job.workload.global_batch // job.hardware.world_size // micro
+    for stage in (0, 1, 2, 3):
+        for ckpt in (False, True):
+            yield Strategy(zero_stage=stage, gradient_checkpointing=ckpt, micro_batch=micro, grad_accum=accum)
+    yield Strategy(zero_stage=2, offload_optimizer="cpu", micro_batch=micro, grad_accum=accum)
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """``auto`` -> None; ``K`` or ``K1,K2`` -> the depths (whole numbers >= 1, increasing)."""
+    if text is None or text == "auto":
+        return None
+    try:
+        depths = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise InputError(f"--layers must be auto, K or K1,K2, not {text!r}") from None
+    if not depths or any(d < 1 for d in depths) or list(depths) != sorted(set(depths)):
+        raise InputError(f"--layers must be increasing whole numbers >= 1, not {text!r}")
+    return depths
+
+
+def _cut(workload: Workload, layers: int | None) -> Workload:
+    """The workload with every model cut to ``layers`` decoder layers (None: as is)."""
+    if layers is None:
+        return workload
+    cut: dict[str, Any] = {"model": with_layers(workload.model, min(layers, workload.model.num_layers))}
+    for role in ("ref_model", "critic_model", "reward_model"):
+        spec = getattr(workload, role)
+        if spec is not None:
+            cut[role] = with_layers(spec, min(layers, spec.num_layers))
+    return replace(workload, **cut)
+
+
+def depths_for(job: ResolvedJob, device: str, asked: tuple[int, ...] | None, fits_full: bool) -> list[int | None]:
+    """Depths to probe: the asked ones, plus the full model wherever it also fits (to show the error)."""
+    small = job.workload.model.total_params <= CPU_FULL_MODEL_LIMIT
+    full_possible = fits_full and (device == "cuda" or small)
+    if asked is None:
+        return [None] if full_possible else list(DEFAULT_DEPTHS)
+    depths: list[int | None] = [d for d in asked if d < job.workload.model.num_layers]
+    if len(depths) < len(asked) or full_possible:
+        depths.append(None)
+    return depths
+
+
+def plan_probes(
+    job: ResolvedJob,
+    strategies: list[Strategy | RLHFStrategy],
+    *,
+    device: str,
+    steps: int,
+    layers: tuple[int, ...] | None,
+    timeout_s: float,
+    memory_cap_bytes: int | None,
+    coef: Coefficients,
+) -> list[PlannedProbe]:
+    """One PlannedProbe per strategy and depth, each with its prediction and canonical key."""
+    versions = software_versions()
+    probe_coef = device_coefficients(device, coef)
+    planned: list[PlannedProbe] = []
+    for strategy in strategies:
+        full = predict(job.workload, strategy, job.hardware, probe_coef)
+        for depth in depths_for(job, device, layers, full.fits):
+            workload = _cut(job.workload, depth)
+            prediction = full if depth is None else predict(workload, strategy, job.hardware, probe_coef)
+            request = ProbeRequest(
+                workload=workload_payload(workload),
+                strategy=strategy.to_dict(),
+                hardware=job.hardware.to_dict(),
+                device=device,
+                steps=steps,
+                layers=depth,
+                timeout_s=timeout_s,
+                memory_cap_bytes=memory_cap_bytes,
+            )
+            planned.append(PlannedProbe(strategy, depth, request, request.key(versions), prediction))
+    return planned
+
+
+def workload_payload(workload: Workload) -> dict[str, Any]:
+    """The workload as a probe child rebuilds it: the JSON shape plus every model's HF config."""
+    payload = workload.to_dict()
+    payload["hf_configs"] = {"model": workload.model.hf_config}
+    for role in ("ref_model", "critic_model", "reward_model"):
+        spec = getattr(workload, role)
+        if spec is not None:
+            payload["hf_configs"][role] = spec.hf_config
+    return payload
+
+
+def probe(
+    model: str | JobSpec,
+    *,
+    strategies: str = "recommended",
+    steps: int = 3,
+    layers: str | None = "auto",
+    timeout_s: float = 600.0,
+    device: str = "cuda",
+    memory_cap: str | int | None = None,
+    force: bool = False,
+    db: str | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+    coefficients: Coefficients = DEFAULT_COEFFICIENTS,
+    runner: Callable[[ProbeRequest], ProbeResult] | None = None,
+    **job: Any,
+) -> ProbeReport:
+    """Probe strategies on the device and report measured against predicted memory and time.
+
+    ``runner`` defaults to ``probes.run_probe`` (each probe in its own process). ``on_progress`` is called
+    with (strategy label, index, total) before each probe that actually runs.
+    """
+    from planner.probe_report import build_report
+    from store.db import open_storage
+    from store.sizes import parse_size
+
+    if device not in ("cuda", "cpu"):
+        raise InputError(f"--device must be cuda or cpu, not {device!r}")
+    if not isinstance(steps, int) or steps < 2:
+        raise InputError(f"--steps must be a whole number >= 2 (the first step is a warm-up), not {steps!r}")
+    if not timeout_s or timeout_s <= 0:
+        raise InputError(f"--timeout must be larger than zero, not {timeout_s!r}")
+    spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
+    resolved = resolve(spec)
+    if resolved.hardware.world_size > 1:
+        raise InputError("probes run one GPU (one data-parallel rank); give --gpus 1 --nodes 1")
+    cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
+    chosen = choose_strategies(resolved, strategies, coefficients)
+    planned = plan_probes(
+        resolved,
+        chosen,
+        device=device,
+        steps=steps,
+        layers=parse_layers(layers),
+        timeout_s=float(timeout_s),
+        memory_cap_bytes=cap,
+        coef=coefficients,
+    )
+    if runner is None:
+        from probes import run_probe
+
+        runner = run_probe
+    storage = open_storage(db)
+    rows: list[ProbeRow] = []
+    fingerprint: dict[str, Any] | None = None
+    try:
+        keys = [p.key for p in planned]
+        run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
+        done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
+        try:
+            for index, item in enumerate(planned):
+                reuse = not force or item.key in done_in_this_run
+                known = storage.find_probe(item.key) if reuse else None
+                if known is not None:
+                    rows.append(ProbeRow.from_probe(item, known.probe_id, known.result, reused=True))
+                    fingerprint = fingerprint or _fingerprint_of(known.result)
+                    continue
+                if on_progress is not None:
+                    on_progress(item.strategy.describe() + _depth_label(item.layers), index, len(planned))
+                result = runner(item.request)
+                record = storage.save_probe(item.request, result, key=item.key, run_id=run.run_id)
+                rows.append(ProbeRow.from_probe(item, record.probe_id, result, reused=False))
+                fingerprint = fingerprint or _fingerprint_of(result)
+        except KeyboardInterrupt:
+            storage.finish_run(run.run_id, status="interrupted")
+            raise
+        storage.finish_run(run.run_id, status="done")
+    finally:
+        storage.close()
+    return build_report(resolved, device, run.run_id, rows, fingerprint)
+
+
+def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:
+    return result.fingerprint.to_dict() if result.fingerprint else None
+
+
+def _depth_label(layers: int | None) -> str:
+    return "" if layers is None else f" [{layers} layer{'s' if layers > 1 else ''}]"

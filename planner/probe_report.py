@@ -1,0 +1,72 @@
+"""Turning probe rows into a report: the fingerprint and the per-layer extrapolation to full depth."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from planner.inputs import ResolvedJob
+from planner.results import Extrapolation, ProbeReport, ProbeRow
+from search import DEFAULT_COEFFICIENTS, predict
+from store.records import RLHFStrategy, Strategy
+
+METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "step_time_s")
+
+
+def extrapolate(depths: tuple[int, int], values: tuple[float, float], layers: int) -> float:
+    """Straight line through two depths, read at ``layers``: memory and time grow per decoder layer."""
+    (k1, k2), (v1, v2) = depths, values
+    return v2 + (v2 - v1) / (k2 - k1) * (layers - k2)
+
+
+def build_report(
+    job: ResolvedJob, device: str, run_id: str, rows: list[ProbeRow], fingerprint: dict | None = None
+) -> ProbeReport:
+    """Rows plus, for each strategy probed ok at two or more cut depths, the extrapolation to full depth."""
+    from planner.probe import device_coefficients
+
+    by_strategy: dict[str, list[ProbeRow]] = defaultdict(list)
+    for row in rows:
+        by_strategy[repr(sorted(row.strategy.items()))].append(row)
+    full_layers = job.workload.model.num_layers
+    extrapolations: list[Extrapolation] = []
+    for group in by_strategy.values():
+        cut = sorted((r for r in group if r.layers is not None and r.outcome == "ok"), key=lambda r: r.layers or 0)
+        if len(cut) < 2:
+            continue
+        low, high = cut[0], cut[-1]
+        depths = (int(low.layers or 0), int(high.layers or 0))
+        assert low.measured is not None and high.measured is not None
+        extrapolated = {
+            m: extrapolate(depths, (float(low.measured[m]), float(high.measured[m])), full_layers) for m in METRICS
+        }
+        parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
+        full_prediction = predict(
+            job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, DEFAULT_COEFFICIENTS)
+        )
+        full_row = next((r for r in group if r.layers is None and r.outcome == "ok"), None)
+        measured_full = {m: float(full_row.measured[m]) for m in METRICS} if full_row and full_row.measured else None
+        errors = (
+            {m: extrapolated[m] / measured_full[m] - 1 if measured_full[m] else None for m in METRICS}
+            if measured_full
+            else {}
+        )
+        extrapolations.append(
+            Extrapolation(
+                label=low.label.rsplit(" [", 1)[0],
+                depths=list(depths),
+                full_layers=full_layers,
+                extrapolated=extrapolated,
+                predicted_full={m: float(getattr(full_prediction, m)) for m in METRICS},
+                measured_full=measured_full,
+                errors=errors,
+            )
+        )
+    return ProbeReport(
+        workload=job.workload.to_dict(),
+        hardware=job.hardware.to_dict(),
+        device=device,
+        run_id=run_id,
+        fingerprint=fingerprint,
+        rows=rows,
+        extrapolations=extrapolations,
+    )

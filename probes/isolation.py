@@ -1,0 +1,177 @@
+"""One probe, one process: start ``python -m probes.child DIR`` in its own process group, wait, collect.
+
+The parent writes ``DIR/request.json``; the child appends one JSON line to ``DIR/events.jsonl`` as it
+enters each phase (``{"phase": name, "t": seconds, "rss": bytes}``; also ``{"fingerprint": {...}}``) and
+writes ``DIR/result.json`` (atomically) when it is done, failed or not; its stdout and stderr go to
+``DIR/child.log``. On timeout (or when the parent is interrupted) the whole process group is killed
+with SIGKILL, so no DeepSpeed helper outlives the probe; the last phase event says where it stopped.
+
+The environment (:func:`child_env`) is set before the child starts, hence before it imports torch:
+``DS_ACCELERATOR`` (cpu or cuda), ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for a CUDA probe
+of the expandable-segments allocator (unset for the default one), ``CUDA_VISIBLE_DEVICES=""`` for a CPU
+probe, and a one-rank process group: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR and a free
+MASTER_PORT. Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ChildRun", "child_env", "free_port", "run_child", "PROJECT_ROOT"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CHILD_MODULE = "probes.child"
+REQUEST_FILE, EVENTS_FILE, RESULT_FILE, LOG_FILE = "request.json", "events.jsonl", "result.json", "child.log"
+LOG_TAIL_CHARS = 4000
+EXPANDABLE = "expandable_segments:True"
+
+
+@dataclass
+class ChildRun:
+    """What the parent saw of one child: exit status, timeout, the child's events, report and log tail."""
+
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    pid: int = 0  # the child's process id, which is also its process group's id
+    events: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+    log_tail: str = ""
+
+    @property
+    def last_phase(self) -> str | None:
+        phases = [e["phase"] for e in self.events if "phase" in e]
+        return phases[-1] if phases else None
+
+    @property
+    def last_rss(self) -> int:
+        values = [e["rss"] for e in self.events if isinstance(e.get("rss"), int)]
+        return max(values, default=0)
+
+    @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        found = [e["fingerprint"] for e in self.events if "fingerprint" in e]
+        return found[-1] if found else None
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for the child's MASTER_PORT)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_env(device: str, allocator: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment (see the module docstring); ``base`` defaults to this process's."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "DS_ACCELERATOR": "cuda" if device == "cuda" else "cpu",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if device == "cuda":
+        if allocator == "expandable-segments":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = EXPANDABLE
+        else:
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    paths = [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    if not path.exists():
+        return events
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                events.append(item)
+    return events
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_CHARS))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> ChildRun:
+    """Run one probe child on ``request`` (a ProbeRequest dict) within ``timeout_s`` seconds of wall time."""
+    with tempfile.TemporaryDirectory(prefix="memplan-probe-") as tmp:
+        folder = Path(tmp)
+        (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
+        start = time.perf_counter()
+        timed_out = False
+        with (folder / LOG_FILE).open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", CHILD_MODULE, str(folder)],
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: killed as a whole
+            )
+            try:
+                returncode: int | None = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc.pid)
+                returncode = proc.wait()
+            except BaseException:  # interrupted: leave nothing behind
+                _kill_group(proc.pid)
+                proc.wait()
+                raise
+            finally:
+                _kill_group(proc.pid)  # helpers the child may have left behind
+        wall = time.perf_counter() - start
+        return ChildRun(
+            returncode=returncode,
+            timed_out=timed_out,
+            wall_s=wall,
+            pid=proc.pid,
+            events=_read_events(folder / EVENTS_FILE),
+            result=None if timed_out else _read_result(folder / RESULT_FILE),
+            log_tail=_tail(folder / LOG_FILE),
+        )

@@ -1,0 +1,208 @@
+"""Phases of a probe step: their names per workload, where ``empty_cache`` goes, and how each is measured.
+
+Phase names (the order in which a step runs them):
+
+=========  ==========================================================
+sft        forward, backward, optimizer_step
+reward     forward, backward, optimizer_step
+dpo        reference_forward, forward, backward, optimizer_step
+ppo        generation, scoring, actor_training, critic_training
+remax      generation, scoring, actor_training
+grpo       generation, scoring, actor_training
+=========  ==========================================================
+
+Before the step phases the child reports ``startup`` (imports, process group) and ``setup`` (models and
+engines); a failure there names that phase. A phase that repeats inside one step (the ``grad_accum``
+micro-steps of a single-model step) is one measurement: its peak is the largest of its runs, its time
+their sum. Over the measured steps (all but the first, a warm-up, unless only one step runs) a phase's
+peak is the largest and its time the median.
+
+``empty_cache`` placement, the same table as ``planner.runtime.EmptyCachePolicy`` (which probes may not
+import) extended to the single-model phases: ``after-generation`` after ``generation``;
+``after-inference`` after every inference phase (``generation``, ``scoring``, ``reference_forward``);
+``after-phase`` after every phase; ``every-step`` after the optimizer steps, at the end of the step.
+The call runs inside the phase it ends (its time counts there) and only on CUDA; on the CPU it is
+recorded and skipped.
+
+Measuring (:class:`PhaseClock`): on CUDA ``reset_peak_memory_stats`` at each phase start, then
+``max_memory_allocated`` / ``max_memory_reserved``, ``memory_stats()["inactive_split_bytes.all.peak"]``,
+the growth of ``num_alloc_retries`` and ``num_ooms``, and the time between two CUDA events. On the CPU
+the :class:`probes.tracker.LiveTensorTracker` peak (reserved = allocated) and ``time.perf_counter``.
+Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from store.measurements import PhaseMeasurement
+
+__all__ = ["EMPTY_CACHE_AFTER", "INFERENCE_PHASES", "PHASES", "END_STEP", "PhaseClock", "empties_after"]
+
+PHASES: dict[str, tuple[str, ...]] = {
+    "sft": ("forward", "backward", "optimizer_step"),
+    "reward": ("forward", "backward", "optimizer_step"),
+    "dpo": ("reference_forward", "forward", "backward", "optimizer_step"),
+    "ppo": ("generation", "scoring", "actor_training", "critic_training"),
+    "remax": ("generation", "scoring", "actor_training"),
+    "grpo": ("generation", "scoring", "actor_training"),
+}
+END_STEP = "end_step"
+INFERENCE_PHASES = frozenset({"generation", "scoring", "reference_forward"})
+ALL_PHASES = frozenset(name for names in PHASES.values() for name in names)
+EMPTY_CACHE_AFTER: dict[str, frozenset[str]] = {
+    "never": frozenset(),
+    "after-generation": frozenset({"generation"}),
+    "after-inference": INFERENCE_PHASES,
+    "after-phase": ALL_PHASES,
+    "every-step": frozenset({END_STEP}),
+}
+
+
+def empties_after(policy: str, event: str) -> bool:
+    """Whether ``policy`` calls ``torch.cuda.empty_cache()`` at the end of ``event`` (a phase or end_step)."""
+    return event in EMPTY_CACHE_AFTER[policy]
+
+
+class PhaseClock:
+    """Runs and measures the phases of each step (see the module docstring).
+
+    ``tracker`` is the CPU live-tensor tracker (None on CUDA); ``on_phase`` is called with each phase
+    name as it starts (the child reports it to the parent, so a timeout names the phase).
+    """
+
+    def __init__(
+        self,
+        device: str,
+        policy: str,
+        tracker: Any = None,
+        on_phase: Callable[[str], None] | None = None,
+    ) -> None:
+        self.device = device
+        self.policy = policy
+        self.tracker = tracker
+        self.on_phase = on_phase
+        self.current: str | None = None
+        self.cache_calls = 0  # decisions to empty the cache (executed only on CUDA)
+        self._step: dict[str, dict[str, float]] = {}
+        self._steps: list[dict[str, dict[str, float]]] = []
+        self._order: list[str] = []
+
+    # --- steps ----------------------------------------------------------------------------------------
+
+    def start_step(self) -> None:
+        self._step = {}
+
+    def finish_step(self, measured: bool) -> None:
+        """Close the step; a measured step's phases enter the result (the warm-up's do not)."""
+        if measured:
+            self._steps.append(self._step)
+        self._step = {}
+
+    @property
+    def measured_steps(self) -> int:
+        return len(self._steps)
+
+    def end_step(self) -> None:
+        """The end of the step's optimizer steps: ``every-step`` empties the cache here (call it inside the
+        step's last phase, so its time counts)."""
+        self._empty_cache(END_STEP)
+
+    # --- phases ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Run the block as phase ``name``; at its end, empty the cache where the policy says, then measure."""
+        if name not in ALL_PHASES:
+            raise ValueError(f"unknown phase {name!r}")
+        self.current = name
+        if self.on_phase is not None:
+            self.on_phase(name)
+        if name not in self._order:
+            self._order.append(name)
+        start = self._start()
+        yield
+        self._empty_cache(name)
+        self._record(name, self._stop(start))
+        self.current = None
+
+    def _empty_cache(self, event: str) -> None:
+        if not empties_after(self.policy, event):
+            return
+        self.cache_calls += 1
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _start(self) -> Any:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            stats = torch.cuda.memory_stats()
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            return begin, end, stats
+        if self.tracker is not None:
+            self.tracker.reset_peak()
+        return time.perf_counter()
+
+    def _stop(self, start: Any) -> dict[str, float]:
+        if self.device == "cuda":
+            import torch
+
+            begin, end, before = start
+            end.record()
+            torch.cuda.synchronize()
+            stats = torch.cuda.memory_stats()
+            return {
+                "allocated": torch.cuda.max_memory_allocated(),
+                "reserved": torch.cuda.max_memory_reserved(),
+                "inactive": stats.get("inactive_split_bytes.all.peak", 0),
+                "retries": stats.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0),
+                "ooms": stats.get("num_ooms", 0) - before.get("num_ooms", 0),
+                "time": begin.elapsed_time(end) / 1000.0,
+            }
+        elapsed = time.perf_counter() - start
+        peak = self.tracker.peak if self.tracker is not None else 0
+        return {"allocated": peak, "reserved": peak, "inactive": 0, "retries": 0, "ooms": 0, "time": elapsed}
+
+    def _record(self, name: str, sample: dict[str, float]) -> None:
+        """Fold one run of a phase into this step: largest peaks, summed time and counters."""
+        seen = self._step.get(name)
+        if seen is None:
+            self._step[name] = dict(sample)
+            return
+        for key in ("allocated", "reserved", "inactive"):
+            seen[key] = max(seen[key], sample[key])
+        for key in ("retries", "ooms", "time"):
+            seen[key] += sample[key]
+
+    # --- results --------------------------------------------------------------------------------------
+
+    def measurements(self) -> list[PhaseMeasurement]:
+        """One PhaseMeasurement per phase, in the order the phases first ran, over the measured steps."""
+        out = []
+        for name in self._order:
+            runs = [step[name] for step in self._steps if name in step]
+            if not runs:
+                continue
+            out.append(
+                PhaseMeasurement(
+                    name=name,
+                    peak_allocated_bytes=int(max(r["allocated"] for r in runs)),
+                    peak_reserved_bytes=int(max(r["reserved"] for r in runs)),
+                    time_s=float(statistics.median(r["time"] for r in runs)),
+                    inactive_split_bytes=int(max(r["inactive"] for r in runs)),
+                    alloc_retries=int(sum(r["retries"] for r in runs)),
+                    num_ooms=int(sum(r["ooms"] for r in runs)),
+                )
+            )
+        return out
