@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -189,42 +190,34 @@ def render_probe_report(report: ProbeReport) -> None:
     fp = report.fingerprint or {}
     device = f"{fp.get('name', report.device)}" + (f", torch {fp['torch']}" if fp.get("torch") else "")
     console.print(f"[bold]{report.workload['model']}[/bold] · {report.workload['kind']} · {report.device}: {device}")
-    table = Table(title="Measured against predicted (error = predicted / measured - 1)", title_justify="left")
-    for column in (
-        "probe",
-        "strategy",
-        "outcome",
-        "peak alloc",
-        "pred",
-        "err",
-        "peak reserved",
-        "pred",
-        "err",
-        "step",
-        "pred",
-        "err",
-    ):
+    table = Table(title="Measured / predicted (error = predicted / measured - 1)", title_justify="left")
+    for column in ("probe", "strategy", "outcome", "peak allocated", "peak reserved", "step time"):
         table.add_column(column, justify="left" if column in ("probe", "strategy", "outcome") else "right")
+
+    def cell(measured: float | None, predicted: float, error: float | None, fmt: Callable[[float], str]) -> str:
+        if measured is None:
+            return f"- / {fmt(predicted)}"
+        return f"{fmt(measured)} / {fmt(predicted)} ({_pct(error)})"
+
     for row in report.rows:
         m, p, e = row.measured or {}, row.predicted, row.errors
         outcome = (
             row.outcome + (f" in {row.failed_phase}" if row.failed_phase else "") + (" (stored)" if row.reused else "")
         )
         table.add_row(
-            row.probe_id,
+            row.probe_id[:8],
             row.label,
             outcome if row.outcome == "ok" else f"[red]{outcome}[/red]",
-            _gib(m["peak_allocated_bytes"]) if m else "-",
-            _gib(p["peak_allocated_bytes"]),
-            _pct(e.get("peak_allocated")),
-            _gib(m["peak_reserved_bytes"]) if m else "-",
-            _gib(p["peak_reserved_bytes"]),
-            _pct(e.get("peak_reserved")),
-            _seconds(m["step_time_s"]) if m else "-",
-            _seconds(p["step_time_s"]),
-            _pct(e.get("step_time")),
+            cell(m.get("peak_allocated_bytes"), p["peak_allocated_bytes"], e.get("peak_allocated"), _gib),
+            cell(m.get("peak_reserved_bytes"), p["peak_reserved_bytes"], e.get("peak_reserved"), _gib),
+            cell(m.get("step_time_s"), p["step_time_s"], e.get("step_time"), _seconds),
         )
     console.print(table)
+    if report.device == "cpu":
+        console.print(
+            "[dim]CPU backend: peak allocated is the peak of live tensor bytes (dispatch-level tracker); there is "
+            "no caching allocator, and the time model is for GPUs, so times are not compared.[/dim]"
+        )
     for row in report.rows:
         if row.outcome != "ok" and row.message:
             console.print(f"  {row.probe_id}: {row.message}", soft_wrap=True)
@@ -232,12 +225,16 @@ def render_probe_report(report: ProbeReport) -> None:
         line = (
             f"{x.label}: layers {x.depths[0]} and {x.depths[1]} extrapolated to {x.full_layers}: "
             f"peak allocated {_gib(x.extrapolated['peak_allocated_bytes'])} "
-            f"(cost model {_gib(x.predicted_full['peak_allocated_bytes'])}), "
-            f"step {_seconds(x.extrapolated['step_time_s'])} (cost model {_seconds(x.predicted_full['step_time_s'])})"
+            f"(cost model {_gib(x.predicted_full['peak_allocated_bytes'])})"
         )
+        if report.device != "cpu":
+            step, model_step = x.extrapolated["step_time_s"], x.predicted_full["step_time_s"]
+            line += f", step {_seconds(step)} (cost model {_seconds(model_step)})"
         if x.measured_full:
             line += (
-                f"; full model measured {_gib(x.measured_full['peak_allocated_bytes'])}, extrapolation error "
-                f"{_pct(x.errors.get('peak_allocated_bytes'))} memory, {_pct(x.errors.get('step_time_s'))} time"
+                f"; full model measured {_gib(x.measured_full['peak_allocated_bytes'])}: extrapolation error "
+                f"{_pct(x.errors.get('peak_allocated_bytes'))}"
             )
+            if report.device != "cpu":
+                line += f" memory, {_pct(x.errors.get('step_time_s'))} time"
         console.print(line, soft_wrap=True)
