@@ -256,7 +256,7 @@ def export(
 
 
 def probe(model: str | JobSpec, **options: Any) -> Any:
-    """Run strategies for a few real steps and compare with the prediction (see ``planner.probe.probe``)."""
-    from planner.probe import probe as run
+    """Run strategies for a few real steps and compare with the prediction (see ``planner.probing.probe``)."""
+    from planner.probing import probe as run
 
     return run(model, **options)

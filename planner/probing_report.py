@@ -22,7 +22,7 @@ def build_report(
     job: ResolvedJob, device: str, run_id: str, rows: list[ProbeRow], fingerprint: dict | None = None
 ) -> ProbeReport:
     """Rows plus, for each strategy probed ok at two or more cut depths, the extrapolation to full depth."""
-    from planner.probe import device_coefficients
+    from planner.probing import device_coefficients
 
     by_strategy: dict[str, list[ProbeRow]] = defaultdict(list)
     for row in rows:

@@ -1,4 +1,4 @@
-"""``probe``: run strategies for a few real steps, store what happened, compare with the cost model.
+"""``planner.probe``: run strategies for a few real steps, store what happened, compare with the cost model.
 
 Reads top to bottom: choose the strategies, decide the depths (layer cuts), build one ProbeRequest per
 (strategy, depth), skip those the database already holds (unless ``force``), resume an interrupted run
@@ -204,7 +204,7 @@ def probe(
     ``runner`` defaults to ``probes.run_probe`` (each probe in its own process). ``on_progress`` is called
     with (strategy label, index, total) before each probe that actually runs.
     """
-    from planner.probe_report import build_report
+    from planner.probing_report import build_report
     from store.db import open_storage
     from store.sizes import parse_size
 

@@ -1,0 +1,162 @@
+"""`planner probe` on the CPU backend: real probes in their own processes, stored, compared, resumed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planner_helpers import CliResult, assert_one_error_line
+
+Cli = Callable[..., CliResult]
+TINY_LLAMA = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+SFT_STRATEGIES = [
+    {"zero_stage": 0, "micro_batch": 2, "grad_accum": 1},
+    {"zero_stage": 2, "gradient_checkpointing": True, "micro_batch": 2, "grad_accum": 1},
+]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return folder
+
+
+def _job(tiny: Path, *extra: str) -> list[str]:
+    return ["--model", str(tiny), "--device", "cpu", "--gpu-mem", "24G", "--cpu-mem", "64G", "--steps", "2", *extra]
+
+
+def test_sft_probes_are_stored_compared_and_not_run_twice(cli: Cli, db: Path, tiny: Path, tmp_path: Path) -> None:
+    strategies = tmp_path / "strategies.json"
+    strategies.write_text(json.dumps(SFT_STRATEGIES))
+    args = _job(tiny, "--workload", "sft", "--batch", "2", "--seq-len", "32", "--strategies", strategies)
+    first = cli("probe", *args, "--layers", "1", "--json", "--db", db)
+    assert first.rc == 0, first.err
+    report = first.json()
+    # each strategy at 1 layer and (the tiny model fits) at its full 2 layers
+    assert [(r["strategy"]["zero_stage"], r["layers"]) for r in report["rows"]] == [
+        (0, 1),
+        (0, None),
+        (2, 1),
+        (2, None),
+    ]
+    for row in report["rows"]:
+        assert row["outcome"] == "ok" and not row["reused"]
+        assert [p["name"] for p in row["measured"]["phases"]] == ["forward", "backward", "optimizer_step"]
+        measured, predicted = row["measured"]["peak_allocated_bytes"], row["predicted"]["peak_allocated_bytes"]
+        assert measured > 0 and row["errors"]["peak_allocated"] == pytest.approx(predicted / measured - 1)
+    assert report["fingerprint"]["device"] == "cpu" and report["fingerprint"]["torch"]
+
+    listed = cli("probes", "--json", "--db", db).json()
+    assert {p["probe_id"] for p in listed} == {r["probe_id"] for r in report["rows"]}
+
+    again = cli("probe", *args, "--layers", "1", "--json", "--db", db).json()
+    assert all(r["reused"] for r in again["rows"])
+    assert [r["probe_id"] for r in again["rows"]] == [r["probe_id"] for r in report["rows"]]
+    assert len(cli("probes", "--json", "--db", db).json()) == 4  # nothing ran again
+
+    human = cli("probe", *args, "--layers", "1", "--db", db)
+    assert human.rc == 0 and "stored" in human.out and "measured" in human.out.lower()
+
+
+def test_ppo_probe_measures_every_phase(cli: Cli, db: Path, tiny: Path, tmp_path: Path) -> None:
+    block = {"zero_stage": 2}
+    strategy = {
+        "actor": block, "critic": block, "reference": {"zero_stage": 0, "offload": "none"},
+        "reward": {"zero_stage": 0, "offload": "none"}, "hybrid_engine": False, "generation_batch": 2,
+        "micro_batch": 2, "grad_accum": 1, "empty_cache": "after-inference",
+    }  # fmt: skip
+    file = tmp_path / "ppo.json"
+    file.write_text(json.dumps(strategy))
+    args = _job(tiny, "--workload", "ppo", "--batch", "2", "--prompt-len", "8", "--gen-len", "4", "--strategies", file)
+    result = cli("probe", *args, "--layers", "2", "--json", "--db", db)
+    assert result.rc == 0, result.err
+    (row,) = result.json()["rows"]
+    assert row["outcome"] == "ok", row["message"]
+    names = [p["name"] for p in row["measured"]["phases"]]
+    assert names == ["generation", "scoring", "actor_training", "critic_training"]
+    assert all(p["peak_allocated_bytes"] > 0 for p in row["measured"]["phases"])
+
+
+def test_memory_cap_gives_an_oom_outcome_and_the_run_goes_on(cli: Cli, db: Path, tiny: Path, tmp_path: Path) -> None:
+    file = tmp_path / "one.json"
+    file.write_text(json.dumps(SFT_STRATEGIES))
+    args = _job(tiny, "--workload", "sft", "--batch", "2", "--seq-len", "32", "--strategies", file, "--layers", "2")
+    result = cli("probe", *args, "--memory-cap", "2M", "--json", "--db", db)
+    assert result.rc == 0, result.err
+    rows = result.json()["rows"]
+    assert [r["outcome"] for r in rows] == ["oom", "oom"]  # both probes ran although the first failed
+    assert all(r["failed_phase"] for r in rows)
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(db: Path, tiny: Path, tmp_path: Path) -> None:
+    from planner import probe
+    from probes import run_probe
+    from store.db import open_storage
+
+    file = tmp_path / "three.json"
+    file.write_text(json.dumps([*SFT_STRATEGIES, {"zero_stage": 1, "micro_batch": 2, "grad_accum": 1}]))
+    job: dict[str, Any] = dict(
+        workload="sft", gpu_mem="24G", cpu_mem="64G", batch=2, seq_len=32, strategies=str(file), layers="2",
+        device="cpu", steps=2, db=str(db),
+    )  # fmt: skip
+    calls: list[str] = []
+
+    def interrupted_after_one(request: Any) -> Any:
+        if calls:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C while the second probe started
+        calls.append("ran")
+        return run_probe(request)
+
+    with pytest.raises(KeyboardInterrupt):
+        probe(str(tiny), runner=interrupted_after_one, **job)
+    with open_storage(str(db)) as storage:
+        (only,) = storage.list_probes()
+    ran_again: list[str] = []
+
+    def counting(request: Any) -> Any:
+        ran_again.append(request.strategy["zero_stage"])
+        return run_probe(request)
+
+    report = probe(str(tiny), runner=counting, **job)
+    assert ran_again == [2, 1]  # the first strategy was not run again
+    assert [r.reused for r in report.rows] == [True, False, False]
+    assert report.rows[0].probe_id == only.probe_id
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--device", "tpu"], "--device"),
+        (["--steps", "1"], "--steps"),
+        (["--layers", "0"], "--layers"),
+        (["--layers", "two"], "--layers"),
+        (["--gpus", "2"], "--gpus"),
+        (["--strategies", "missing.json"], "missing.json"),
+        (["--memory-cap", "lots"], "--memory-cap"),
+    ],
+)
+def test_bad_probe_input(cli: Cli, db: Path, tiny: Path, extra: list[str], fragment: str) -> None:
+    args = [
+        "--model",
+        str(tiny),
+        "--device",
+        "cpu",
+        "--gpu-mem",
+        "24G",
+        "--cpu-mem",
+        "64G",
+        "--workload",
+        "sft",
+        "--seq-len",
+        "32",
+    ]
+    assert_one_error_line(cli("probe", *args, *extra, "--db", db), fragment)
