@@ -136,6 +136,28 @@ def _tail(path: Path) -> str:
         return ""
 
 
+SHM_FOLDER = Path("/dev/shm")
+
+
+def release_shared_memory(port: str) -> int:
+    """Remove the shared-memory allreduce buffer DeepSpeed's CPU backend made for this process group.
+
+    With LOCAL_SIZE equal to the world size, DeepSpeed's shm comm creates
+    ``/dev/shm/deepspeed_allreduce_buffer_<...>_<addr>_<port>_<rank>`` (66 MB) and never unlinks it, so
+    every CPU engine would leak that much RAM until reboot. Returns how many files were removed.
+    """
+    if not port or not SHM_FOLDER.is_dir():
+        return 0
+    removed = 0
+    for path in SHM_FOLDER.glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> ChildRun:
     """Run one probe child on ``request`` (a ProbeRequest dict) within ``timeout_s`` seconds of wall time."""
     with tempfile.TemporaryDirectory(prefix="memplan-probe-") as tmp:
@@ -165,6 +187,7 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) ->
                 raise
             finally:
                 _kill_group(proc.pid)  # helpers the child may have left behind
+                release_shared_memory(env.get("MASTER_PORT", ""))
         wall = time.perf_counter() - start
         return ChildRun(
             returncode=returncode,

@@ -34,7 +34,14 @@ def _job(tiny: Path, *extra: str) -> list[str]:
     return ["--model", str(tiny), "--device", "cpu", "--gpu-mem", "24G", "--cpu-mem", "64G", "--steps", "2", *extra]
 
 
+def _shm_buffers() -> set[str]:
+    return (
+        {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")} if Path("/dev/shm").is_dir() else set()
+    )
+
+
 def test_sft_probes_are_stored_compared_and_not_run_twice(cli: Cli, db: Path, tiny: Path, tmp_path: Path) -> None:
+    before = _shm_buffers()
     strategies = tmp_path / "strategies.json"
     strategies.write_text(json.dumps(SFT_STRATEGIES))
     args = _job(tiny, "--workload", "sft", "--batch", "2", "--seq-len", "32", "--strategies", strategies)
@@ -54,6 +61,7 @@ def test_sft_probes_are_stored_compared_and_not_run_twice(cli: Cli, db: Path, ti
         measured, predicted = row["measured"]["peak_allocated_bytes"], row["predicted"]["peak_allocated_bytes"]
         assert measured > 0 and row["errors"]["peak_allocated"] == pytest.approx(predicted / measured - 1)
     assert report["fingerprint"]["device"] == "cpu" and report["fingerprint"]["torch"]
+    assert _shm_buffers() <= before  # DeepSpeed's CPU allreduce buffers do not pile up in /dev/shm
 
     listed = cli("probes", "--json", "--db", db).json()
     assert {p["probe_id"] for p in listed} == {r["probe_id"] for r in report["rows"]}

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from probes.isolation import release_shared_memory
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -83,14 +85,17 @@ def test_rendered_config_trains_tiny_model(name: str) -> None:
         "MASTER_PORT": str(_free_port()),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    proc = subprocess.run(
-        [sys.executable, __file__, json.dumps(case)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CASE_TIMEOUT_S,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, json.dumps(case)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CASE_TIMEOUT_S,
+        )
+    finally:  # DeepSpeed's CPU shm comm never unlinks its 66 MB buffer
+        release_shared_memory(env["MASTER_PORT"])
     output = proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
     assert proc.returncode == 0 and lines, f"case {name} failed (rc {proc.returncode}):\n{output[-6000:]}"

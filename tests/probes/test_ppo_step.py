@@ -41,6 +41,8 @@ from typing import Any
 
 import pytest
 
+from probes.isolation import release_shared_memory
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,14 +100,17 @@ def test_ppo_step_through_exported_configs(name: str) -> None:
         "MASTER_PORT": str(_free_port()),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    proc = subprocess.run(
-        [sys.executable, __file__, json.dumps(case)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CASE_TIMEOUT_S,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, json.dumps(case)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CASE_TIMEOUT_S,
+        )
+    finally:  # DeepSpeed's CPU shm comm never unlinks its 66 MB buffer
+        release_shared_memory(env["MASTER_PORT"])
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and lines, f"case {name} failed (rc {proc.returncode}):\n{output[-6000:]}"
