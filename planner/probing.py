@@ -17,7 +17,7 @@ from typing import Any
 from planner.files import read_json_file
 from planner.inputs import JobSpec, ResolvedJob, resolve
 from planner.results import ProbeReport, ProbeRow
-from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict, search
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, cpu_backend_coefficients, predict, search
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
 from store.models import with_layers
@@ -52,8 +52,14 @@ def software_versions() -> dict[str, str]:
 def device_coefficients(device: str, coef: Coefficients) -> Coefficients:
     """The CPU backend has no CUDA context, cuBLAS workspace or caching allocator."""
     if device == "cpu":
-        return coef.with_(cublas_workspace_bytes=0.0, cuda_context_bytes=0.0)
+        return cpu_backend_coefficients(coef)
     return coef
+
+
+def device_prediction(prediction: Prediction, device: str) -> Prediction:
+    """The prediction as the probe's device measures it: on the CPU backend host-resident states (offloaded
+    optimizer states, pinned buffers) are live tensors of the same memory, and reserved equals allocated."""
+    return prediction.on_cpu_backend() if device == "cpu" else prediction
 
 
 def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int = 3) -> list[Strategy | RLHFStrategy]:
@@ -158,6 +164,7 @@ def plan_probes(
         for depth in depths_for(job, device, layers, full.fits):
             workload = _cut(job.workload, depth)
             prediction = full if depth is None else predict(workload, strategy, job.hardware, probe_coef)
+            prediction = device_prediction(prediction, device)
             request = ProbeRequest(
                 workload=workload_payload(workload),
                 strategy=strategy.to_dict(),

@@ -151,10 +151,12 @@ class ProbeRow(BaseModel):
                 "phases": [phase.to_dict() for phase in result.phases],
             }
         if result.outcome == "ok" and measured:
+            # The time model is for GPUs: a CPU probe's step time says nothing about it.
+            on_cpu = getattr(getattr(item, "request", None), "device", None) == "cpu"
             errors = {
                 "peak_allocated": _relative(measured["peak_allocated_bytes"], p.peak_allocated_bytes),
                 "peak_reserved": _relative(measured["peak_reserved_bytes"], p.peak_reserved_bytes),
-                "step_time": _relative(measured["step_time_s"], p.step_time_s),
+                "step_time": None if on_cpu else _relative(measured["step_time_s"], p.step_time_s),
             }
         depth = "" if item.layers is None else f" [{item.layers} layers]"
         return cls(

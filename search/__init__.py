@@ -10,6 +10,7 @@ from search.prediction import PhasePrediction, Prediction
 from search.rlhf import predict_rlhf
 from search.rlhf_memory import RLHF_PHASES
 from search.rlhf_search import exhaustive_rlhf, search_rlhf
+from search.single_model import cpu_backend_coefficients, predict_cpu_allocated, predict_cpu_backend
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",
@@ -19,10 +20,13 @@ __all__ = [
     "PhasePrediction",
     "Prediction",
     "SearchResult",
+    "cpu_backend_coefficients",
     "describe_coefficients",
     "exhaustive",
     "exhaustive_rlhf",
     "predict",
+    "predict_cpu_allocated",
+    "predict_cpu_backend",
     "predict_rlhf",
     "search",
     "search_rlhf",

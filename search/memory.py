@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search.coefficients import Coefficients
-from search.shapes import dropout_probs, largest_module_params, uses_rmsnorm
+from search.shapes import (
+    dropout_probs,
+    largest_module_params,
+    largest_trainable_tensor,
+    token_embedding_params,
+    uses_rmsnorm,
+)
 from store.ds_defaults import (
     CONTIGUOUS_GRADIENTS,
     OVERLAP_COMM,
@@ -58,14 +64,15 @@ def model_states(
     mixed = dtype != "fp32"
     offload_opt = offload_optimizer != "none"
     if zero_stage == 0:
-        # No ZeRO: FP16_Optimizer (bf16 too) keeps fp32 master, m, v; at step() it flattens the 16-bit
-        # grads and builds fp32 grads (2T + 4T transient). In fp32 the torch optimizer holds m and v.
+        # No ZeRO: FP16_Optimizer (bf16 too) keeps fp32 master, m, v; at step() it upcasts every 16-bit
+        # grad to fp32 and flattens those copies (fused_optimizer.py step: _flatten_dense_tensors over
+        # p.grad.to(fp32)), so 4T + 4T live beside the 16-bit grads. In fp32 the torch optimizer holds m, v.
         return ModelStates(
             parameters=d * (t + f),
             gradients=d * t,
             optimizer_states=(12 if mixed else 8) * t,
             zero3_gathered=0,
-            step_transient=(6 * t) if mixed else 0,
+            step_transient=(8 * t) if mixed else 0,
             host=0,
             gradients_persist=grad_accum > 1,
         )
@@ -112,7 +119,11 @@ def model_states(
 
 
 def deepspeed_buffers(model: ModelSpec, dtype: str, zero_stage: int, coef: Coefficients) -> int:
-    """Communication buckets DeepSpeed allocates on the GPU, plus the cuBLAS workspace."""
+    """Communication buckets DeepSpeed allocates on the GPU, plus the cuBLAS workspace, all as if resident.
+
+    The RLHF model counts these for every phase. The single-model model is finer (:func:`zero_workspace`):
+    ZeRO-1/2 allocate their buckets only while a backward reduces gradients.
+    """
     d = DTYPE_BYTES[dtype]
     workspace = int(coef.cublas_workspace_bytes)
     if zero_stage in (1, 2) and CONTIGUOUS_GRADIENTS:
@@ -122,6 +133,180 @@ def deepspeed_buffers(model: ModelSpec, dtype: str, zero_stage: int, coef: Coeff
         buckets = zero3_buckets(model)
         return workspace + d * (buckets.reduce_bucket_size + buckets.prefetch_bucket_size)
     return workspace
+
+
+# DeepSpeed's engine allreduces ZeRO-0 gradients in flattened buckets of this many elements
+# (engine.py MEMORY_OPT_ALLREDUCE_SIZE, the default of buffered_allreduce_fallback), even on one rank.
+ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
+# stage3.py _constant_buffered_norm2 takes an offloaded gradient's norm in chunks of this many elements.
+ZERO3_NORM_CHUNK_ELEMENTS = 250_000_000
+FP64 = 8  # bytes: zero/utils.get_norm_dtype() is float64 wherever the accelerator has it (CUDA, CPU)
+
+
+@dataclass(frozen=True)
+class ZeroWorkspace:
+    """DeepSpeed's working buffers around the model states, in bytes per GPU (host bytes per GPU too).
+
+    ``ModelStates`` holds what DeepSpeed's estimators count; this holds the rest of what the engine and
+    its ZeRO optimizer really allocate (``runtime/engine.py``, ``fp16/fused_optimizer.py``,
+    ``zero/stage_1_and_2.py``, ``zero/stage3.py``), each with the moment it is live.
+    """
+
+    resident: int  # on the device for the whole run: communication buckets, offload staging buffers
+    backward_buckets: int  # ZeRO-1/2 reduce buckets: setup_buckets() at the first gradient hook of a backward
+    buckets_carried: bool  # ZeRO-1 with grad_accum > 1: the buckets live until the boundary's epilogue
+    partition_grads: int  # ZeRO-1/2: 16-bit gradient partition made at the backward's epilogue, kept to step()
+    carried_grads: int  # gradients alive between the micro-steps of one optimizer step (grad_accum > 1)
+    grad_norm: int  # fp64 upcast of the largest gradient (piece) while DeepSpeed takes norms tensor by tensor
+    norm_in_backward: bool  # offload: norms are taken as gradients are copied out, at the backward's end
+    step_copies: int  # optimizer step: copies beyond ModelStates.step_transient (flattened 16-bit partition)
+    allreduce_copy: int  # ZeRO-0: flattened 16-bit gradients of the allreduce after a boundary backward
+    reduce_copy: int  # ZeRO-3: the largest module's full gradient plus its reduce-scatter buffer
+    reduced: int  # ZeRO-3: the reduce-scatter buffer alone, once the full gradient is released
+    host: int  # pinned host buffers beside the offloaded states (ModelStates.host), before any slack
+
+
+def zero_workspace(
+    *,
+    model: ModelSpec,
+    trainable: int,
+    dtype: str,
+    zero_stage: int,
+    offload_optimizer: str,
+    world_size: int,
+    grad_accum: int,
+    lora_rank: int,
+    lm_head: bool,
+    coef: Coefficients,
+) -> ZeroWorkspace:
+    """What DeepSpeed allocates around the states for one trainable model (see :class:`ZeroWorkspace`)."""
+    d = DTYPE_BYTES[dtype]
+    n = world_size
+    t = trainable
+    accumulating = grad_accum > 1
+    offload_opt = offload_optimizer != "none"
+    largest = largest_trainable_tensor(model, lora_rank, lm_head=lm_head)
+    workspace = int(coef.cublas_workspace_bytes)
+    if zero_stage == 0:
+        return ZeroWorkspace(
+            resident=workspace,
+            backward_buckets=0,
+            buckets_carried=False,
+            partition_grads=0,
+            carried_grads=d * t if accumulating else 0,  # param.grad accumulates across micro-steps
+            grad_norm=0,
+            norm_in_backward=False,
+            step_copies=0,
+            allreduce_copy=d * min(t, ALLREDUCE_BUCKET_ELEMENTS),
+            reduce_copy=0,
+            reduced=0,
+            host=0,
+        )
+    if zero_stage in (1, 2):
+        # setup_buckets(): one reduce_bucket_size buffer, two with overlap_comm (offload forces contiguous
+        # gradients); released by _release_ipg_buffers() at the epilogue of every ZeRO-2 backward, and of
+        # the boundary backward only under ZeRO-1 (engine.allreduce_gradients skips the others).
+        buckets = (2 if OVERLAP_COMM else 1) * ZERO12_BUCKET_ELEMENTS * d
+        buckets = buckets if (CONTIGUOUS_GRADIENTS or offload_opt) else 0
+        piece = min(largest, -(-t // n))
+        if zero_stage == 1:
+            carried = d * t if accumulating else 0  # param.grad, reduced only at the boundary
+        else:
+            carried = 0 if offload_opt or not accumulating else d * t // n  # grads_in_partition
+        if offload_opt:
+            # stage_1_and_2.py __init__: a 16-bit partition buffer and temp_grad_buffer_for_cpu_offload in
+            # (pinned) host memory, temp_grad_buffer_for_gpu_offload on the device; with accumulation
+            # accumulated_grads_in_cpu holds the partition's gradients on the host between micro-steps.
+            host = d * t // n + d * largest + (d * t // n if accumulating else 0)
+            return ZeroWorkspace(
+                resident=workspace + d * largest,
+                backward_buckets=buckets,
+                buckets_carried=zero_stage == 1 and accumulating,
+                partition_grads=0,
+                carried_grads=carried,
+                grad_norm=FP64 * piece,  # set_norm_for_param_grad_in_gpu in copy_grads_in_partition
+                norm_in_backward=True,
+                step_copies=0,
+                allreduce_copy=0,
+                reduce_copy=0,
+                reduced=0,
+                host=host,
+            )
+        # step(): get_grad_norm_direct upcasts each gradient of the partition to fp64, then the 16-bit
+        # partition is flattened (a copy) and upcast to fp32 (ModelStates.step_transient).
+        return ZeroWorkspace(
+            resident=workspace,
+            backward_buckets=buckets,
+            buckets_carried=zero_stage == 1 and accumulating,
+            partition_grads=d * t // n,
+            carried_grads=carried,
+            grad_norm=FP64 * piece,
+            norm_in_backward=False,
+            step_copies=d * t // n,
+            allreduce_copy=0,
+            reduce_copy=0,
+            reduced=0,
+            host=0,
+        )
+    # ZeRO-3: the reduce bucket is allocated at init and kept (stage3.py ipg_buckets); the prefetch bucket
+    # bounds parameters gathered ahead, which one rank never gathers (all_gather_coalesced returns at once
+    # when the partition world size is 1).
+    buckets = zero3_buckets(model)
+    resident = workspace + d * buckets.reduce_bucket_size + (d * buckets.prefetch_bucket_size if n > 1 else 0)
+    piece = -(-largest // n)
+    return ZeroWorkspace(
+        resident=resident,
+        backward_buckets=0,
+        buckets_carried=False,
+        partition_grads=0,
+        carried_grads=0,  # gradients accumulate into the persistent partition buffer
+        grad_norm=FP64 * (min(piece, ZERO3_NORM_CHUNK_ELEMENTS) if offload_opt else piece),
+        norm_in_backward=offload_opt,
+        step_copies=0,
+        allreduce_copy=0,
+        reduce_copy=d * largest + d * piece,
+        reduced=d * piece,
+        host=d * t // n if offload_opt else 0,  # grad_partitions_flat_buffer lives on the host with offload
+    )
+
+
+@dataclass(frozen=True)
+class LossLogits:
+    """Bytes of the LM head's logits and the loss over them, at the moments they peak."""
+
+    forward: int  # while the loss runs: 16-bit logits, their fp32 upcast and the log-softmax output
+    backward: int  # while the loss backward runs: the held logits, log-softmax output and two fp32 gradients
+    held: int  # the 16-bit logits the model output keeps alive through the whole backward
+
+
+def loss_logits(model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients) -> LossLogits:
+    """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
+
+    ``logits.float()`` is a copy unless training in fp32; cross_entropy's log_softmax output is fp32 and
+    saved for the backward; the backward adds the fp32 gradients of the NLL and of the log-softmax
+    (``coef.logits_peak_bytes`` with the log-softmax output). The 16-bit logits stay alive as long as the
+    model output does: DeepSpeed-Chat's loop (and the probe) hold it until the backward is done.
+    """
+    elements = sequences * seq_len * model.vocab_size
+    d = DTYPE_BYTES[dtype]
+    upcast = 4 if d != 4 else 0
+    return LossLogits(
+        forward=int((d + upcast + 4) * elements),
+        backward=int((d + coef.logits_peak_bytes) * elements),
+        held=int(d * elements),
+    )
+
+
+def tied_embedding_extra(model: ModelSpec, dtype: str, lora_rank: int, lm_head: bool) -> int:
+    """Extra bytes while the gradient of a tied embedding/LM-head weight is formed, at the backward's end.
+
+    Autograd sums the LM head's contribution (held in the input buffer since the head's backward) with the
+    embedding's own dense gradient out of place: three vocabulary-sized tensors at once, one of which
+    becomes the gradient. Untied or frozen (LoRA) embeddings have no such sum.
+    """
+    if not (lm_head and model.tie_word_embeddings) or lora_rank > 0:
+        return 0
+    return 2 * DTYPE_BYTES[dtype] * token_embedding_params(model)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -41,6 +41,10 @@ class Prediction:
     peak_phase: str
     time_breakdown: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # Bytes per GPU of the tensors DeepSpeed keeps in host memory: offloaded optimizer states (and
+    # parameters) with the pinned staging buffers beside them, without the estimators' slack factor that
+    # ``host_bytes`` applies. On the CPU backend these live in the same memory as the "device" tensors.
+    host_states_bytes: int = 0
 
     @property
     def fits_gpu(self) -> bool:
@@ -57,6 +61,31 @@ class Prediction:
     @property
     def headroom_bytes(self) -> int:
         return self.gpu_budget_bytes - self.peak_reserved_bytes
+
+    def on_cpu_backend(self) -> Prediction:
+        """What a run on DeepSpeed's CPU accelerator would show: one memory for device and host tensors.
+
+        Every phase's live bytes gain the host-resident states (offloaded optimizer states and their
+        pinned buffers, :attr:`host_states_bytes`), and reserved equals allocated: the CPU has no caching
+        allocator, so no fragments. Compute with coefficients that drop the CUDA-only bytes (context,
+        cuBLAS workspace). The times are the GPU model's and mean nothing on the CPU.
+        """
+        host = self.host_states_bytes
+        phases = tuple(replace(phase, peak_allocated_bytes=phase.peak_allocated_bytes + host) for phase in self.phases)
+        phases = tuple(replace(phase, peak_reserved_bytes=phase.peak_allocated_bytes) for phase in phases)
+        peak = max(phases, key=lambda phase: phase.peak_allocated_bytes) if phases else None
+        # the breakdown stays the device one at the GPU model's peak phase, plus the host-resident states
+        breakdown = dict(self.breakdown, host_states=host, fragmentation=0)
+        allocated = peak.peak_allocated_bytes if peak else self.peak_allocated_bytes + host
+        return replace(
+            self,
+            peak_allocated_bytes=allocated,
+            peak_reserved_bytes=allocated,
+            peak_phase=peak.name if peak else self.peak_phase,
+            breakdown=breakdown,
+            phases=phases,
+            notes=self.notes + ("CPU backend: host-resident states counted with device tensors; no fragments",),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The ``predicted`` block of the JSON document (bytes as integers)."""

@@ -51,6 +51,26 @@ def largest_module_params(model: ModelSpec) -> int:
     return max(candidates)
 
 
+def token_embedding_params(model: ModelSpec) -> int:
+    """Parameters of the token embedding (vocabulary x embedding width; OPT's word_embed_proj_dim)."""
+    embed_dim = int(model.hf_config.get("word_embed_proj_dim") or model.hidden_size)
+    return model.vocab_size * embed_dim
+
+
+def largest_trainable_tensor(model: ModelSpec, lora_rank: int, *, lm_head: bool = True) -> int:
+    """Elements of the largest trainable parameter tensor: DeepSpeed takes gradient norms tensor by tensor.
+
+    Full fine-tuning: the token embedding, an untied LM head or one MLP matrix; LoRA: the largest adapter
+    matrix (rank x the wider side of a block linear).
+    """
+    if lora_rank > 0:
+        return lora_rank * max(max(n_in, n_out) for n_in, n_out in linear_shapes(model))
+    candidates = [token_embedding_params(model), model.hidden_size * model.intermediate_size]
+    if lm_head and model.lm_head_params:
+        candidates.append(model.lm_head_params)
+    return max(candidates)
+
+
 def dropout_probs(model: ModelSpec) -> tuple[float, float]:
     """(attention-probability dropout, residual/hidden dropout) from the transformers config."""
     cfg = model.hf_config

@@ -3,19 +3,27 @@
 A step is ``grad_accum`` micro-steps of forward and backward (DPO adds a no-grad reference forward
 first), then one optimizer step. Each phase gets a peak allocated (live tensors), a peak reserved
 (allocated plus the caching allocator's fragments) and a time. The step's peak is its largest phase.
+
+A phase's peak allocated is the largest of a few moments, each the resident bytes plus what is live
+then: the loss (fp32 copies of the logits), the top layer's backward, the last (embedding) gradient, the
+gradient reduction's epilogue, the optimizer step's gradient copies. DeepSpeed's working buffers and when
+they exist come from :func:`search.memory.zero_workspace`. Checked against CPU probes of tiny models
+(``tests/probes/test_cost_model_accuracy.py``); :func:`predict_cpu_backend` is that view of a prediction.
 """
 
 from __future__ import annotations
 
 from search.coefficients import Coefficients
 from search.memory import (
+    LossLogits,
     activations,
-    deepspeed_buffers,
-    logits_bytes,
+    loss_logits,
     model_states,
+    tied_embedding_extra,
+    zero_workspace,
 )
 from search.prediction import PhasePrediction, Prediction
-from search.shapes import forward_flops, lora_params, resident_params, trainable_params
+from search.shapes import forward_flops, lora_params, resident_params, token_embedding_params, trainable_params
 from search.timing import (
     collective_time,
     compute_time,
@@ -33,6 +41,26 @@ def gpu_budget_bytes(hardware: Hardware, coef: Coefficients) -> int:
     """GPU bytes the caching allocator may reserve: total, less the safety margin and CUDA context."""
     usable = hardware.gpu_memory_bytes * (1.0 - hardware.safety_margin) - coef.cuda_context_bytes
     return max(0, int(usable))
+
+
+def cpu_backend_coefficients(coef: Coefficients) -> Coefficients:
+    """``coef`` for DeepSpeed's CPU accelerator: no CUDA context and no cuBLAS workspace exist there."""
+    return coef.with_(cublas_workspace_bytes=0.0, cuda_context_bytes=0.0)
+
+
+def predict_cpu_backend(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """The single-model prediction as DeepSpeed's CPU accelerator shows it (what the probes' CPU tracker counts).
+
+    Two named differences from a GPU, nothing else: (1) no CUDA context or cuBLAS workspace
+    (:func:`cpu_backend_coefficients`); (2) host and "device" are one memory, so offloaded optimizer
+    states and their pinned buffers add to every phase's live bytes (:meth:`Prediction.on_cpu_backend`).
+    """
+    return predict_single_model(workload, strategy, hardware, cpu_backend_coefficients(coef)).on_cpu_backend()
+
+
+def predict_cpu_allocated(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> int:
+    """Peak live tensor bytes of one training step on DeepSpeed's CPU accelerator (one rank)."""
+    return predict_cpu_backend(workload, strategy, hardware, coef).peak_allocated_bytes
 
 
 def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
@@ -59,7 +87,18 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
         world_size=n,
         grad_accum=s.grad_accum,
     )
-    buffers = deepspeed_buffers(model, workload.dtype, s.zero_stage, coef)
+    work = zero_workspace(
+        model=model,
+        trainable=trainable,
+        dtype=workload.dtype,
+        zero_stage=s.zero_stage,
+        offload_optimizer=s.offload_optimizer,
+        world_size=n,
+        grad_accum=s.grad_accum,
+        lora_rank=s.lora_rank,
+        lm_head=has_lm_head,
+        coef=coef,
+    )
     # DPO's frozen reference: partitioned like the policy under ZeRO-3; with LoRA the policy's base
     # model with adapters disabled serves as the reference (TRL), so it costs nothing extra.
     reference = 0
@@ -71,33 +110,90 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
     acts = activations(
         model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.gradient_checkpointing, coef
     )
-    logits_train, logits_infer = logits_bytes(model, sequences, workload.seq_len, workload.dtype, coef)
+    logits = loss_logits(model, sequences, workload.seq_len, workload.dtype, coef)
     if not has_lm_head:
-        logits_train = logits_infer = 0
+        logits = LossLogits(0, 0, 0)
     working = int(coef.backward_working_layers * acts.layer)
     recompute = acts.layer if s.gradient_checkpointing else 0
 
-    # --- phases: what is live at each phase's peak -------------------------------------------------
+    # --- phases: what is live at each phase's peak, the largest of a few moments ------------------------
     resident_bytes = {
         "parameters": states.parameters,
         "optimizer_states": states.optimizer_states,
         "reference_model": reference,
-        "buffers": buffers,
+        "buffers": work.resident,
     }
-    carried_grads = states.gradients if (states.gradients_persist and s.grad_accum > 1) else 0
-    gathered = states.zero3_gathered
-    live: dict[str, dict[str, int]] = {}
+    zero3, accumulating = s.zero_stage == 3, s.grad_accum > 1
+    kept = states.gradients if zero3 else 0  # ZeRO-3's gradient partition buffer lives from init on
+    steady = kept + work.carried_grads  # gradients alive before a micro-step starts (grad_accum > 1)
+    carried_buckets = work.backward_buckets if work.buckets_carried else 0
+    base = _moment(gradients=steady, buffers=carried_buckets)
+    gathered_params = states.zero3_gathered // 2 if (zero3 and n > 1) else 0  # one rank never gathers
+    # The last gradient of a backward is the token embedding's; a tied one is summed with the LM head's
+    # contribution (kept since the head's backward) out of place. It is one tensor beside what is already
+    # reduced (ZeRO-1/2 buckets, ZeRO-3 partitions) or beside the accumulated gradient (grad_accum > 1).
+    embedding_grad = d * token_embedding_params(model) if s.lora_rank == 0 else 0
+    tied = tied_embedding_extra(model, workload.dtype, s.lora_rank, has_lm_head)
+    if s.zero_stage == 0:
+        own = 1 if accumulating else 0
+        # param.grad of the LM head (or the tied weight's share waiting in autograd), and of the top layer
+        head = model.lm_head_params or token_embedding_params(model)
+        head_grad = (d * head if has_lm_head else 0) + d * model.layer_params if not s.lora_rank else 0
+    else:
+        own = 1 + (1 if s.zero_stage == 1 and accumulating else 0)
+        head_grad = tied // 2
+    inflight = own * embedding_grad + tied
+    moments: dict[str, list[dict[str, int]]] = {}
     if workload.kind == "dpo":
-        live["reference_forward"] = _live(carried_grads, gathered, acts.forward_working, logits_infer)
-    live["forward"] = _live(carried_grads, gathered, acts.saved, logits_infer)
-    backward_start = _live(carried_grads, gathered, acts.saved + working + recompute, logits_train)
-    backward_end = _live(states.gradients, gathered, working + recompute, 0)
-    live["backward"] = max(backward_start, backward_end, key=lambda parts: sum(parts.values()))
-    # the optimizer step's extra bytes are gradient copies (fp32 upcasts, flattened 16-bit grads)
-    live["optimizer_step"] = _live(states.gradients + states.step_transient, 0, 0, 0)
+        moments["reference_forward"] = [
+            _plus(base, activations=acts.forward_working, logits=logits.forward, zero3_gathered=gathered_params)
+        ]
+    # A checkpointed layer's forward keeps nothing for backward (non-reentrant checkpoint packs holders):
+    # only its working tensors exist beside the checkpoints, as in a no-grad forward.
+    layer_forward = acts.forward_working if s.gradient_checkpointing else 0
+    moments["forward"] = [
+        _plus(base, activations=acts.saved, logits=logits.forward),
+        _plus(base, activations=acts.saved + layer_forward, zero3_gathered=gathered_params),
+    ]
+    backward = [
+        _plus(base, activations=acts.saved, logits=logits.backward),  # the loss's backward
+        _plus(  # the top layer's backward: ZeRO-1/2 buckets set up, the LM head's weight gradient formed
+            base,
+            gradients=head_grad,
+            buffers=work.backward_buckets - carried_buckets,
+            activations=acts.saved + working + recompute,
+            logits=logits.held,
+            zero3_gathered=gathered_params,
+        ),
+    ]
+    if s.zero_stage == 0:
+        backward.append(_moment(gradients=states.gradients + inflight, logits=logits.held))
+        backward.append(_moment(gradients=states.gradients + work.allreduce_copy, logits=logits.held))
+        step = [_moment(gradients=states.gradients + states.step_transient)]
+    elif s.zero_stage in (1, 2):
+        at_end = work.carried_grads if s.zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
+        epilogue = work.grad_norm if work.norm_in_backward else work.partition_grads
+        backward.append(_moment(gradients=at_end + inflight, buffers=work.backward_buckets, logits=logits.held))
+        backward.append(_moment(gradients=epilogue, buffers=work.backward_buckets, logits=logits.held))
+        step = [base]  # before the accumulation boundary engine.step() changes nothing
+        if not work.norm_in_backward:
+            copies = max(work.grad_norm, work.step_copies + states.step_transient)
+            step.append(_moment(gradients=work.partition_grads + copies))
+    else:
+        embedding_params = embedding_grad if gathered_params else 0  # gathered for its own backward
+        backward.append(_moment(gradients=kept + inflight, zero3_gathered=embedding_params, logits=logits.held))
+        # reduce-scatter of the largest gradient: its flattened copy, then (offload) its fp64 norm once the
+        # full gradient is released (stage3.py partition_grads / _offload_grad_partition_at_boundary)
+        reducing = max(work.reduce_copy, work.reduced + (work.grad_norm if work.norm_in_backward else 0))
+        backward.append(_moment(gradients=kept + reducing, logits=logits.held))
+        step = [base]
+        if not work.norm_in_backward:
+            step.append(_moment(gradients=kept + max(work.grad_norm, states.step_transient)))
+    moments["backward"] = backward
+    moments["optimizer_step"] = step
+    live = {name: max(options, key=lambda parts: sum(parts.values())) for name, options in moments.items()}
     phase_alloc = {name: sum(resident_bytes.values()) + sum(parts.values()) for name, parts in live.items()}
-    transient = {name: parts["activations"] + parts["logits"] + parts["zero3_gathered"] for name, parts in live.items()}
-    transient["optimizer_step"] = states.step_transient
+    transient = {name: max(0, sum(parts.values()) - steady) for name, parts in live.items()}
 
     # --- fragmentation: reserved minus allocated ----------------------------------------------------
     factor = 1.0
@@ -191,7 +287,10 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
     )
     peak_allocated = max(phase_alloc.values())
     peak_reserved = max(phase_reserved.values())
-    breakdown = dict(resident_bytes, **live[peak_phase], kv_cache=0)
+    breakdown = dict(resident_bytes)
+    for name, value in live[peak_phase].items():
+        breakdown[name] = breakdown.get(name, 0) + value
+    breakdown["kv_cache"] = 0
     breakdown["fragmentation"] = phase_reserved[peak_phase] - phase_alloc[peak_phase]
     # Host memory per node: offloaded states with DeepSpeed's pinned-buffer slack, or, when larger, every
     # local rank loading its 16-bit copy of the model before deepspeed.initialize (ZeRO-3 builds it
@@ -219,14 +318,23 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
             "overhead": overhead,
         },
         notes=tuple(notes),
+        host_states_bytes=states.host + work.host,
     )
 
 
-def _live(gradients: int, gathered: int, activation_bytes: int, logits: int) -> dict[str, int]:
-    """The transient part of a phase's live bytes, named as in the JSON breakdown."""
-    return {
-        "gradients": gradients,
-        "zero3_gathered": gathered,
-        "activations": activation_bytes,
-        "logits": logits,
-    }
+LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "buffers")
+
+
+def _moment(**parts: int) -> dict[str, int]:
+    """The bytes live beside the resident ones at one moment of a phase, named as in the JSON breakdown
+    (``buffers`` here: DeepSpeed's buckets that exist only for a while)."""
+    unknown = set(parts) - set(LIVE_PARTS)
+    if unknown:
+        raise ValueError(f"unknown live parts {sorted(unknown)}")
+    return {name: int(parts.get(name, 0)) for name in LIVE_PARTS}
+
+
+def _plus(moment: dict[str, int], **parts: int) -> dict[str, int]:
+    """``moment`` with ``parts`` added."""
+    extra = _moment(**parts)
+    return {name: moment[name] + extra[name] for name in LIVE_PARTS}

@@ -51,11 +51,14 @@ def test_budget_leaves_margin_and_cuda_context() -> None:
 
 
 def test_logits_term_is_b_s_vocab_times_fp32_loss_bytes() -> None:
+    """The loss backward holds the fp32 log-softmax and two fp32 gradients (logits_peak_bytes) beside the
+    bf16 logits themselves, which the model output keeps alive through the backward (measured on the CPU
+    probes: tests/probes/test_cost_model_accuracy.py)."""
     w = _w("llama-3.2-1b", seq=1024, batch=2)
     p = predict(w, Strategy(zero_stage=1, offload_optimizer="cpu", micro_batch=2, grad_accum=1), _hw())
     assert p.peak_phase == "backward"
     elements = 2 * 1024 * w.model.vocab_size
-    assert p.breakdown["logits"] == int(DEFAULT_COEFFICIENTS.logits_peak_bytes * elements)
+    assert p.breakdown["logits"] == int((DEFAULT_COEFFICIENTS.logits_peak_bytes + 2) * elements)
 
 
 def test_reward_model_has_no_vocabulary_logits() -> None:
@@ -72,11 +75,19 @@ def test_pairs_double_the_sequences() -> None:
     assert reward.breakdown["activations"] > 1.8 * sft.breakdown["activations"]
 
 
+def _phase_allocated(p, name: str) -> int:
+    return next(phase.peak_allocated_bytes for phase in p.phases if phase.name == name)
+
+
 def test_checkpointing_trades_memory_for_time() -> None:
+    """Checkpointing lowers the activation phases. (On one GPU the ZeRO-2 optimizer step of opt-1.3b, with
+    its flattened 16-bit partition and fp32 copy, can be the step's peak, which checkpointing cannot lower.)"""
     base = Strategy(zero_stage=2, micro_batch=8)
     off = predict(_w(), base, _hw())
     on = predict(_w(), base.with_(gradient_checkpointing=True), _hw())
-    assert on.peak_allocated_bytes < off.peak_allocated_bytes
+    for name in ("forward", "backward"):
+        assert _phase_allocated(on, name) < _phase_allocated(off, name)
+    assert on.peak_allocated_bytes <= off.peak_allocated_bytes
     assert on.step_time_s > off.step_time_s
 
 
