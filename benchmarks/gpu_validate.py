@@ -7,12 +7,16 @@ checkpointing; empty_cache never / after-inference. Each probe runs in its own p
 
 Usage (on a machine with a CUDA GPU):
     DS_ACCELERATOR=cuda .venv/bin/python benchmarks/gpu_validate.py --out "$OUT" [--steps 4] [--models opt-125m]
+
+Dry run of the script itself on DeepSpeed's CPU accelerator (tiny cut models; CPU figures, not GPU ones):
+    .venv/bin/python benchmarks/gpu_validate.py --device cpu --layers 2 --models opt-125m --out /tmp/validate
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 import tempfile
@@ -63,10 +67,19 @@ def main() -> int:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--workloads", nargs="*", default=["sft", "ppo"])
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of this script")
+    parser.add_argument("--layers", default=None, help="cut every model to K layers (default: the whole model)")
     args = parser.parse_args()
 
     from planner import probe
     from planner.render import console
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gpu_validate: no CUDA device here (use --device cpu for a dry run)", file=sys.stderr)
+            return 2
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -78,20 +91,21 @@ def main() -> int:
                 strategies = sft_strategies() if workload == "sft" else ppo_strategies()
                 file = Path(tmp) / f"{model}-{workload}.json"
                 file.write_text(json.dumps(strategies))
-                job: dict[str, Any] = {"workload": workload, "batch": 4, "cpu_mem": "64G", **_local_gpu()}
+                hardware = _local_gpu() if args.device == "cuda" else {"gpu": "H100-80G"}
+                job: dict[str, Any] = {"workload": workload, "batch": 4, "cpu_mem": "64G", **hardware}
                 if workload == "sft":
                     job["seq_len"] = 512
                 else:
                     job.update(prompt_len=256, gen_len=256)
                 console.print(f"probing {model} {workload}: {len(strategies)} strategies")
                 report = probe(
-                    model, strategies=str(file), steps=args.steps, layers=None, timeout_s=args.timeout,
-                    device="cuda", db=db, **job,
+                    model, strategies=str(file), steps=args.steps, layers=args.layers, timeout_s=args.timeout,
+                    device=args.device, db=db, **job,
                 )  # fmt: skip
                 fingerprint = fingerprint or report.fingerprint
                 for row in report.rows:
                     rows.append(_csv_row(model, workload, row))
-    _write(args.out, rows, fingerprint)
+    _write(args.out, rows, fingerprint, args.device)
     return 0
 
 
@@ -130,16 +144,20 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{100 * value:+.1f}%"
 
 
-def _write(out: Path, rows: list[dict[str, Any]], fingerprint: dict[str, Any] | None) -> None:
-    with (out / "gpu_validate.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = ["# Cost model against GPU probes", "", f"Device: `{json.dumps(fingerprint)}`", ""]
+def _write(out: Path, rows: list[dict[str, Any]], fingerprint: dict[str, Any] | None, device: str) -> None:
+    from planner.files import write_text_atomic
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(out / "gpu_validate.csv", buffer.getvalue(), force=True)
+    title = "# Cost model against GPU probes" if device == "cuda" else "# Dry run on the CPU backend (not GPU figures)"
+    lines = [title, "", f"Device: `{json.dumps(fingerprint)}`", ""]
     lines.append("| " + " | ".join(FIELDS) + " |")
     lines.append("|" + "---|" * len(FIELDS))
     lines += ["| " + " | ".join(str(r[f]) for f in FIELDS) + " |" for r in rows]
-    (out / "gpu_validate.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out / "gpu_validate.md", "\n".join(lines) + "\n", force=True)
     print(f"wrote {out / 'gpu_validate.csv'} and {out / 'gpu_validate.md'} ({len(rows)} probes)")
 
 

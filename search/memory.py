@@ -38,7 +38,6 @@ class ModelStates:
     zero3_gathered: int  # ZeRO-3: gathered parameters and their full gradients of the live module
     step_transient: int  # extra bytes only during the optimizer step
     host: int  # states offloaded to the host, per GPU, before pinned-buffer slack
-    gradients_persist: bool  # gradients stay allocated between micro-steps
 
     @property
     def gpu_total(self) -> int:
@@ -74,7 +73,6 @@ def model_states(
             zero3_gathered=0,
             step_transient=(8 * t) if mixed else 0,
             host=0,
-            gradients_persist=grad_accum > 1,
         )
     fp32_partition = 16 * t // n  # fp32 master copy, its gradient, Adam m and v
     if zero_stage in (1, 2):
@@ -82,7 +80,7 @@ def model_states(
         full_lp_grads = zero_stage == 1 and grad_accum > 1
         lp_grads = d * t if full_lp_grads else d * t // n
         if offload_opt:
-            return ModelStates(d * (t + f), d * t if full_lp_grads else 0, 0, 0, 0, fp32_partition, True)
+            return ModelStates(d * (t + f), d * t if full_lp_grads else 0, 0, 0, 0, fp32_partition)
         # The reduced 16-bit partition (grads_in_partition) persists; its fp32 copy exists during step().
         return ModelStates(
             parameters=d * (t + f),
@@ -91,7 +89,6 @@ def model_states(
             zero3_gathered=0,
             step_transient=4 * t // n,
             host=0,
-            gradients_persist=True,
         )
     # ZeRO-3: everything partitioned; the live module is gathered (params and full grads, 2 x d bytes).
     gathered = 2 * d * largest_module_params(model)
@@ -101,9 +98,9 @@ def model_states(
     host_optimizer = 16 * min(t // n, ZERO3_SUB_GROUP_SIZE) if offload_optimizer == "nvme" else fp32_partition
     host_params = 5 * 100_000_000 * d if offload_param == "nvme" else lp_params
     if offload_param != "none":
-        return ModelStates(0, 0, 0, gathered, 0, host_optimizer + host_params, True)
+        return ModelStates(0, 0, 0, gathered, 0, host_optimizer + host_params)
     if offload_opt:
-        return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer, True)
+        return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer)
     # The fp32 gradient exists only while its sub-group steps (stage3.py _prepare_fp32_grad_for_sub_group):
     # a flattened 16-bit copy and its fp32 upcast of at most sub_group_size elements.
     step_elements = min(t // n, ZERO3_SUB_GROUP_SIZE)
@@ -114,25 +111,7 @@ def model_states(
         zero3_gathered=gathered,
         step_transient=(d + 4) * step_elements,
         host=0,
-        gradients_persist=True,
     )
-
-
-def deepspeed_buffers(model: ModelSpec, dtype: str, zero_stage: int, coef: Coefficients) -> int:
-    """Communication buckets DeepSpeed allocates on the GPU, plus the cuBLAS workspace, all as if resident.
-
-    The RLHF model counts these for every phase. The single-model model is finer (:func:`zero_workspace`):
-    ZeRO-1/2 allocate their buckets only while a backward reduces gradients.
-    """
-    d = DTYPE_BYTES[dtype]
-    workspace = int(coef.cublas_workspace_bytes)
-    if zero_stage in (1, 2) and CONTIGUOUS_GRADIENTS:
-        # setup_buckets(): one reduce_bucket_size buffer, two with overlap_comm.
-        return workspace + (2 if OVERLAP_COMM else 1) * ZERO12_BUCKET_ELEMENTS * d
-    if zero_stage == 3:
-        buckets = zero3_buckets(model)
-        return workspace + d * (buckets.reduce_bucket_size + buckets.prefetch_bucket_size)
-    return workspace
 
 
 # DeepSpeed's engine allreduces ZeRO-0 gradients in flattened buckets of this many elements

@@ -124,6 +124,7 @@ class RLHFStep:
     phases: tuple[StepPhase, ...]
     repeats: dict[str, int]  # instances of each group per step
     host_bytes: int
+    host_states: int  # Prediction.host_states_bytes
     time: dict[str, float]  # seconds per step by activity, without empty_cache
     role_time: dict[str, float]  # the same seconds by model (separable: each depends on its own block)
     notes: tuple[str, ...]
@@ -168,6 +169,7 @@ class Models:
     reward: FrozenPlacement
     resident: dict[str, int]
     host_bytes: int
+    host_states: int  # bytes per GPU in host memory (offloaded states, staging buffers), without slack
 
     @property
     def trained(self) -> list[TrainedPlacement]:
@@ -211,6 +213,7 @@ def place_models(
     resident = {
         "parameters": sum(p.states.parameters for p in trained),
         "optimizer_states": sum(p.states.optimizer_states for p in trained),
+        "gradients": sum(p.persistent_gradients for p in trained),  # ZeRO-3's partitions, kept from init on
         "reference_model": reference.resident,
         "reward_model": reward.resident,
         "ema": ema_gpu,
@@ -226,7 +229,8 @@ def place_models(
         + [d * p.params // (n if p.block.zero_stage == 3 else 1) for p in (reference, reward)]
     )
     host = int(max(offloaded, loading) * ctx.hardware.gpus)
-    return Models(actor, critic, reference, reward, resident, host)
+    host_states = sum(p.states.host + p.work.host for p in trained) + reference.host + reward.host + ema_host
+    return Models(actor, critic, reference, reward, resident, host, host_states)
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,7 +333,6 @@ def training_half(
         if p is None:
             continue
         other = critic if role == "actor" else actor
-        other_grads = other.carried_gradients if (other is not None and grad_accum > 1) else 0
         compute, comm, offload, optimizer = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef)
         extra = ema_time(p, dtype, hw, coef) if (role == "actor" and ema) else 0.0
         for key, seconds in (
@@ -342,7 +345,7 @@ def training_half(
             time[key] += epochs * seconds
         seconds = epochs * (compute + comm + offload + optimizer + extra)
         role_time[role] = seconds
-        live = training_live(p, other_grads, micro_batch, grad_accum, seq_len, dtype, attn, coef)
+        live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef)
         factor = trained_factor(p, coef, training=True)
         phases.append(
             StepPhase(f"{role}_training", TRAINING, live, factor, coef.frag_carried, seconds, epochs * grad_accum)
@@ -400,6 +403,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> RLHFStep:
             TRAINING: ctx.workload.ppo_epochs * s.grad_accum,
         },
         host_bytes=models.host_bytes,
+        host_states=models.host_states,
         time=time,
         role_time=role_time,
         notes=tuple(notes),
@@ -436,7 +440,9 @@ def finish_rlhf(step: RLHFStep, empty_cache: str, allocator: str, hardware: Hard
     allocated = [step.resident_bytes + phase.live for phase in phases]
     peak = max(range(len(phases)), key=lambda i: (reserved[i], allocated[i]))
     moment = phases[peak].moments[chosen[peak]]
-    breakdown = dict(step.resident, **moment.as_dict())
+    breakdown = dict(step.resident)
+    for name, value in moment.as_dict().items():
+        breakdown[name] = breakdown.get(name, 0) + value
     breakdown["fragmentation"] = reserved[peak] - step.resident_bytes - moment.total
     time_breakdown = dict(step.time, empty_cache=cache_seconds)
     return Prediction(
@@ -444,6 +450,7 @@ def finish_rlhf(step: RLHFStep, empty_cache: str, allocator: str, hardware: Hard
         peak_reserved_bytes=max(reserved),
         gpu_budget_bytes=gpu_budget_bytes(hardware, coef),
         host_bytes=step.host_bytes,
+        host_states_bytes=step.host_states,
         host_budget_bytes=hardware.cpu_memory_bytes,
         step_time_s=step.base_time_s + cache_seconds,
         breakdown=breakdown,

@@ -23,13 +23,23 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.memory import ModelStates, activations, deepspeed_buffers, logits_bytes, model_states
+from search.memory import (
+    LossLogits,
+    ModelStates,
+    ZeroWorkspace,
+    activations,
+    logits_bytes,
+    loss_logits,
+    model_states,
+    zero_workspace,
+)
 from search.shapes import largest_module_params, resident_params, trainable_params
 from search.timing import empty_cache_time
+from search.training_moments import TRAINING_PHASES, Moment, between_micro_steps, training_moments
 from store.ds_defaults import zero3_buckets
 from store.records import DTYPE_BYTES, FrozenModelStrategy, ModelSpec, TrainedModelStrategy
 
-LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "kv_cache", "hybrid_engine")
+LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "kv_cache", "hybrid_engine", "buffers")
 INFERENCE, TRAINING = "inference", "training"
 RLHF_PHASES: tuple[str, ...] = ("generation", "scoring", "actor_training", "critic_training")
 PER_PHASE_RELEASES: dict[str, tuple[str, ...]] = {
@@ -64,9 +74,10 @@ def _live(
     logits: int = 0,
     kv_cache: int = 0,
     hybrid_engine: int = 0,
+    buffers: int = 0,
     transient: int,
 ) -> Live:
-    return Live((gradients, zero3_gathered, activations, logits, kv_cache, hybrid_engine), int(transient))
+    return Live((gradients, zero3_gathered, activations, logits, kv_cache, hybrid_engine, buffers), int(transient))
 
 
 # --- the models -------------------------------------------------------------------------------------
@@ -82,12 +93,21 @@ class TrainedPlacement:
     trainable: int
     resident: int  # parameters held (base model plus adapters)
     states: ModelStates
-    buffers: int  # DeepSpeed's buckets for this engine, without the shared cuBLAS workspace
+    work: ZeroWorkspace  # DeepSpeed's working buffers around the states, and when they exist
+    buffers: int  # DeepSpeed's buffers resident for this engine, without the shared cuBLAS workspace
+    grad_accum: int
+    world_size: int
 
     @property
-    def carried_gradients(self) -> int:
-        """Gradients alive between micro-steps of one accumulation (as search.single_model counts them)."""
-        return self.states.gradients if self.states.gradients_persist else 0
+    def persistent_gradients(self) -> int:
+        """ZeRO-3's gradient partition buffer: allocated by the optimizer at init and kept for the whole run."""
+        return self.states.gradients if self.layout.zero_stage == 3 else 0
+
+    @property
+    def carried(self) -> Moment:
+        """Bytes alive between this model's micro-steps beyond its resident ones (accumulated gradients,
+        ZeRO-1's reduce buckets), which the other trained model's interleaved micro-steps find live."""
+        return between_micro_steps(self.work)
 
 
 @lru_cache(maxsize=1024)
@@ -114,8 +134,21 @@ def trained_placement(
         world_size=world_size,
         grad_accum=grad_accum,
     )
-    buffers = deepspeed_buffers(model, dtype, layout.zero_stage, coef) - int(coef.cublas_workspace_bytes)
-    return TrainedPlacement(model, lm_head, layout, trainable, resident, states, buffers)
+    work = zero_workspace(
+        model=model,
+        trainable=trainable,
+        dtype=dtype,
+        zero_stage=layout.zero_stage,
+        offload_optimizer=layout.offload_optimizer,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        lora_rank=layout.lora_rank,
+        lm_head=lm_head,
+        coef=coef,
+    )
+    # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
+    buffers = work.resident - int(coef.cublas_workspace_bytes)
+    return TrainedPlacement(model, lm_head, layout, trainable, resident, states, work, buffers, grad_accum, world_size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,45 +294,49 @@ def forward_live(
 @lru_cache(maxsize=4096)
 def training_live(
     trained: TrainedPlacement,
-    other_gradients: int,
+    other: TrainedPlacement | None,
     micro_batch: int,
-    grad_accum: int,
     seq_len: int,
     dtype: str,
     attn_impl: str,
     coef: Coefficients,
 ) -> tuple[Live, ...]:
-    """(forward, backward, optimizer step) of one trained model, as ``search.single_model`` counts them.
+    """Every moment of one trained model's forward, backward and optimizer step, as single-model training
+    counts them (:func:`search.training_moments.training_moments`).
 
-    ``other_gradients`` are the other trained model's gradients alive between its micro-steps: DeepSpeed-Chat
-    and OpenRLHF interleave actor and critic micro-steps, so under accumulation both sets coexist.
+    ``other`` is the other trained model at the same accumulation: DeepSpeed-Chat and OpenRLHF interleave
+    actor and critic micro-steps, so its gradients (and ZeRO-1 buckets) carried between micro-steps are
+    live too. ZeRO-3 gradient partitions are resident bytes here (``Models.resident``), not moments.
     """
     s, model = trained.layout, trained.model
-    states = trained.states
     acts = activations(model, micro_batch, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
-    logits_train, logits_infer = logits_bytes(model, micro_batch, seq_len, dtype, coef)
-    if not trained.lm_head:
-        logits_train = logits_infer = 0
-    working = int(coef.backward_working_layers * acts.layer)
-    recompute = acts.layer if s.gradient_checkpointing else 0
-    carried = (trained.carried_gradients if grad_accum > 1 else 0) + other_gradients
-    gathered = states.zero3_gathered
-
-    def moment(grads: int, acts_bytes: int, logits: int) -> Live:
-        return _live(
-            gradients=grads,
-            zero3_gathered=gathered,
-            activations=acts_bytes,
-            logits=logits,
-            transient=gathered + acts_bytes + logits,
-        )
-
-    forward = moment(carried, acts.saved, logits_infer)
-    backward_start = moment(carried, acts.saved + working + recompute, logits_train)
-    backward_end = moment(states.gradients + other_gradients, working + recompute, 0)
-    backward = max(backward_start, backward_end, key=lambda live: live.total)
-    step = _live(gradients=states.gradients + states.step_transient + other_gradients, transient=states.step_transient)
-    return forward, backward, step
+    logits = loss_logits(model, micro_batch, seq_len, dtype, coef) if trained.lm_head else LossLogits(0, 0, 0)
+    moments = training_moments(
+        model=model,
+        lm_head=trained.lm_head,
+        dtype=dtype,
+        zero_stage=s.zero_stage,
+        lora_rank=s.lora_rank,
+        gradient_checkpointing=s.gradient_checkpointing,
+        grad_accum=trained.grad_accum,
+        world_size=trained.world_size,
+        states=trained.states,
+        work=trained.work,
+        acts=acts,
+        logits=logits,
+        backward_working=int(coef.backward_working_layers * acts.layer),
+    )
+    kept = trained.persistent_gradients
+    others = other.carried if other is not None else {}
+    steady = moments.steady - kept + sum(others.values())
+    lives = []
+    for name in TRAINING_PHASES:
+        for parts in moments.phases[name]:
+            live = dict(parts, gradients=parts["gradients"] - kept)
+            for part, value in others.items():
+                live[part] += value
+            lives.append(_live(**live, transient=max(0, sum(live.values()) - steady)))
+    return tuple(lives)
 
 
 # --- fragments: what the caching allocator keeps beyond the live bytes (arXiv 2410.15651) ------------------

@@ -202,7 +202,7 @@ def role_live_floor(
         trained = trained_model(ctx, role, block, grad_accum)
         factor = trained_factor(trained, coef, training=True)
         seq_len = ctx.job.seq_len
-        trained_moments = training_live(trained, 0, micro_batch, grad_accum, seq_len, w.dtype, w.attn_impl, coef)
+        trained_moments = training_live(trained, None, micro_batch, seq_len, w.dtype, w.attn_impl, coef)
         moments += [(m, factor) for m in trained_moments]
     share = coef.frag_expandable_factor * coef.frag_within_step
     return max(m.total + int(share * factor * m.transient + 0) for m, factor in moments)
@@ -224,5 +224,5 @@ def role_bytes(
         frozen = frozen_model(ctx, role, block)
         return frozen.resident, frozen.host, d * frozen.params // (n if frozen.block.zero_stage == 3 else 1)
     p = trained_model(ctx, role, block, 1)
-    resident = p.states.parameters + p.states.optimizer_states + p.buffers
+    resident = p.states.parameters + p.states.optimizer_states + p.persistent_gradients + p.buffers
     return resident, coef.host_buffer_factor * p.states.host, d * p.resident // (n if p.layout.zero_stage == 3 else 1)

@@ -4,10 +4,8 @@ A step is ``grad_accum`` micro-steps of forward and backward (DPO adds a no-grad
 first), then one optimizer step. Each phase gets a peak allocated (live tensors), a peak reserved
 (allocated plus the caching allocator's fragments) and a time. The step's peak is its largest phase.
 
-A phase's peak allocated is the largest of a few moments, each the resident bytes plus what is live
-then: the loss (fp32 copies of the logits), the top layer's backward, the last (embedding) gradient, the
-gradient reduction's epilogue, the optimizer step's gradient copies. DeepSpeed's working buffers and when
-they exist come from :func:`search.memory.zero_workspace`. Checked against CPU probes of tiny models
+A phase's peak allocated is the largest of a few moments (:mod:`search.training_moments`), each the
+resident bytes plus what is live then. Checked against CPU probes of tiny models
 (``tests/probes/test_cost_model_accuracy.py``); :func:`predict_cpu_backend` is that view of a prediction.
 """
 
@@ -19,11 +17,10 @@ from search.memory import (
     activations,
     loss_logits,
     model_states,
-    tied_embedding_extra,
     zero_workspace,
 )
 from search.prediction import PhasePrediction, Prediction
-from search.shapes import forward_flops, lora_params, resident_params, token_embedding_params, trainable_params
+from search.shapes import forward_flops, lora_params, resident_params, trainable_params
 from search.timing import (
     collective_time,
     compute_time,
@@ -34,6 +31,7 @@ from search.timing import (
     pcie_time,
     zero_comm_bytes,
 )
+from search.training_moments import Moment, largest, plus, training_moments
 from store.records import DTYPE_BYTES, Hardware, Strategy, Workload
 
 
@@ -113,8 +111,6 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
     logits = loss_logits(model, sequences, workload.seq_len, workload.dtype, coef)
     if not has_lm_head:
         logits = LossLogits(0, 0, 0)
-    working = int(coef.backward_working_layers * acts.layer)
-    recompute = acts.layer if s.gradient_checkpointing else 0
 
     # --- phases: what is live at each phase's peak, the largest of a few moments ------------------------
     resident_bytes = {
@@ -123,75 +119,34 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
         "reference_model": reference,
         "buffers": work.resident,
     }
-    zero3, accumulating = s.zero_stage == 3, s.grad_accum > 1
-    kept = states.gradients if zero3 else 0  # ZeRO-3's gradient partition buffer lives from init on
-    steady = kept + work.carried_grads  # gradients alive before a micro-step starts (grad_accum > 1)
-    carried_buckets = work.backward_buckets if work.buckets_carried else 0
-    base = _moment(gradients=steady, buffers=carried_buckets)
-    gathered_params = states.zero3_gathered // 2 if (zero3 and n > 1) else 0  # one rank never gathers
-    # The last gradient of a backward is the token embedding's; a tied one is summed with the LM head's
-    # contribution (kept since the head's backward) out of place. It is one tensor beside what is already
-    # reduced (ZeRO-1/2 buckets, ZeRO-3 partitions) or beside the accumulated gradient (grad_accum > 1).
-    embedding_grad = d * token_embedding_params(model) if s.lora_rank == 0 else 0
-    tied = tied_embedding_extra(model, workload.dtype, s.lora_rank, has_lm_head)
-    if s.zero_stage == 0:
-        own = 1 if accumulating else 0
-        # param.grad of the LM head (or the tied weight's share waiting in autograd), and of the top layer
-        head = model.lm_head_params or token_embedding_params(model)
-        head_grad = (d * head if has_lm_head else 0) + d * model.layer_params if not s.lora_rank else 0
-    else:
-        own = 1 + (1 if s.zero_stage == 1 and accumulating else 0)
-        head_grad = tied // 2
-    inflight = own * embedding_grad + tied
-    moments: dict[str, list[dict[str, int]]] = {}
+    training = training_moments(
+        model=model,
+        lm_head=has_lm_head,
+        dtype=workload.dtype,
+        zero_stage=s.zero_stage,
+        lora_rank=s.lora_rank,
+        gradient_checkpointing=s.gradient_checkpointing,
+        grad_accum=s.grad_accum,
+        world_size=n,
+        states=states,
+        work=work,
+        acts=acts,
+        logits=logits,
+        backward_working=int(coef.backward_working_layers * acts.layer),
+    )
+    steady = training.steady
+    moments: dict[str, list[Moment]] = {}
     if workload.kind == "dpo":
         moments["reference_forward"] = [
-            _plus(base, activations=acts.forward_working, logits=logits.forward, zero3_gathered=gathered_params)
+            plus(
+                training.base,
+                activations=acts.forward_working,
+                logits=logits.forward,
+                zero3_gathered=training.gathered_params,
+            )
         ]
-    # A checkpointed layer's forward keeps nothing for backward (non-reentrant checkpoint packs holders):
-    # only its working tensors exist beside the checkpoints, as in a no-grad forward.
-    layer_forward = acts.forward_working if s.gradient_checkpointing else 0
-    moments["forward"] = [
-        _plus(base, activations=acts.saved, logits=logits.forward),
-        _plus(base, activations=acts.saved + layer_forward, zero3_gathered=gathered_params),
-    ]
-    backward = [
-        _plus(base, activations=acts.saved, logits=logits.backward),  # the loss's backward
-        _plus(  # the top layer's backward: ZeRO-1/2 buckets set up, the LM head's weight gradient formed
-            base,
-            gradients=head_grad,
-            buffers=work.backward_buckets - carried_buckets,
-            activations=acts.saved + working + recompute,
-            logits=logits.held,
-            zero3_gathered=gathered_params,
-        ),
-    ]
-    if s.zero_stage == 0:
-        backward.append(_moment(gradients=states.gradients + inflight, logits=logits.held))
-        backward.append(_moment(gradients=states.gradients + work.allreduce_copy, logits=logits.held))
-        step = [_moment(gradients=states.gradients + states.step_transient)]
-    elif s.zero_stage in (1, 2):
-        at_end = work.carried_grads if s.zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
-        epilogue = work.grad_norm if work.norm_in_backward else work.partition_grads
-        backward.append(_moment(gradients=at_end + inflight, buffers=work.backward_buckets, logits=logits.held))
-        backward.append(_moment(gradients=epilogue, buffers=work.backward_buckets, logits=logits.held))
-        step = [base]  # before the accumulation boundary engine.step() changes nothing
-        if not work.norm_in_backward:
-            copies = max(work.grad_norm, work.step_copies + states.step_transient)
-            step.append(_moment(gradients=work.partition_grads + copies))
-    else:
-        embedding_params = embedding_grad if gathered_params else 0  # gathered for its own backward
-        backward.append(_moment(gradients=kept + inflight, zero3_gathered=embedding_params, logits=logits.held))
-        # reduce-scatter of the largest gradient: its flattened copy, then (offload) its fp64 norm once the
-        # full gradient is released (stage3.py partition_grads / _offload_grad_partition_at_boundary)
-        reducing = max(work.reduce_copy, work.reduced + (work.grad_norm if work.norm_in_backward else 0))
-        backward.append(_moment(gradients=kept + reducing, logits=logits.held))
-        step = [base]
-        if not work.norm_in_backward:
-            step.append(_moment(gradients=kept + max(work.grad_norm, states.step_transient)))
-    moments["backward"] = backward
-    moments["optimizer_step"] = step
-    live = {name: max(options, key=lambda parts: sum(parts.values())) for name, options in moments.items()}
+    moments.update(training.phases)
+    live = {name: largest(options) for name, options in moments.items()}
     phase_alloc = {name: sum(resident_bytes.values()) + sum(parts.values()) for name, parts in live.items()}
     transient = {name: max(0, sum(parts.values()) - steady) for name, parts in live.items()}
 
@@ -320,21 +275,3 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
         notes=tuple(notes),
         host_states_bytes=states.host + work.host,
     )
-
-
-LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "buffers")
-
-
-def _moment(**parts: int) -> dict[str, int]:
-    """The bytes live beside the resident ones at one moment of a phase, named as in the JSON breakdown
-    (``buffers`` here: DeepSpeed's buckets that exist only for a while)."""
-    unknown = set(parts) - set(LIVE_PARTS)
-    if unknown:
-        raise ValueError(f"unknown live parts {sorted(unknown)}")
-    return {name: int(parts.get(name, 0)) for name in LIVE_PARTS}
-
-
-def _plus(moment: dict[str, int], **parts: int) -> dict[str, int]:
-    """``moment`` with ``parts`` added."""
-    extra = _moment(**parts)
-    return {name: moment[name] + extra[name] for name in LIVE_PARTS}

@@ -47,30 +47,51 @@ from search.single_model import predict_single_model
 from store.measurements import ProbeResult
 from store.model_params import spec_from_hf_config
 from store.models import get_model
-from store.records import Strategy, Workload
+from store.records import FrozenModelStrategy, RLHFStrategy, Strategy, TrainedModelStrategy, Workload
 
 TOLERANCE = 0.10
-PHASES = ("forward", "backward", "optimizer_step")
+PHASES = {
+    "sft": ("forward", "backward", "optimizer_step"),
+    "ppo": ("generation", "scoring", "actor_training", "critic_training"),
+}
 SEQ_LEN = 64
 MICRO_BATCH = 2
+PROMPT_LEN = GEN_LEN = SEQ_LEN // 2  # ppo: prompt + generation make one SEQ_LEN sequence
 PARALLEL = 2  # probes at a time (each child uses the cores it gets)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One named probe: a model ("opt" or "llama") and the strategy's knobs beside micro_batch."""
+    """One named probe: a model ("opt" or "llama"), the workload, and the strategy's knobs beside micro_batch
+    (for ppo: the actor's and the critic's layout; reference and reward whole, hybrid engine on)."""
 
     name: str
     model: str
     knobs: tuple[tuple[str, Any], ...]
+    workload: str = "sft"
 
     @property
-    def strategy(self) -> Strategy:
-        return Strategy(micro_batch=MICRO_BATCH, **dict(self.knobs))
+    def strategy(self) -> Strategy | RLHFStrategy:
+        if self.workload == "sft":
+            return Strategy(micro_batch=MICRO_BATCH, **dict(self.knobs))
+        layout = TrainedModelStrategy(**dict(self.knobs))
+        return RLHFStrategy(
+            actor=layout,
+            critic=layout,
+            reference=FrozenModelStrategy(),
+            reward=FrozenModelStrategy(),
+            generation_batch=MICRO_BATCH,
+            micro_batch=MICRO_BATCH,
+            grad_accum=1,
+        )
+
+    @property
+    def grad_accum(self) -> int:
+        return self.strategy.grad_accum
 
 
-def _case(name: str, model: str, **knobs: Any) -> Any:
-    case = Case(name, model, tuple(sorted(knobs.items())))
+def _case(name: str, model: str, workload: str = "sft", **knobs: Any) -> Any:
+    case = Case(name, model, tuple(sorted(knobs.items())), workload)
     return pytest.param(case, id=name)
 
 
@@ -94,6 +115,10 @@ CASES = [
     _case("llama-zero3-ckpt", "llama", zero_stage=3, gradient_checkpointing=True),
     _case("llama-zero2-offload", "llama", zero_stage=2, offload_optimizer="cpu"),
     _case("llama-zero3-offload", "llama", zero_stage=3, offload_optimizer="cpu"),
+    # PPO: generation with the hybrid engine, scoring by four models, actor and critic training
+    _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),
+    _case("opt2L-ppo-zero3", "opt", "ppo", zero_stage=3),
+    _case("opt2L-ppo-zero2-offload", "opt", "ppo", zero_stage=2, offload_optimizer="cpu"),
 ]
 
 
@@ -103,8 +128,19 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
         model, layers = get_model("opt-125m"), (2,)
     else:
         model, layers = spec_from_hf_config("tiny-llama", {"model_type": "llama", **tiny_llama_hf_config()}), None
-    global_batch = MICRO_BATCH * case.strategy.grad_accum
-    workload = Workload(kind="sft", model=model, seq_len=SEQ_LEN, global_batch=global_batch, dtype="bf16")
+    global_batch = MICRO_BATCH * case.grad_accum
+    if case.workload == "ppo":
+        workload = Workload(
+            kind="ppo",
+            model=model,
+            seq_len=SEQ_LEN,
+            global_batch=global_batch,
+            dtype="bf16",
+            prompt_len=PROMPT_LEN,
+            gen_len=GEN_LEN,
+        )
+    else:
+        workload = Workload(kind="sft", model=model, seq_len=SEQ_LEN, global_batch=global_batch, dtype="bf16")
     return ResolvedJob(workload=workload, hardware=make_hardware()), layers
 
 
@@ -153,7 +189,8 @@ def test_predicted_peak_allocated_within_10_percent(
     prediction = item.prediction
     measured_phases = {phase.name: phase.peak_allocated_bytes for phase in result.phases}
     predicted_phases = {phase.name: phase.peak_allocated_bytes for phase in prediction.phases}
-    assert set(measured_phases) == set(PHASES) == set(predicted_phases)
+    phases = PHASES[case.workload]
+    assert set(measured_phases) == set(phases) == set(predicted_phases)
 
     step_error = row.errors["peak_allocated"]
     assert step_error is not None
@@ -164,7 +201,7 @@ def test_predicted_peak_allocated_within_10_percent(
     failures = []
     if abs(step_error) > TOLERANCE:
         failures.append(f"step peak {step_error:+.1%}")
-    for name in PHASES:
+    for name in phases:
         error = _error(predicted_phases[name], measured_phases[name])
         lines.append(
             f"  {name}: predicted {predicted_phases[name] / 2**20:.2f} MiB, "
