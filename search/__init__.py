@@ -5,12 +5,11 @@ Nothing here imports torch, deepspeed or transformers; ``search`` depends only o
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients, describe_coefficients
 from search.optimize import Candidate, SearchResult, exhaustive, search
-from search.predict import predict
+from search.predict import cpu_backend_coefficients, predict, predict_cpu_allocated, predict_cpu_backend
 from search.prediction import PhasePrediction, Prediction
 from search.rlhf import predict_rlhf
 from search.rlhf_memory import RLHF_PHASES
 from search.rlhf_search import exhaustive_rlhf, search_rlhf
-from search.single_model import cpu_backend_coefficients, predict_cpu_allocated, predict_cpu_backend
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",

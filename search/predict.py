@@ -33,3 +33,33 @@ def predict(
         return predict_rlhf(workload, strategy, hardware, coef)
     kinds = ", ".join(SINGLE_MODEL_WORKLOADS + RLHF_WORKLOADS)
     raise InputError(f"workload {workload.kind!r} is not supported; supported: {kinds}")
+
+
+def cpu_backend_coefficients(coef: Coefficients) -> Coefficients:
+    """``coef`` for DeepSpeed's CPU accelerator: no CUDA context and no cuBLAS workspace exist there."""
+    return coef.with_(cublas_workspace_bytes=0.0, cuda_context_bytes=0.0)
+
+
+def predict_cpu_backend(
+    workload: Workload,
+    strategy: Strategy | RLHFStrategy,
+    hardware: Hardware,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> Prediction:
+    """The prediction as DeepSpeed's CPU accelerator shows it (what the probes' CPU tracker counts).
+
+    Two named differences from a GPU, nothing else: (1) no CUDA context or cuBLAS workspace
+    (:func:`cpu_backend_coefficients`); (2) host and "device" are one memory, so offloaded optimizer
+    states and their pinned buffers add to every phase's live bytes (:meth:`Prediction.on_cpu_backend`).
+    """
+    return predict(workload, strategy, hardware, cpu_backend_coefficients(coef)).on_cpu_backend()
+
+
+def predict_cpu_allocated(
+    workload: Workload,
+    strategy: Strategy | RLHFStrategy,
+    hardware: Hardware,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> int:
+    """Peak live tensor bytes of one training step on DeepSpeed's CPU accelerator (one rank)."""
+    return predict_cpu_backend(workload, strategy, hardware, coef).peak_allocated_bytes

@@ -6,7 +6,7 @@ first), then one optimizer step. Each phase gets a peak allocated (live tensors)
 
 A phase's peak allocated is the largest of a few moments (:mod:`search.training_moments`), each the
 resident bytes plus what is live then. Checked against CPU probes of tiny models
-(``tests/probes/test_cost_model_accuracy.py``); :func:`predict_cpu_backend` is that view of a prediction.
+(``tests/probes/test_cost_model_accuracy.py``; :func:`search.predict.predict_cpu_backend` is that view).
 """
 
 from __future__ import annotations
@@ -39,26 +39,6 @@ def gpu_budget_bytes(hardware: Hardware, coef: Coefficients) -> int:
     """GPU bytes the caching allocator may reserve: total, less the safety margin and CUDA context."""
     usable = hardware.gpu_memory_bytes * (1.0 - hardware.safety_margin) - coef.cuda_context_bytes
     return max(0, int(usable))
-
-
-def cpu_backend_coefficients(coef: Coefficients) -> Coefficients:
-    """``coef`` for DeepSpeed's CPU accelerator: no CUDA context and no cuBLAS workspace exist there."""
-    return coef.with_(cublas_workspace_bytes=0.0, cuda_context_bytes=0.0)
-
-
-def predict_cpu_backend(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
-    """The single-model prediction as DeepSpeed's CPU accelerator shows it (what the probes' CPU tracker counts).
-
-    Two named differences from a GPU, nothing else: (1) no CUDA context or cuBLAS workspace
-    (:func:`cpu_backend_coefficients`); (2) host and "device" are one memory, so offloaded optimizer
-    states and their pinned buffers add to every phase's live bytes (:meth:`Prediction.on_cpu_backend`).
-    """
-    return predict_single_model(workload, strategy, hardware, cpu_backend_coefficients(coef)).on_cpu_backend()
-
-
-def predict_cpu_allocated(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> int:
-    """Peak live tensor bytes of one training step on DeepSpeed's CPU accelerator (one rank)."""
-    return predict_cpu_backend(workload, strategy, hardware, coef).peak_allocated_bytes
 
 
 def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:

@@ -27,7 +27,7 @@ their two 200M-element reduce buckets (800 MB in bf16): on the tiny Llama that p
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -40,13 +40,13 @@ from probes import run_probe
 from search import (
     DEFAULT_COEFFICIENTS,
     cpu_backend_coefficients,
+    predict,
     predict_cpu_allocated,
     predict_cpu_backend,
 )
-from search.single_model import predict_single_model
 from store.measurements import ProbeResult
 from store.model_params import spec_from_hf_config
-from store.models import get_model
+from store.models import get_model, with_layers
 from store.records import FrozenModelStrategy, RLHFStrategy, Strategy, TrainedModelStrategy, Workload
 
 TOLERANCE = 0.10
@@ -187,6 +187,10 @@ def test_predicted_peak_allocated_within_10_percent(
     assert result.outcome == "ok", f"{case.name}: probe {result.outcome}: {result.message}"
     row = ProbeRow.from_probe(item, "-", result, reused=False)
     prediction = item.prediction
+    # the planner compares with exactly the documented CPU view of the cost model
+    job, layers = _job(case)
+    workload = replace(job.workload, model=with_layers(job.workload.model, layers[0])) if layers else job.workload
+    assert prediction == predict_cpu_backend(workload, case.strategy, job.hardware, DEFAULT_COEFFICIENTS)
     measured_phases = {phase.name: phase.peak_allocated_bytes for phase in result.phases}
     predicted_phases = {phase.name: phase.peak_allocated_bytes for phase in prediction.phases}
     phases = PHASES[case.workload]
@@ -216,18 +220,26 @@ def test_predicted_peak_allocated_within_10_percent(
     assert row.errors["step_time"] is None
 
 
-def test_cpu_backend_adds_the_host_resident_states_to_every_phase() -> None:
+@pytest.mark.parametrize(
+    "example",
+    [
+        Case("llama-zero2-offload", "llama", (("offload_optimizer", "cpu"), ("zero_stage", 2))),
+        Case("opt-ppo-zero3-offload", "opt", (("offload_optimizer", "cpu"), ("zero_stage", 3)), "ppo"),
+    ],
+    ids=lambda example: example.name,
+)
+def test_cpu_backend_adds_the_host_resident_states_to_every_phase(example: Case) -> None:
     """The CPU view is the GPU model plus the named differences, nothing else (no probe runs here)."""
-    job, _ = _job(Case("offload", "llama", ()))
-    offloaded = Strategy(zero_stage=2, offload_optimizer="cpu", micro_batch=MICRO_BATCH)
+    job, _ = _job(example)
     coef = cpu_backend_coefficients(DEFAULT_COEFFICIENTS)
-    device = predict_single_model(job.workload, offloaded, job.hardware, coef)
-    cpu = predict_cpu_backend(job.workload, offloaded, job.hardware, DEFAULT_COEFFICIENTS)
-    assert device.host_states_bytes >= 16 * job.workload.model.total_params  # fp32 master, its gradient, m, v
+    device = predict(job.workload, example.strategy, job.hardware, coef)
+    cpu = predict_cpu_backend(job.workload, example.strategy, job.hardware, DEFAULT_COEFFICIENTS)
+    trained = job.workload.model.total_params * (2 if example.workload == "ppo" else 1)  # ppo: actor and critic
+    assert device.host_states_bytes >= 16 * trained  # fp32 master, its gradient, m, v
     for gpu_phase, cpu_phase in zip(device.phases, cpu.phases, strict=True):
         assert cpu_phase.peak_allocated_bytes == gpu_phase.peak_allocated_bytes + device.host_states_bytes
         assert cpu_phase.peak_reserved_bytes == cpu_phase.peak_allocated_bytes  # no caching allocator
     assert cpu.peak_allocated_bytes == predict_cpu_allocated(
-        job.workload, offloaded, job.hardware, DEFAULT_COEFFICIENTS
+        job.workload, example.strategy, job.hardware, DEFAULT_COEFFICIENTS
     )
     assert coef.cuda_context_bytes == coef.cublas_workspace_bytes == 0
