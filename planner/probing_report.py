@@ -1,4 +1,14 @@
-"""Turning probe rows into a report: the fingerprint and the per-layer extrapolation to full depth."""
+"""Turning probe rows into a report: the fingerprint and the per-layer extrapolation to full depth.
+
+Two extrapolations from two cut depths K1 < K2 to the full depth L:
+
+- per-layer line: the measured peaks through K1 and K2, read at L. Exact while the same moment sets the
+  peak at every depth; off when it moves (a constant vocabulary-sized buffer at small depths, the
+  optimizer step's per-layer copies at full depth).
+- model-anchored: the cost model's full-depth prediction plus the measured-minus-predicted residual,
+  itself a per-layer line through K1 and K2. The model supplies where the peak is; the probes correct its
+  bytes per layer and its constant. Not computed for CPU step times (the time model is for GPUs).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +32,7 @@ def build_report(
     job: ResolvedJob, device: str, run_id: str, rows: list[ProbeRow], fingerprint: dict | None = None
 ) -> ProbeReport:
     """Rows plus, for each strategy probed ok at two or more cut depths, the extrapolation to full depth."""
-    from planner.probing import device_coefficients
+    from planner.probing import device_coefficients, device_prediction
 
     by_strategy: dict[str, list[ProbeRow]] = defaultdict(list)
     for row in rows:
@@ -40,13 +50,35 @@ def build_report(
             m: extrapolate(depths, (float(low.measured[m]), float(high.measured[m])), full_layers) for m in METRICS
         }
         parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
-        full_prediction = predict(
-            job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, DEFAULT_COEFFICIENTS)
+        full_prediction = device_prediction(
+            predict(
+                job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, DEFAULT_COEFFICIENTS)
+            ),
+            device,
         )
+        predicted_full = {m: float(getattr(full_prediction, m)) for m in METRICS}
+        anchored: dict[str, float | None] = {}
+        for m in METRICS:
+            if device == "cpu" and m == "step_time_s":
+                anchored[m] = None
+                continue
+            residuals = (
+                float(low.measured[m]) - float(low.predicted[m]),
+                float(high.measured[m]) - float(high.predicted[m]),
+            )
+            anchored[m] = predicted_full[m] + extrapolate(depths, residuals, full_layers)
         full_row = next((r for r in group if r.layers is None and r.outcome == "ok"), None)
         measured_full = {m: float(full_row.measured[m]) for m in METRICS} if full_row and full_row.measured else None
         errors = (
             {m: extrapolated[m] / measured_full[m] - 1 if measured_full[m] else None for m in METRICS}
+            if measured_full
+            else {}
+        )
+        anchored_errors = (
+            {
+                m: value / measured_full[m] - 1 if (measured_full[m] and value is not None) else None
+                for m, value in anchored.items()
+            }
             if measured_full
             else {}
         )
@@ -56,9 +88,11 @@ def build_report(
                 depths=list(depths),
                 full_layers=full_layers,
                 extrapolated=extrapolated,
-                predicted_full={m: float(getattr(full_prediction, m)) for m in METRICS},
+                predicted_full=predicted_full,
+                anchored=anchored,
                 measured_full=measured_full,
                 errors=errors,
+                anchored_errors=anchored_errors,
             )
         )
     return ProbeReport(

@@ -222,19 +222,27 @@ def render_probe_report(report: ProbeReport) -> None:
         if row.outcome != "ok" and row.message:
             console.print(f"  {row.probe_id}: {row.message}", soft_wrap=True)
     for x in report.extrapolations:
+        anchored = x.anchored.get("peak_allocated_bytes")
         line = (
             f"{x.label}: layers {x.depths[0]} and {x.depths[1]} extrapolated to {x.full_layers}: "
-            f"peak allocated {_gib(x.extrapolated['peak_allocated_bytes'])} "
+            f"peak allocated {_gib(x.extrapolated['peak_allocated_bytes'])} per-layer line, "
+            f"{_gib(anchored) if anchored is not None else '-'} model-anchored "
             f"(cost model {_gib(x.predicted_full['peak_allocated_bytes'])})"
         )
         if report.device != "cpu":
             step, model_step = x.extrapolated["step_time_s"], x.predicted_full["step_time_s"]
-            line += f", step {_seconds(step)} (cost model {_seconds(model_step)})"
+            anchored_step = x.anchored.get("step_time_s")
+            line += (
+                f", step {_seconds(step)} / {_seconds(anchored_step) if anchored_step is not None else '-'} "
+                f"(cost model {_seconds(model_step)})"
+            )
         if x.measured_full:
             line += (
-                f"; full model measured {_gib(x.measured_full['peak_allocated_bytes'])}: extrapolation error "
-                f"{_pct(x.errors.get('peak_allocated_bytes'))}"
+                f"; full model measured {_gib(x.measured_full['peak_allocated_bytes'])}: errors "
+                f"{_pct(x.errors.get('peak_allocated_bytes'))} / {_pct(x.anchored_errors.get('peak_allocated_bytes'))}"
             )
             if report.device != "cpu":
-                line += f" memory, {_pct(x.errors.get('step_time_s'))} time"
+                line += (
+                    f" memory, {_pct(x.errors.get('step_time_s'))} / {_pct(x.anchored_errors.get('step_time_s'))} time"
+                )
         console.print(line, soft_wrap=True)

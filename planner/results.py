@@ -182,10 +182,12 @@ class Extrapolation(BaseModel):
     label: str
     depths: list[int]
     full_layers: int
-    extrapolated: dict[str, float]  # peak_allocated_bytes, peak_reserved_bytes, step_time_s
-    predicted_full: dict[str, float]
+    extrapolated: dict[str, float]  # per-layer line through the measured peaks: peak_allocated_bytes, ...
+    predicted_full: dict[str, float]  # the cost model at full depth (the device's view of it)
+    anchored: dict[str, float | None] = {}  # predicted_full plus the per-layer line of measured - predicted
     measured_full: dict[str, float] | None = None
     errors: dict[str, float | None] = {}  # extrapolated against measured full model
+    anchored_errors: dict[str, float | None] = {}  # anchored against measured full model
 
 
 class ProbeReport(BaseModel):

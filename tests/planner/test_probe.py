@@ -168,3 +168,42 @@ def test_bad_probe_input(cli: Cli, db: Path, tiny: Path, extra: list[str], fragm
         "32",
     ]
     assert_one_error_line(cli("probe", *args, *extra, "--db", db), fragment)
+
+
+def test_two_depths_extrapolate_to_the_full_model_with_its_error(cli: Cli, db: Path, tmp_path: Path) -> None:
+    """--layers 1,2 on a 4-layer model: both extrapolations to 4 layers, the full model probed beside them
+    (it fits), and their errors against it. The model-anchored one lands within 5% of the measurement."""
+    folder = tmp_path / "llama-4l"
+    folder.mkdir()
+    config = dict(TINY_LLAMA, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, vocab_size=4096)
+    (folder / "config.json").write_text(json.dumps(config))
+    strategies = tmp_path / "strategies.json"
+    strategies.write_text(json.dumps([{"zero_stage": 0, "micro_batch": 2}, {"zero_stage": 3, "micro_batch": 2}]))
+    args = _job(folder, "--workload", "sft", "--batch", "2", "--seq-len", "64", "--strategies", strategies)
+    result = cli("probe", *args, "--layers", "1,2", "--json", "--db", db)
+    assert result.rc == 0, result.err
+    report = result.json()
+    assert [(r["strategy"]["zero_stage"], r["layers"]) for r in report["rows"]] == [
+        (0, 1), (0, 2), (0, None), (3, 1), (3, 2), (3, None),
+    ]  # fmt: skip
+    assert all(r["outcome"] == "ok" for r in report["rows"])
+    assert len(report["extrapolations"]) == 2
+    for x, stage in zip(report["extrapolations"], (0, 3), strict=True):
+        mine = [r for r in report["rows"] if r["strategy"]["zero_stage"] == stage]
+        rows = {r["layers"]: r["measured"] for r in mine}
+        predicted = {r["layers"]: r["predicted"] for r in mine}
+        assert x["depths"] == [1, 2] and x["full_layers"] == 4
+        key = "peak_allocated_bytes"
+        one, two, full = rows[1][key], rows[2][key], rows[None][key]
+        assert x["extrapolated"][key] == pytest.approx(two + (two - one) * 2)  # the line through 1 and 2, at 4
+        # anchored: the full-depth prediction plus the measured-minus-predicted line, read at 4
+        residual_one, residual_two = one - predicted[1][key], two - predicted[2][key]
+        anchored = predicted[None][key] + residual_two + (residual_two - residual_one) * 2
+        assert x["anchored"][key] == pytest.approx(anchored)
+        assert x["measured_full"][key] == full
+        assert x["errors"][key] == pytest.approx(x["extrapolated"][key] / full - 1)
+        assert x["anchored_errors"][key] == pytest.approx(x["anchored"][key] / full - 1)
+        assert abs(x["anchored_errors"][key]) < 0.05, x
+        assert x["anchored"]["step_time_s"] is None  # CPU times say nothing about the GPU time model
+    human = cli("probe", *args, "--layers", "1,2", "--db", db)
+    assert human.rc == 0 and "extrapolated to 4" in human.out and "model-anchored" in human.out
