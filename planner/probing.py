@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from planner.files import read_json_file
 from planner.inputs import JobSpec, ResolvedJob, resolve
 from planner.results import ProbeReport, ProbeRow
+from probes.fingerprint import versions as software_versions
 from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, cpu_backend_coefficients, predict, search
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
@@ -36,17 +36,6 @@ class PlannedProbe:
     request: ProbeRequest
     key: str
     prediction: Prediction
-
-
-def software_versions() -> dict[str, str]:
-    """Installed versions that decide a measurement (read from package metadata: no heavy imports)."""
-    out: dict[str, str] = {}
-    for name in ("torch", "deepspeed", "transformers"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = ""
-    return out
 
 
 def device_coefficients(device: str, coef: Coefficients) -> Coefficients:

@@ -2,7 +2,7 @@
 
 :func:`fingerprint` runs in the probe child (it imports torch for CUDA facts); :func:`host_fingerprint`
 needs no torch and serves the parent when a child died before reporting one. Versions come from the
-installed packages' metadata, as ``planner.probe.software_versions`` reads them for the request key.
+installed packages' metadata (:func:`versions`, which the planner also puts in the request key).
 """
 
 from __future__ import annotations

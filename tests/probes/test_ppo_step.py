@@ -33,20 +33,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-from probes.isolation import release_shared_memory
+from script_cases import report, run_script_case
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULT_TAG = "MEMPLAN_RESULT "
 CASE_TIMEOUT_S = 900  # generous: a fresh machine compiles DeepSpeed's CPU ops first
 PROMPTS, PROMPT_LEN, GEN_LEN = 2, 8, 4
 CPU_HYBRID_ERROR = "This op had not been implemented on CPU backend."
@@ -80,41 +74,10 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_ppo_step_through_exported_configs(name: str) -> None:
     case = CASES[name]
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    try:
-        proc = subprocess.run(
-            [sys.executable, __file__, json.dumps(case)],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CASE_TIMEOUT_S,
-        )
-    finally:  # DeepSpeed's CPU shm comm never unlinks its 66 MB buffer
-        release_shared_memory(env["MASTER_PORT"])
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and lines, f"case {name} failed (rc {proc.returncode}):\n{output[-6000:]}"
-    result = json.loads(lines[-1][len(RESULT_TAG) :])
+    result = run_script_case(__file__, name, case, CASE_TIMEOUT_S)
 
     assert result["sequence_shape"] == [PROMPTS, PROMPT_LEN + GEN_LEN]
     assert result["kv_cache_used"] is True
@@ -371,6 +334,4 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    outcome = run_case(json.loads(sys.argv[1]))
-    print(RESULT_TAG + json.dumps(outcome), flush=True)
+    report(run_case(json.loads(sys.argv[1])))
