@@ -1,7 +1,6 @@
 """The storage contract (store.db.BaseStorage), run against every backend on a real database.
 
-To check a new backend, add a factory to ``BACKENDS``: it gets a fresh folder and returns a function
-that opens (or reopens) the same database each time it is called.
+The backends, and the ``reopen``/``storage`` fixtures, are in conftest.py (``BACKENDS``).
 """
 
 from __future__ import annotations
@@ -9,48 +8,17 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from store.db import BaseStorage, PlanRecord, SQLAlchemyStorage
+from store.db import BaseStorage, PlanRecord
 from store.errors import InputError
 
-Opener = Callable[[], BaseStorage]
-
-
-def _sqlalchemy_sqlite_file(folder: Path) -> Opener:
-    """SQLAlchemyStorage on a SQLite file."""
-    url = f"sqlite:///{folder / 'plans.db'}"
-    return lambda: SQLAlchemyStorage(url)
-
-
-BACKENDS: dict[str, Callable[[Path], Opener]] = {"sqlalchemy-sqlite-file": _sqlalchemy_sqlite_file}
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens the same database of the backend under test; every storage it opened is closed at the end."""
-    factory = BACKENDS[request.param](tmp_path)
-    opened: list[BaseStorage] = []
-
-    def open_one() -> BaseStorage:
-        storage = factory()
-        opened.append(storage)
-        return storage
-
-    yield open_one
-    for storage in opened:
-        storage.close()
-
-
-@pytest.fixture
-def storage(reopen: Opener) -> BaseStorage:
-    """A storage with an empty database."""
-    return reopen()
+Opener = Callable[[], BaseStorage]  # reopens the database under test (conftest.py)
 
 
 def sft_plan(**overrides: Any) -> dict[str, Any]:

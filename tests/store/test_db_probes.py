@@ -1,7 +1,7 @@
 """Probes and probe runs in the storage contract (store.db.BaseStorage), against every backend on a
 real database, plus the schema migration that added them (0001 plans -> 0002 probes).
 
-To check a new backend, add a factory to ``BACKENDS`` (as in test_db.py).
+To check a new backend, add a factory to ``BACKENDS`` in conftest.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -36,38 +36,7 @@ from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = {"torch": "2.4.1", "deepspeed": "0.15.1", "transformers": "4.44.2"}
 
-Opener = Callable[[], BaseStorage]
-
-
-def _sqlalchemy_sqlite_file(folder: Path) -> Opener:
-    """SQLAlchemyStorage on a SQLite file."""
-    url = f"sqlite:///{folder / 'plans.db'}"
-    return lambda: SQLAlchemyStorage(url)
-
-
-BACKENDS: dict[str, Callable[[Path], Opener]] = {"sqlalchemy-sqlite-file": _sqlalchemy_sqlite_file}
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens the same database of the backend under test; every storage it opened is closed at the end."""
-    factory = BACKENDS[request.param](tmp_path)
-    opened: list[BaseStorage] = []
-
-    def open_one() -> BaseStorage:
-        storage = factory()
-        opened.append(storage)
-        return storage
-
-    yield open_one
-    for storage in opened:
-        storage.close()
-
-
-@pytest.fixture
-def storage(reopen: Opener) -> BaseStorage:
-    """A storage with an empty database."""
-    return reopen()
+Opener = Callable[[], BaseStorage]  # reopens the database under test (conftest.py)
 
 
 def probe_request(kind: str = "sft", model: str = "opt-1.3b", device: str = "cuda", **overrides: Any) -> ProbeRequest:
