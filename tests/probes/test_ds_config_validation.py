@@ -12,7 +12,7 @@ World size without a process group: ``DeepSpeedConfig.__init__`` calls ``deepspe
 and, when that works and an ``mpu`` is given, takes the data-parallel world size from
 ``mpu.get_data_parallel_world_size()``. Without an initialized process group ``get_rank`` raises and
 DeepSpeed silently falls back to world size 1, so the tests patch ``deepspeed.comm.get_rank`` to
-return 0 (pytest's monkeypatch, undone after each test) and pass ``_DataParallelOnly``, an ``mpu``
+return 0 (pytest's monkeypatch, undone after each test) and pass ``DataParallelOnly`` (conftest.py), an ``mpu``
 stand-in that reports the hardware's world size. The parsed ``world_size`` is asserted too, so a
 silent fallback to 1 would fail the test.
 """
@@ -37,7 +37,6 @@ from store.records import ALLOCATORS, DTYPES, EMPTY_CACHE_POLICIES, OFFLOADS, Ha
 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime import constants as ds_constants  # noqa: E402
-from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION  # noqa: E402
 
 NVME_PATH = "/local_nvme/memplan"
@@ -50,16 +49,6 @@ HARDWARE = {
 MODELS = {"rough-h2048": rough_spec(), "tiny-h64": tiny_llama_spec()}
 # Strategy fields that must not change the DeepSpeed config (they live outside it).
 OUTSIDE_FIELDS = ("gradient_checkpointing", "lora_rank", "empty_cache", "allocator")
-
-
-class _DataParallelOnly:
-    """``mpu`` stand-in: the one method DeepSpeedConfig asks of it, the data-parallel world size."""
-
-    def __init__(self, world_size: int) -> None:
-        self._world_size = world_size
-
-    def get_data_parallel_world_size(self) -> int:
-        return self._world_size
 
 
 def all_strategies() -> list[Strategy]:
@@ -120,17 +109,6 @@ def test_space_dedupes_to_ds_relevant_fields() -> None:
     expected = sum(per_mix * (len(MODELS) if stage == 3 else 1) for stage, _, _ in mixes)
     assert len(DISTINCT) == expected
     assert len(DISTINCT) * 10 < TOTAL_RENDERED  # the outside fields multiply the space
-
-
-@pytest.fixture
-def parse(monkeypatch: pytest.MonkeyPatch):
-    """Parse a config with DeepSpeed's own class at the given data-parallel world size."""
-    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda group=None: 0)
-
-    def _parse(config: dict[str, Any], world_size: int) -> DeepSpeedConfig:
-        return DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_DataParallelOnly(world_size))
-
-    return _parse
 
 
 @pytest.mark.parametrize("key", sorted(DISTINCT), ids=_case_id)

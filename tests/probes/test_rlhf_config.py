@@ -46,7 +46,6 @@ from store.errors import InputError
 from store.records import DTYPES, Hardware, RLHFStrategy, Workload
 
 deepspeed = pytest.importorskip("deepspeed")
-from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NVME_PATH = "/local_nvme/memplan"
@@ -121,26 +120,6 @@ def _distinct_configs() -> dict[str, tuple[str, dict[str, Any], RLHFStrategy, Wo
 
 
 DISTINCT = _distinct_configs()
-
-
-class _DataParallelOnly:
-    """``mpu`` stand-in: the one method DeepSpeedConfig asks of it, the data-parallel world size."""
-
-    def __init__(self, world_size: int) -> None:
-        self._world_size = world_size
-
-    def get_data_parallel_world_size(self) -> int:
-        return self._world_size
-
-
-@pytest.fixture
-def parse(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda group=None: 0)
-
-    def _parse(config: dict[str, Any], world_size: int) -> DeepSpeedConfig:
-        return DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_DataParallelOnly(world_size))
-
-    return _parse
 
 
 def _case_id(key: str) -> str:
