@@ -71,8 +71,14 @@ class Prediction:
         cuBLAS workspace). The times are the GPU model's and mean nothing on the CPU.
         """
         host = self.host_states_bytes
-        phases = tuple(replace(phase, peak_allocated_bytes=phase.peak_allocated_bytes + host) for phase in self.phases)
-        phases = tuple(replace(phase, peak_reserved_bytes=phase.peak_allocated_bytes) for phase in phases)
+        phases = tuple(
+            replace(
+                phase,
+                peak_allocated_bytes=phase.peak_allocated_bytes + host,
+                peak_reserved_bytes=phase.peak_allocated_bytes + host,
+            )
+            for phase in self.phases
+        )
         peak = max(phases, key=lambda phase: phase.peak_allocated_bytes) if phases else None
         # the breakdown stays the device one at the GPU model's peak phase, plus the host-resident states
         breakdown = dict(self.breakdown, host_states=host, fragmentation=0)
