@@ -214,6 +214,12 @@ def probe(
     resolved = resolve(spec)
     if resolved.hardware.world_size > 1:
         raise InputError("probes run one GPU (one data-parallel rank); give --gpus 1 --nodes 1")
+    if device == "cpu":
+        from probes.cpu_support import cpu_dtype_unsupported_reason
+
+        reason = cpu_dtype_unsupported_reason(resolved.workload.dtype)
+        if reason is not None:
+            raise InputError(reason)  # one line for the run, not one failed engine per strategy
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     chosen = choose_strategies(resolved, strategies, coefficients)
     planned = plan_probes(

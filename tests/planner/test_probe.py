@@ -207,3 +207,38 @@ def test_two_depths_extrapolate_to_the_full_model_with_its_error(cli: Cli, db: P
         assert x["anchored"]["step_time_s"] is None  # CPU times say nothing about the GPU time model
     human = cli("probe", *args, "--layers", "1,2", "--db", db)
     assert human.rc == 0 and "extrapolated to 4" in human.out and "model-anchored" in human.out
+
+
+@pytest.mark.parametrize("supported", [False, True], ids=["cpu-without-fp16", "cpu-with-fp16"])
+def test_fp16_probe_on_a_cpu_without_fp16_is_one_line(
+    cli: Cli, db: Path, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, supported: bool
+) -> None:
+    """The processor's answer comes from DeepSpeed's CPU accelerator (patched here to each answer): without
+    fp16 the whole run is refused in one line with exit 2 and nothing stored; with it the probes run."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    from store.db import open_storage
+
+    monkeypatch.setattr(CPU_Accelerator, "is_fp16_supported", lambda self: supported)
+    strategies = tmp_path / "one.json"
+    strategies.write_text(json.dumps(SFT_STRATEGIES[:1]))
+    args = _job(tiny, "--workload", "sft", "--batch", "2", "--seq-len", "32", "--strategies", strategies)
+    ran: list[str] = []
+
+    if supported:
+        from planner import probe
+        from store.measurements import ProbeResult
+
+        def runner(request: Any) -> ProbeResult:
+            ran.append(request.workload["dtype"])
+            return ProbeResult(outcome="error", phases=(), failed_phase="init", message="not run in this test")
+
+        probe(str(tiny), runner=runner, workload="sft", gpu_mem="24G", cpu_mem="64G", batch=2, seq_len=32,
+              strategies=str(strategies), layers="2", device="cpu", steps=2, dtype="fp16", db=str(db))  # fmt: skip
+        assert ran == ["fp16"]
+        return
+    result = cli("probe", *args, "--dtype", "fp16", "--db", db)
+    assert_one_error_line(result, "fp16")
+    assert "--dtype bf16" in result.err
+    with open_storage(str(db)) as storage:
+        assert storage.list_probes() == []

@@ -8,9 +8,13 @@ with random weights, passes ``render_ds_config(...)`` unchanged to ``deepspeed.i
 three optimizer steps (forward with labels, ``engine.backward``, ``engine.step``). It prints one
 ``MEMPLAN_RESULT <json>`` line; the test asserts on it.
 
-Every dtype runs on DeepSpeed's CPU accelerator (it reports bf16 and fp16 support), so bf16 is the
-main dtype here, with one fp16 and one fp32 case. NVMe offload is not run: it needs DeepSpeed's
-``async_io`` op (libaio), which cannot be built on a CPU-only box without it.
+bf16 is the main dtype here, with one fp16 and one fp32 case. DeepSpeed's CPU accelerator always runs
+bf16 and fp32, but fp16 only where oneDNN has fp16 kernels for the processor
+(``get_accelerator().is_fp16_supported()``): a case whose dtype the accelerator refuses is skipped with
+that reason (``probes.cpu_support``), and the fp16 path keeps two checks that run on every processor:
+DeepSpeed's own parser accepts the rendered fp16 config, and the fp16 memory arithmetic holds. NVMe
+offload is not run: it needs DeepSpeed's ``async_io`` op (libaio), which cannot be built on a CPU-only
+box without it.
 
 The first run on a machine compiles DeepSpeed's CPU ops (fused_adam, cpu_adam, shm comm: a few minutes,
 cached under ~/.cache/torch_extensions); later runs take about 12-15 s per case on 2 cores.
@@ -26,8 +30,6 @@ from typing import Any
 
 import pytest
 from script_cases import report, run_script_case
-
-pytestmark = pytest.mark.slow
 
 OPTIMIZER_STEPS = 3
 MICRO_BATCH = 2
@@ -59,9 +61,11 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_rendered_config_trains_tiny_model(name: str) -> None:
     case = CASES[name]
+    _skip_unless_cpu_runs(case["dtype"])
     result = run_script_case(__file__, name, case, CASE_TIMEOUT_S)
 
     stage, dtype = case["zero_stage"], case["dtype"]
@@ -92,6 +96,58 @@ def test_rendered_config_trains_tiny_model(name: str) -> None:
         assert result["weights_changed"] >= tensors // 2
     if stage > 0:
         assert result["master_changed"] == tensors
+
+
+def _skip_unless_cpu_runs(dtype: str) -> None:
+    from probes.cpu_support import cpu_dtype_unsupported_reason
+
+    reason = cpu_dtype_unsupported_reason(dtype)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _fp16_case() -> tuple[Any, Any, Any]:
+    from tiny_models import make_hardware, make_strategy, make_workload, tiny_llama_spec
+
+    case = CASES["z2-fp16-opt_cpu"]
+    strategy = make_strategy(
+        zero_stage=case["zero_stage"], offload_optimizer=case["offload_optimizer"], micro_batch=MICRO_BATCH
+    )
+    return (
+        strategy,
+        make_workload(tiny_llama_spec(), dtype="fp16", seq_len=SEQ_LEN, global_batch=MICRO_BATCH),
+        make_hardware(),
+    )
+
+
+def test_fp16_case_config_passes_deepspeed_validation_on_any_cpu(parse: Any) -> None:
+    """The config the fp16 engine case would start, parsed by DeepSpeed itself (runs on every processor)."""
+    from probes.ds_config import render_ds_config
+
+    strategy, workload, hardware = _fp16_case()
+    ds = parse(render_ds_config(strategy, workload, hardware), 1)
+    assert ds.float16_config.enabled and not ds.bfloat16_config.enabled
+    assert ds.float16_config.loss_scale == 0  # dynamic loss scaling, as the engine case would train
+    assert ds.zero_optimization_stage == 2
+    assert str(ds.zero_config.offload_optimizer.device) == "cpu"
+
+
+def test_fp16_memory_arithmetic_on_any_cpu() -> None:
+    """fp16 keeps 2-byte weights beside fp32 master, m and v, like bf16: the same bytes, half of fp32's weights."""
+    from dataclasses import replace
+
+    from search import DEFAULT_COEFFICIENTS, predict
+
+    strategy, fp16, hardware = _fp16_case()
+    params = fp16.model.total_params
+    predicted = {
+        dtype: predict(replace(fp16, dtype=dtype), strategy, hardware, DEFAULT_COEFFICIENTS)
+        for dtype in ("fp16", "bf16", "fp32")
+    }
+    assert predicted["fp16"].breakdown["parameters"] == 2 * params
+    assert predicted["fp32"].breakdown["parameters"] == 4 * params
+    assert predicted["fp16"].breakdown == predicted["bf16"].breakdown
+    assert predicted["fp16"].host_bytes == predicted["bf16"].host_bytes >= 12 * params  # offloaded fp32 states
 
 
 # --------------------------------------------------------------------------------------------------
