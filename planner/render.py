@@ -36,7 +36,7 @@ def _header(report: PredictionReport) -> None:
     w, h = report.workload, report.hardware
     params = w.get("params", 0) / 1e9
     if "prompt_len" in w and w["kind"] in ("ppo", "remax", "grpo"):
-        roles = [f"{r.split('_')[0]} {w[r]}" for r in ("critic_model", "reward_model", "ref_model") if r in w]
+        roles = [f"{role} {name}" for role, name in w.get("roles", {}).items() if role != "actor"]
         per = f" x {w['samples_per_prompt']} samples" if w.get("samples_per_prompt", 1) > 1 else ""
         console.print(
             f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · {w['global_batch']} prompts{per} "

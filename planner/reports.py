@@ -30,6 +30,7 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
     """Workload, hardware, strategy, prediction and the DeepSpeed config(s) that run it."""
     workload = job.workload.to_dict()
     workload["params"] = job.workload.model.total_params
+    workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
     common = {
         "workload": workload,
         "hardware": job.hardware.to_dict(),

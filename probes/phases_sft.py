@@ -71,7 +71,7 @@ class SingleModelRun:
         self.reference = None
         if workload.kind == "dpo" and strategy.lora_rank == 0:
             torch.manual_seed(1)
-            ref = build_causal_lm(workload.ref_model or workload.model, workload.dtype, self.attn_impl, where)
+            ref = build_causal_lm(workload.model_for("reference"), workload.dtype, self.attn_impl, where)
             ref.requires_grad_(False)
             self.reference = init_engine(ref, frozen_config_like(self.config), trained=False)
             self.reference.eval()

@@ -26,10 +26,11 @@ actor as a fifth engine, initialized with the *reference's* eval config (``get_e
 runs after each actor step. DeepSpeed-Chat has no config of its own for it, so none is emitted here:
 hold the EMA copy with the reference's config.
 
-Models: the critic is ``workload.critic_model`` (else the reward model, as DeepSpeed-Chat initializes
-the critic from the reward model, else the actor's model); the reference is ``workload.ref_model``
-(else the actor's model); the reward model is ``workload.reward_model`` (else the critic's, else the
-actor's model). ReMax and GRPO train no critic: their configs have no ``critic`` key even when the
+Models: each role's model is ``Workload.model_for(role)`` (store/records.py), the one rule the cost model,
+the probes and the report share: the critic is ``critic_model`` (else the reward model, as DeepSpeed-Chat
+initializes the critic from the reward model, else the actor's model); the reference is ``ref_model``
+(else the actor's model); the reward model is ``reward_model`` (else the critic's, else the actor's
+model). ReMax and GRPO train no critic: their configs have no ``critic`` key even when the
 strategy carries a critic block.
 """
 
@@ -83,14 +84,8 @@ OPENRLHF_STYLES: tuple[str, ...] = ("classic", "dotted")
 
 
 def model_specs(workload: Workload) -> dict[str, ModelSpec]:
-    """The model of each RLHF role (see the module docstring for the fall-backs); no critic without PPO."""
-    specs = {"actor": workload.model}
-    critic = workload.critic_model or workload.reward_model or workload.model
-    if workload.has_critic:
-        specs["critic"] = critic
-    specs["reference"] = workload.ref_model or workload.model
-    specs["reward"] = workload.reward_model or workload.critic_model or workload.model
-    return specs
+    """The model of each RLHF role (``Workload.model_for``: the one rule); no critic without PPO."""
+    return workload.role_models()
 
 
 def trained_model_strategy(strategy: RLHFStrategy, role: str) -> Strategy:

@@ -181,7 +181,7 @@ def trained_model(ctx: RLHFContext, role: str, layout: TrainedModelStrategy, gra
     """The actor (LM head) or the critic (scalar head) under ``layout``. Only its gradients depend on the
     accumulation: generation, scoring and resident bytes use ``grad_accum=1``."""
     w = ctx.workload
-    model = w.model if role == "actor" else (w.critic_model or w.model)
+    model = w.model_for(role)
     return trained_placement(model, role == "actor", layout, w.dtype, ctx.hardware.world_size, grad_accum, ctx.coef)
 
 
@@ -189,7 +189,7 @@ def trained_model(ctx: RLHFContext, role: str, layout: TrainedModelStrategy, gra
 def frozen_model(ctx: RLHFContext, role: str, block: FrozenModelStrategy) -> FrozenPlacement:
     """The reference (LM head) or the reward model (scalar head) under ``block``."""
     w = ctx.workload
-    model = (w.ref_model if role == "reference" else w.reward_model) or w.model
+    model = w.model_for(role)
     return frozen_placement(model, role == "reference", block, w.dtype, ctx.hardware.world_size)
 
 
@@ -389,7 +389,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> RLHFStep:
     notes = []
     if s.hybrid_engine:
         notes.append("the hybrid engine's KV cache and workspace are cudaMalloc'ed outside torch's allocator")
-    if s.actor.lora_rank and ctx.workload.ref_model in (None, ctx.workload.model):
+    if s.actor.lora_rank and ctx.workload.model_for("reference") == ctx.workload.model:
         reference = models.reference.resident / 2**30
         notes.append(
             f"the reference is a separate copy as in DeepSpeed-Chat ({reference:.1f} GiB here); running the LoRA "

@@ -81,7 +81,7 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
     # model with adapters disabled serves as the reference (TRL), so it costs nothing extra.
     reference = 0
     if workload.kind == "dpo" and s.lora_rank == 0:
-        ref = workload.ref_model or model
+        ref = workload.model_for("reference")
         reference = d * ref.total_params // (n if s.zero_stage == 3 else 1)
 
     # --- activations and logits of one micro-batch ---------------------------------------------------

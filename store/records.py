@@ -118,6 +118,9 @@ class Hardware:
         }
 
 
+MODEL_ROLES: tuple[str, ...] = ("actor", "critic", "reference", "reward")
+
+
 @dataclass(frozen=True)
 class Workload:
     """One training job: which models, which sequences, how many per optimizer step.
@@ -149,6 +152,36 @@ class Workload:
     def has_critic(self) -> bool:
         """Only PPO trains a critic; ReMax and GRPO drop it."""
         return self.kind == "ppo"
+
+    def model_for(self, role: str) -> ModelSpec:
+        """The model that plays ``role`` (see :data:`MODEL_ROLES`), following DeepSpeed-Chat's convention.
+
+        ``actor``: the trained model. ``reference``: ``ref_model``, else the actor's model (the frozen
+        starting point of the policy). ``critic``: ``critic_model``, else the reward model (DeepSpeed-Chat
+        step 3 initializes the critic from the step-2 reward model), else the actor's model. ``reward``:
+        ``reward_model``, else the critic's, else the actor's model. The cost model, the config renderer,
+        the probes and the report all ask here.
+        """
+        if role == "actor":
+            return self.model
+        if role == "reference":
+            return self.ref_model or self.model
+        if role == "critic":
+            return self.critic_model or self.reward_model or self.model
+        if role == "reward":
+            return self.reward_model or self.critic_model or self.model
+        raise ValueError(f"unknown model role {role!r}; roles: {', '.join(MODEL_ROLES)}")
+
+    def role_models(self) -> dict[str, ModelSpec]:
+        """Each role of this workload and its model: RLHF has actor, critic (PPO only), reference, reward;
+        DPO has actor and reference; the other single-model kinds the actor alone."""
+        if self.is_rlhf:
+            roles = [r for r in MODEL_ROLES if r != "critic" or self.has_critic]
+        elif self.kind == "dpo":
+            roles = ["actor", "reference"]
+        else:
+            roles = ["actor"]
+        return {role: self.model_for(role) for role in roles}
 
     @property
     def sequences_per_sample(self) -> int:
