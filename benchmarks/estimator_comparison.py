@@ -13,8 +13,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # noqa: E402
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs  # noqa: E402
 
-from search.memory import model_states  # noqa: E402
-from search.shapes import largest_module_params  # noqa: E402
+from search.model.shapes import largest_module_params  # noqa: E402
+from search.model.states import model_states  # noqa: E402
 from store.models import get_model  # noqa: E402
 
 GiB = 2**30

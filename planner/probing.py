@@ -69,7 +69,7 @@ def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int
 
 
 def _grid(job: ResolvedJob) -> Iterator[Strategy | RLHFStrategy]:
-    from search.space import micro_batches
+    from search.batches import micro_batches
 
     if job.workload.is_rlhf:
         from store.records import TrainedModelStrategy

@@ -13,7 +13,8 @@ cache is emptied after each inference phase). :class:`EmptyCachePolicy` puts the
     cache.end_step()
 
 Phases are ``generation``, ``scoring`` (any inference pass: reference, reward, critic values, the
-actor's old log-probs), ``actor_training`` and ``critic_training``. Where each policy empties the cache:
+actor's old log-probs), ``actor_training`` and ``critic_training``. Where each policy empties the cache
+(the one table of ``store.phases``, which the cost model and the probes read too):
 
 ================  =====================================================
 never             nowhere
@@ -35,21 +36,18 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from store.errors import InputError
+from store.phases import EMPTY_CACHE_AFTER, END_STEP
+from store.phases import PHASES as STEP_PHASES
 from store.records import EMPTY_CACHE_POLICIES
 
 __all__ = ["PHASES", "POLICY_TABLE", "CacheDecision", "EmptyCachePolicy"]
 
-PHASES: tuple[str, ...] = ("generation", "scoring", "actor_training", "critic_training")
-END_STEP = "end_step"
-# Events (phase ends, and the end of the step) after which each policy calls torch.cuda.empty_cache().
+PHASES: tuple[str, ...] = STEP_PHASES["ppo"]
+# Events (phase ends, and the end of the step) after which each policy calls torch.cuda.empty_cache():
+# the table of store.phases, on the events of an RLHF loop.
 POLICY_TABLE: dict[str, frozenset[str]] = {
-    "never": frozenset(),
-    "after-generation": frozenset({"generation"}),
-    "after-inference": frozenset({"generation", "scoring"}),
-    "after-phase": frozenset(PHASES),
-    "every-step": frozenset({END_STEP}),
+    policy: events & frozenset((*PHASES, END_STEP)) for policy, events in EMPTY_CACHE_AFTER.items()
 }
-assert set(POLICY_TABLE) == set(EMPTY_CACHE_POLICIES)
 
 
 class CacheDecision(NamedTuple):

@@ -34,6 +34,7 @@ from store.ds_defaults import (
     zero3_buckets,
 )
 from store.errors import InputError
+from store.phases import EMPTY_CACHE_PLACEMENT
 from store.records import EMPTY_CACHE_POLICIES, Hardware, Strategy, Workload
 
 __all__ = ["render_ds_config", "outside_settings", "EMPTY_CACHE_PLACEMENT"]
@@ -50,23 +51,6 @@ FP16_LOSS_SCALING: dict[str, Any] = {
     "loss_scale_window": 1000,
     "hysteresis": 2,
     "min_loss_scale": 1,
-}
-
-# Where torch.cuda.empty_cache() goes for each value of Strategy.empty_cache.
-EMPTY_CACHE_PLACEMENT: dict[str, str] = {
-    "never": "do not call torch.cuda.empty_cache()",
-    "after-generation": (
-        "call torch.cuda.empty_cache() right after each generation (rollout) phase, before scoring and training"
-    ),
-    "after-inference": (
-        "call torch.cuda.empty_cache() after every inference phase: generation, and the reference, reward "
-        "and critic forward passes, before the training phase starts"
-    ),
-    "after-phase": (
-        "call torch.cuda.empty_cache() at the end of every phase (generation, each inference pass, and "
-        "each training phase)"
-    ),
-    "every-step": "call torch.cuda.empty_cache() after every optimizer step (after engine.step())",
 }
 
 

@@ -1,15 +1,8 @@
 """Phases of a probe step: their names per workload, where ``empty_cache`` goes, and how each is measured.
 
-Phase names (the order in which a step runs them):
-
-=========  ==========================================================
-sft        forward, backward, optimizer_step
-reward     forward, backward, optimizer_step
-dpo        reference_forward, forward, backward, optimizer_step
-ppo        generation, scoring, actor_training, critic_training
-remax      generation, scoring, actor_training
-grpo       generation, scoring, actor_training
-=========  ==========================================================
+Phase names per workload kind, in step order, are :data:`store.phases.PHASES` (sft: forward, backward,
+optimizer_step; dpo adds reference_forward first; ppo: generation, scoring, actor_training,
+critic_training; remax and grpo drop the critic).
 
 Before the step phases the child reports ``startup`` (imports, process group) and ``setup`` (models and
 engines); a failure there names that phase. A phase that repeats inside one step (the ``grad_accum``
@@ -17,8 +10,8 @@ micro-steps of a single-model step) is one measurement: its peak is the largest 
 their sum. Over the measured steps (all but the first, a warm-up, unless only one step runs) a phase's
 peak is the largest and its time the median.
 
-``empty_cache`` placement, the same table as ``planner.runtime.EmptyCachePolicy`` (which probes may not
-import) extended to the single-model phases: ``after-generation`` after ``generation``;
+``empty_cache`` placement is the one table of :mod:`store.phases` (which the cost model and
+``planner.runtime.EmptyCachePolicy`` read too): ``after-generation`` after ``generation``;
 ``after-inference`` after every inference phase (``generation``, ``scoring``, ``reference_forward``);
 ``after-phase`` after every phase; ``every-step`` after the optimizer steps, at the end of the step.
 The call runs inside the phase it ends (its time counts there) and only on CUDA; on the CPU it is
@@ -40,32 +33,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from store.measurements import PhaseMeasurement
+from store.phases import ALL_PHASES, EMPTY_CACHE_AFTER, END_STEP, INFERENCE_PHASES, PHASES, empties_after
 
 __all__ = ["EMPTY_CACHE_AFTER", "INFERENCE_PHASES", "PHASES", "END_STEP", "PhaseClock", "empties_after"]
-
-PHASES: dict[str, tuple[str, ...]] = {
-    "sft": ("forward", "backward", "optimizer_step"),
-    "reward": ("forward", "backward", "optimizer_step"),
-    "dpo": ("reference_forward", "forward", "backward", "optimizer_step"),
-    "ppo": ("generation", "scoring", "actor_training", "critic_training"),
-    "remax": ("generation", "scoring", "actor_training"),
-    "grpo": ("generation", "scoring", "actor_training"),
-}
-END_STEP = "end_step"
-INFERENCE_PHASES = frozenset({"generation", "scoring", "reference_forward"})
-ALL_PHASES = frozenset(name for names in PHASES.values() for name in names)
-EMPTY_CACHE_AFTER: dict[str, frozenset[str]] = {
-    "never": frozenset(),
-    "after-generation": frozenset({"generation"}),
-    "after-inference": INFERENCE_PHASES,
-    "after-phase": ALL_PHASES,
-    "every-step": frozenset({END_STEP}),
-}
-
-
-def empties_after(policy: str, event: str) -> bool:
-    """Whether ``policy`` calls ``torch.cuda.empty_cache()`` at the end of ``event`` (a phase or end_step)."""
-    return event in EMPTY_CACHE_AFTER[policy]
 
 
 class PhaseClock:

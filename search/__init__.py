@@ -1,15 +1,28 @@
-"""Predicting and choosing: the cost model (pure functions), its coefficients and the Optuna search.
+"""Predicting and choosing: the cost model (pure functions), its coefficients and the search.
 
-Nothing here imports torch, deepspeed or transformers; ``search`` depends only on ``store``.
+Nothing here imports torch, deepspeed or transformers; ``search`` depends only on ``store``. Sub-packages,
+each depending only on those above it:
+
+- ``search.model``: one trained or frozen model: shapes, states and buffers (placement), activations and
+  the moments of its training, its seconds.
+- ``search.step``: a step of phases shared by every workload: live moments -> fragments -> Prediction.
+- ``search.single``: single-model workloads (sft, reward, dpo).
+- ``search.rlhf``: RLHF workloads (ppo, remax, grpo).
+- ``search.choose``: the strategy spaces and the searches over them.
+
+``search.predictor`` is the one entry point of a prediction; the public names are re-exported here.
 """
 
+from search.choose.candidates import Candidate, SearchResult
+from search.choose.optimize import exhaustive, search
+from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients, describe_coefficients
-from search.optimize import Candidate, SearchResult, exhaustive, search
-from search.predict import cpu_backend_coefficients, predict, predict_cpu_allocated, predict_cpu_backend
 from search.prediction import PhasePrediction, Prediction
-from search.rlhf import predict_rlhf
-from search.rlhf_memory import RLHF_PHASES
-from search.rlhf_search import exhaustive_rlhf, search_rlhf
+from search.predictor import cpu_backend_coefficients, predict, predict_cpu_allocated, predict_cpu_backend
+from search.rlhf.step import predict_rlhf
+from store.phases import PHASES
+
+RLHF_PHASES: tuple[str, ...] = PHASES["ppo"]
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",

@@ -141,7 +141,7 @@ def predict_command(
 def _accumulation(model: str, options: dict[str, Any], data: dict[str, Any]) -> int:
     """Accumulation steps that keep the global batch, given the micro-batch."""
     from planner.inputs import JobSpec, resolve
-    from search.space import per_gpu_batch
+    from search.batches import per_gpu_batch
 
     job = resolve(JobSpec(model=model, **options))
     per_gpu = per_gpu_batch(job.workload, job.hardware)

@@ -9,8 +9,8 @@ import pytest
 
 from search import DEFAULT_COEFFICIENTS, predict
 from search.coefficients import describe_coefficients
-from search.memory import layer_activation_bytes
-from search.single_model import gpu_budget_bytes
+from search.model.activations import layer_activation_bytes
+from search.step.assemble import gpu_budget_bytes
 from store.gpus import get_gpu
 from store.models import get_model
 from store.records import Hardware, Strategy, Workload

@@ -14,8 +14,8 @@ import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from search.memory import model_states  # noqa: E402
-from search.shapes import largest_module_params  # noqa: E402
+from search.model.shapes import largest_module_params  # noqa: E402
+from search.model.states import model_states  # noqa: E402
 from store.ds_defaults import ZERO3_SUB_GROUP_SIZE  # noqa: E402
 from store.models import get_model  # noqa: E402
 

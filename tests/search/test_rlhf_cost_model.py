@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from search import DEFAULT_COEFFICIENTS, RLHF_PHASES, predict, predict_rlhf
-from search.rlhf_memory import kv_cache_bytes
+from search.rlhf.memory import kv_cache_bytes
 from store.errors import InputError
 from store.gpus import generic_gpu, get_gpu
 from store.models import get_model

@@ -9,10 +9,9 @@ import time
 import pytest
 
 from search import DEFAULT_COEFFICIENTS, exhaustive, exhaustive_rlhf, predict_rlhf, search, search_rlhf
-from search.optimize import Candidate
-from search.rlhf import reserved_floor, rlhf_context, rlhf_step, step_halves
-from search.rlhf_search import best_inner_rlhf
-from search.rlhf_space import (
+from search.choose.candidates import Candidate
+from search.choose.rlhf_search import best_inner_rlhf
+from search.choose.rlhf_space import (
     batch_choices,
     cache_choices,
     rlhf_outer_points,
@@ -23,6 +22,8 @@ from search.rlhf_space import (
     shared_bytes,
     shared_seconds,
 )
+from search.rlhf.job import rlhf_context
+from search.rlhf.step import reserved_floor, rlhf_step, step_halves
 from store.gpus import generic_gpu, get_gpu
 from store.models import get_model
 from store.records import Hardware, Workload

@@ -16,17 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from search.rlhf import (
-    RLHFContext,
-    frozen_model,
-    generation_phase,
-    rlhf_job,
-    scoring_forward,
-    trained_model,
-)
-from search.rlhf_memory import Live, experience_bytes, trained_factor, training_live
-from search.rlhf_time import ema_time, training_time
-from search.space import outer_points
+from search.choose.single_space import outer_points
+from search.model.training_time import training_time
+from search.rlhf.job import RLHFContext, rlhf_job
+from search.rlhf.memory import experience_bytes, training_live
+from search.rlhf.models import frozen_model, trained_model
+from search.rlhf.step import generation_phase, scoring_forward
+from search.rlhf.timing import ema_time
+from search.step.phases import Live, trained_factor
 from store.records import (
     ALLOCATORS,
     DTYPE_BYTES,
@@ -162,9 +159,9 @@ def role_seconds(
         seconds = generation_phase(ctx, placed, hybrid_engine, generation_batch).time_s + seconds
     w, job = ctx.workload, ctx.job
     trained = trained_model(ctx, role, block, grad_accum)
-    parts = training_time(trained, micro_batch, grad_accum, job.seq_len, w.dtype, ctx.hardware, ctx.coef)
+    trained_seconds = training_time(trained, micro_batch, grad_accum, job.seq_len, w.dtype, ctx.hardware, ctx.coef)
     extra = ema_time(trained, w.dtype, ctx.hardware, ctx.coef) if (role == "actor" and ema) else 0.0
-    return seconds + w.ppo_epochs * (sum(parts) + extra)
+    return seconds + w.ppo_epochs * (trained_seconds.total + extra)
 
 
 def shared_seconds(ctx: RLHFContext, batches: tuple[int, int, int]) -> float:

@@ -1,77 +1,27 @@
-"""The Optuna search: least predicted step time such that peak reserved and host memory fit.
+"""The Optuna search over single-model strategies: least predicted step time such that memory fits.
 
-A study samples the outer knobs (see ``search.space``, ``search.rlhf_space``); each trial resolves the inner
-knobs exactly and reports the predicted step time, or a penalty above every feasible time when nothing fits
-(so that, among infeasible points, the one that overflows least ranks first). The sampler is seeded: the
-same inputs always give the same plan. Small spaces are walked by Optuna's grid sampler (every point once,
-so it cannot miss the optimum); larger ones use seeded multivariate TPE with a trial budget.
-
-``search`` and ``exhaustive`` serve every workload kind: RLHF kinds go to ``search.rlhf_search``
-(``search_rlhf``, ``exhaustive_rlhf``), whose candidates hold an ``RLHFStrategy``.
+A study samples the outer knobs (:mod:`search.choose.single_space`); each trial resolves the inner knobs
+exactly and reports the candidate's score (:mod:`search.choose.candidates`). The sampler is seeded: the same
+inputs always give the same plan. Small spaces are walked by Optuna's grid sampler (every point once, so it
+cannot miss the optimum); larger ones use seeded multivariate TPE with a trial budget.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from search.choose.candidates import Candidate, SearchResult
+from search.choose.single_space import OuterPoint, all_strategies, inner_choices, outer_points, strategy_at
 from search.coefficients import Coefficients
-from search.prediction import Prediction
-from search.single_model import predict_single_model
-from search.space import OuterPoint, inner_choices, outer_points, strategy_at
-from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from search.single.predict import predict_single_model
+from store.records import Hardware, Workload
 
-INFEASIBLE_PENALTY_S = 1e6
+if TYPE_CHECKING:
+    import optuna
+
 GRID_LIMIT = 64
 TPE_TRIALS = 48
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A strategy (single-model or RLHF) with its prediction."""
-
-    strategy: Strategy | RLHFStrategy
-    prediction: Prediction
-
-    @property
-    def score(self) -> float:
-        """Step time when it fits; otherwise a penalty growing with the overflow."""
-        p = self.prediction
-        return penalized_score(
-            p.step_time_s, p.peak_reserved_bytes, p.gpu_budget_bytes, p.host_bytes, p.host_budget_bytes
-        )
-
-    @property
-    def rank_key(self) -> tuple[float, int]:
-        """Order of preference: the score, then (equal times) the lower peak reserved."""
-        return (self.score, self.prediction.peak_reserved_bytes)
-
-
-def penalized_score(step_time: float, reserved: int, gpu_budget: int, host: int, host_budget: int) -> float:
-    """Step time when GPU and host memory fit; otherwise a penalty growing with the overflow (GiB)."""
-    if reserved <= gpu_budget and host <= host_budget:
-        return step_time
-    overflow = max(0, reserved - gpu_budget) + max(0, host - host_budget)
-    return INFEASIBLE_PENALTY_S + overflow / 2**30
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """What a search found: every evaluated outer point's best candidate, best first."""
-
-    ranked: tuple[Candidate, ...]
-    trials: int
-    sampler: str
-    fastest_ignoring_memory: Candidate | None = None
-
-    @property
-    def best(self) -> Candidate | None:
-        """The fastest strategy that fits, or None."""
-        return self.ranked[0] if self.ranked and self.ranked[0].prediction.fits else None
-
-    @property
-    def feasible(self) -> tuple[Candidate, ...]:
-        return tuple(c for c in self.ranked if c.prediction.fits)
 
 
 def best_inner(point: OuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
@@ -83,7 +33,7 @@ def best_inner(point: OuterPoint, workload: Workload, hardware: Hardware, coef: 
     return min(options, key=lambda c: c.score)  # min keeps the first of equals: the simpler setting
 
 
-def search(
+def search_single(
     workload: Workload,
     hardware: Hardware,
     coef: Coefficients,
@@ -92,14 +42,7 @@ def search(
     seed: int = 0,
     sampler: str = "auto",
 ) -> SearchResult:
-    """Run the Optuna study over the outer knobs and rank what it evaluated (fastest fitting first).
-
-    RLHF workloads are searched by ``search_rlhf`` (same arguments).
-    """
-    if workload.is_rlhf:
-        from search.rlhf_search import search_rlhf  # it builds on this module's records
-
-        return search_rlhf(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
+    """Run the Optuna study over the outer knobs and rank what it evaluated (fastest fitting first)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -164,16 +107,10 @@ def fastest_ignoring_memory(
     return fastest
 
 
-def exhaustive(
+def exhaustive_single(
     workload: Workload, hardware: Hardware, coef: Coefficients, *, lora_ranks: tuple[int, ...] = (0,)
 ) -> Candidate | None:
     """The fastest fitting strategy by trying every point of the whole space (for tests and checks)."""
-    if workload.is_rlhf:
-        from search.rlhf_search import exhaustive_rlhf
-
-        return exhaustive_rlhf(workload, hardware, coef, lora_ranks=lora_ranks)
-    from search.space import all_strategies
-
     best: Candidate | None = None
     for strategy in all_strategies(workload, hardware, lora_ranks):
         candidate = Candidate(strategy, predict_single_model(workload, strategy, hardware, coef))

@@ -1,11 +1,11 @@
 """The search over RLHF strategies: least predicted step time such that peak reserved and host memory fit.
 
-Outer points (model layouts, hybrid engine; see ``search.rlhf_space``) are resolved exactly over their inner
+Outer points (model layouts, hybrid engine; see ``search.choose.rlhf_space``) are resolved exactly over their inner
 knobs by ``best_inner_rlhf``. Small spaces are walked whole (``grid``); larger ones by ``bound``: the step
 time of a point is a sum over its models, and its memory is bounded below by per-model bytes, so points are
 resolved best bound first until none left can win, which finds the exhaustive optimum at a fraction of the
 cost. ``tpe`` runs a seeded multivariate Optuna TPE study over the same knobs instead (a trial budget, no
-guarantee). Scores and ranking are those of ``search.optimize``.
+guarantee). Scores and ranking are those of ``search.choose.candidates``.
 """
 
 from __future__ import annotations
@@ -13,20 +13,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
-from search.coefficients import Coefficients
-from search.optimize import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
-from search.rlhf import (
-    finish_rlhf,
-    predict_rlhf,
-    reserved_floor,
-    rlhf_context,
-    rlhf_step,
-    score_rlhf,
-    step_halves,
-    step_of,
-    step_time,
-)
-from search.rlhf_space import (
+from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
+from search.choose.rlhf_space import (
     RLHFOuterPoint,
     batch_choices,
     cache_choices,
@@ -40,7 +28,10 @@ from search.rlhf_space import (
     shared_seconds,
     trained_layouts,
 )
-from search.single_model import gpu_budget_bytes
+from search.coefficients import Coefficients
+from search.rlhf.job import rlhf_context
+from search.rlhf.step import predict_rlhf, reserved_floor, rlhf_step, step_halves, step_of, step_time
+from search.step.assemble import finish_step, gpu_budget_bytes, score_step
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
 
 RLHF_GRID_LIMIT = 512  # walking this many points whole costs about what 96 TPE trials cost
@@ -74,7 +65,7 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
             break  # this split and the later ones can at best tie with a later index
         steps[i] = step = step_of(ctx, strategy)
         for j, (policy, allocator) in enumerate(cache_choices()):
-            reserved, seconds = score_rlhf(step, policy, allocator, coef)
+            reserved, seconds = score_step(step, policy, allocator, coef)
             score = penalized_score(seconds, reserved, budget, step.host_bytes, host_budget)
             if best is None or (score, i, j) < best:
                 best = (score, i, j)
@@ -84,7 +75,7 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
     _, i, j = best
     policy, allocator = cache_choices()[j]
     strategy = next(split[2] for split in splits if split[1] == i)
-    prediction = finish_rlhf(steps[i], policy, allocator, hardware, coef)
+    prediction = finish_step(steps[i], policy, allocator, hardware, coef)
     return Candidate(strategy.with_(empty_cache=policy, allocator=allocator), prediction)
 
 

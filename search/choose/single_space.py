@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from store.errors import InputError
+from search.batches import micro_batches, per_gpu_batch
 from store.records import Hardware, Strategy, Workload
 
 
@@ -24,23 +24,6 @@ class OuterPoint:
     offload_param: str
     gradient_checkpointing: bool
     lora_rank: int
-
-
-def per_gpu_batch(workload: Workload, hardware: Hardware) -> int:
-    """Samples per GPU per optimizer step; the global batch must split evenly over the GPUs."""
-    world = hardware.world_size
-    if workload.global_batch % world:
-        raise InputError(
-            f"--batch {workload.global_batch} does not split over {world} GPUs "
-            f"({hardware.gpus} per node x {hardware.nodes} nodes); use a multiple of {world}"
-        )
-    return workload.global_batch // world
-
-
-def micro_batches(workload: Workload, hardware: Hardware) -> list[int]:
-    """Micro-batch sizes that keep the global batch exact (divisors of the per-GPU batch)."""
-    per_gpu = per_gpu_batch(workload, hardware)
-    return [m for m in range(1, per_gpu + 1) if per_gpu % m == 0]
 
 
 def offload_targets(hardware: Hardware) -> tuple[str, ...]:

@@ -3,8 +3,8 @@
 A phase's peak allocated is the largest of a few moments, each the resident bytes plus what is live
 then: the loss (fp32 copies of the logits), the top layer's backward, the last (embedding) gradient, the
 gradient reduction's epilogue, the optimizer step's gradient copies. DeepSpeed's working buffers and when
-they exist come from :func:`search.memory.zero_workspace`. Single-model training
-(:mod:`search.single_model`) and the actor and critic of an RLHF step (:mod:`search.rlhf_memory`) both
+they exist come from :func:`search.model.states.zero_workspace`. Single-model training
+(:mod:`search.single`) and the actor and critic of an RLHF step (:mod:`search.rlhf.memory`) both
 count their training this way. Checked against CPU probes of tiny models
 (``tests/probes/test_cost_model_accuracy.py``).
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search.memory import Activations, LossLogits, ModelStates, ZeroWorkspace, tied_embedding_extra
-from search.shapes import token_embedding_params
+from search.model.activations import Activations, LossLogits, tied_embedding_extra
+from search.model.shapes import token_embedding_params
+from search.model.states import ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
 
 # The bytes live beside the resident ones at one moment, named as in the JSON breakdown (``buffers``:

@@ -4,8 +4,9 @@ Generation is prefill at the compute rate, then decoding bound by the slowest of
 the KV cache per token (HBM bandwidth), the matmuls, and the per-token launch overhead (HF generate's,
 or the hybrid engine's fused kernels'). ZeRO-3 adds gathers: once per generate call with the hybrid engine,
 for every token without it (over the network across GPUs, over PCIe when the actor's weights are
-offloaded). Scoring and training are compute-bound and reuse ``search.timing`` as single-model training
-does. Pure functions, cached on their arguments.
+offloaded). Scoring is compute-bound (``search.model.timing``); training is
+:func:`search.model.training_time.training_time`, as for single-model training. Pure functions, cached on
+their arguments.
 """
 
 from __future__ import annotations
@@ -13,18 +14,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.rlhf_memory import FrozenPlacement, TrainedPlacement, kv_cache_bytes
-from search.shapes import forward_flops, lora_params
-from search.timing import (
-    collective_time,
-    compute_time,
-    cpu_adam_time,
-    gpu_adam_time,
-    nvme_time,
-    pcie_time,
-    per_gpu_link_gbps,
-    zero_comm_bytes,
-)
+from search.model.placement import FrozenPlacement, TrainedPlacement
+from search.model.shapes import forward_flops
+from search.model.timing import collective_time, compute_time, pcie_time, per_gpu_link_gbps, zero_comm_bytes
+from search.rlhf.memory import kv_cache_bytes
 from store.records import DTYPE_BYTES, Hardware
 
 
@@ -129,62 +122,6 @@ def frozen_forward_time(
     return forward_time(
         frozen.params, flops, sequences * seq_len, frozen.block.zero_stage, offloaded, dtype, hardware, coef
     )
-
-
-@lru_cache(maxsize=4096)
-def training_time(
-    trained: TrainedPlacement,
-    micro_batch: int,
-    grad_accum: int,
-    seq_len: int,
-    dtype: str,
-    hardware: Hardware,
-    coef: Coefficients,
-) -> tuple[float, float, float, float]:
-    """(compute, communication, offload, optimizer) seconds of one optimizer step of a trained model.
-
-    The same accounting as ``search.single_model`` for one model (callers multiply by ``ppo_epochs``).
-    """
-    s, model = trained.layout, trained.model
-    n, d = hardware.world_size, DTYPE_BYTES[dtype]
-    tokens = micro_batch * seq_len
-    flops_fwd = forward_flops(model, micro_batch, seq_len, lm_head=trained.lm_head)
-    flops_bwd = flops_fwd + 4.0 * lora_params(model, s.lora_rank) * tokens if s.lora_rank else 2.0 * flops_fwd
-    recompute = flops_fwd if s.gradient_checkpointing else 0.0
-    micro = compute_time(flops_fwd, tokens, dtype, hardware, coef) + compute_time(
-        flops_bwd + recompute, tokens, dtype, hardware, coef
-    )
-    passes = 3 if s.gradient_checkpointing else 2
-    comm = collective_time(
-        zero_comm_bytes(
-            zero_stage=s.zero_stage,
-            trainable=trained.trainable,
-            resident=trained.resident,
-            dtype=dtype,
-            world_size=n,
-            grad_accum=grad_accum,
-            passes=passes,
-        ),
-        hardware,
-        coef,
-    )
-    offload = 0.0
-    t = trained.trainable
-    if s.offload_optimizer != "none":
-        grads_down = 4 * t / n * (grad_accum if s.zero_stage >= 2 else 1)
-        offload += pcie_time(grads_down + 4 * t / n, hardware, coef)
-        if s.offload_optimizer == "nvme" and s.zero_stage == 3:
-            offload += nvme_time(2 * 16 * t / n * hardware.gpus, coef)
-    if s.offload_param != "none":
-        fetched = passes * d * trained.resident / n * grad_accum
-        offload += pcie_time(fetched, hardware, coef)
-        if s.offload_param == "nvme":
-            offload += nvme_time(fetched * hardware.gpus, coef)
-    if s.offload_optimizer != "none":
-        optimizer = cpu_adam_time(t // n, hardware, coef)
-    else:
-        optimizer = gpu_adam_time(t if s.zero_stage == 0 else t // n, hardware, coef)
-    return grad_accum * micro, comm, offload, optimizer
 
 
 def ema_time(actor: TrainedPlacement, dtype: str, hardware: Hardware, coef: Coefficients) -> float:

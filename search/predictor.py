@@ -1,11 +1,11 @@
-"""One entry point for a prediction, whatever the workload kind."""
+"""One entry point for a prediction, whatever the workload kind, and the CPU-backend view of it."""
 
 from __future__ import annotations
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.prediction import Prediction
-from search.rlhf import predict_rlhf
-from search.single_model import predict_single_model
+from search.rlhf.step import predict_rlhf
+from search.single.predict import predict_single_model
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS, Hardware, RLHFStrategy, Strategy, Workload
 

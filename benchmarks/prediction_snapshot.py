@@ -1,0 +1,127 @@
+"""Snapshot every prediction over a fixed matrix, or compare the current cost model with a snapshot.
+
+A refactor of ``search/`` must not move a prediction unless it says so. This walks a fixed matrix (catalog
+models x workload kinds x hardware, every strategy of the search space, thinned by a fixed stride) through
+``search.predict`` and writes one JSON object per prediction; ``--compare FILE`` reports which fields
+moved, by how much, and for which strategies.
+
+    .venv/bin/python benchmarks/prediction_snapshot.py -o /tmp/before.json
+    .venv/bin/python benchmarks/prediction_snapshot.py --compare /tmp/before.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from search import DEFAULT_COEFFICIENTS, predict  # noqa: E402
+from store.gpus import get_gpu  # noqa: E402
+from store.models import get_model  # noqa: E402
+from store.records import Hardware, Workload  # noqa: E402
+
+GIB = 2**30
+STRIDE = 7  # every 7th strategy of each space: a few thousand predictions, seconds to run
+
+
+def _workloads() -> Iterator[tuple[str, Workload]]:
+    opt13, opt350, llama = get_model("opt-1.3b"), get_model("opt-350m"), get_model("llama-3-8b")
+    yield "sft-opt1.3b", Workload("sft", opt13, seq_len=512, global_batch=16)
+    yield "sft-llama8b-4k", Workload("sft", llama, seq_len=4096, global_batch=8)
+    yield "reward-opt350m", Workload("reward", opt350, seq_len=512, global_batch=8)
+    yield "dpo-opt1.3b", Workload("dpo", opt13, seq_len=512, global_batch=8)
+    rlhf = dict(seq_len=512, global_batch=8, prompt_len=256, gen_len=256)
+    yield "ppo-opt1.3b-350m", Workload("ppo", opt13, critic_model=opt350, reward_model=opt350, **rlhf)
+    yield "remax-opt1.3b", Workload("remax", opt13, **rlhf)
+    yield "grpo-opt350m", Workload("grpo", opt350, samples_per_prompt=4, **rlhf)
+
+
+def _hardware() -> Iterator[tuple[str, Hardware]]:
+    a10, a100 = get_gpu("A10"), get_gpu("A100-80G")
+    yield "24G-x1", Hardware(a10, a10.memory_bytes, gpus=1, nodes=1, cpu_memory_bytes=64 * GIB)
+    yield "80G-x8", Hardware(a100, a100.memory_bytes, gpus=8, nodes=1, cpu_memory_bytes=512 * GIB)
+
+
+def _strategies(workload: Workload, hardware: Hardware) -> list[Any]:
+    if workload.is_rlhf:
+        from search.choose.rlhf_space import all_rlhf_strategies
+
+        return list(all_rlhf_strategies(workload, hardware, (0, 16)))
+    from search.choose.single_space import all_strategies
+
+    return list(all_strategies(workload, hardware, (0, 16)))
+
+
+def snapshot() -> dict[str, Any]:
+    """Every prediction of the matrix, keyed by workload, hardware and strategy."""
+    out: dict[str, Any] = {}
+    for wname, workload in _workloads():
+        for hname, hardware in _hardware():
+            for strategy in _strategies(workload, hardware)[::STRIDE]:
+                key = f"{wname}|{hname}|{json.dumps(strategy.to_dict(), sort_keys=True)}"
+                out[key] = predict(workload, strategy, hardware, DEFAULT_COEFFICIENTS).to_dict()
+    return out
+
+
+def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            name = item.get("name", i) if isinstance(item, dict) else i
+            yield from _flatten(item, f"{prefix}[{name}]")
+    else:
+        yield prefix, value
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> int:
+    """Print the fields that moved (count, largest relative change, an example); 0 when none moved."""
+    moved: dict[str, list[tuple[float, str, Any, Any]]] = defaultdict(list)
+    for key in sorted(set(before) | set(after)):
+        if key not in before or key not in after:
+            moved["<strategy set>"].append((1.0, key, key in before, key in after))
+            continue
+        old, new = dict(_flatten(before[key])), dict(_flatten(after[key]))
+        for field in sorted(set(old) | set(new)):
+            a, b = old.get(field), new.get(field)
+            if a == b or (isinstance(a, float) and isinstance(b, float) and abs(b - a) <= 1e-9 * max(abs(a), 1e-12)):
+                continue  # the same figure, up to the order of a floating-point sum
+            rel = (
+                abs(b - a) / max(abs(a), 1e-12) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else 1.0
+            )
+            moved[field].append((rel, key, a, b))
+    for field, changes in sorted(moved.items()):
+        rel, key, a, b = max(changes, key=lambda c: c[0])
+        print(f"{field}: {len(changes)} moved, largest {rel:+.2%} ({a} -> {b}) at {key[:160]}")
+    print(f"{len(before)} predictions compared; {len(moved)} fields moved")
+    return 1 if moved else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", type=Path, help="write the snapshot here")
+    parser.add_argument("--compare", type=Path, help="compare the current predictions with this snapshot")
+    args = parser.parse_args()
+    current = snapshot()
+    if args.output:
+        fd, tmp = tempfile.mkstemp(dir=args.output.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(current, handle)
+        os.replace(tmp, args.output)
+        print(f"{len(current)} predictions -> {args.output}")
+    if args.compare:
+        return compare(json.loads(args.compare.read_text()), current)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

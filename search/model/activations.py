@@ -1,0 +1,128 @@
+"""Bytes per GPU of one micro-batch's activations, logits and loss, as transformers' model code keeps them.
+
+Pure functions: Korthikanti et al. 2022 generalised per decoder layer (attention implementation, dropout,
+RMSNorm, gated MLPs), the LM head's logits with the fp32 upcast of the loss, and the tied-embedding sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from search.coefficients import Coefficients
+from search.model.shapes import dropout_probs, token_embedding_params, uses_rmsnorm
+from store.records import DTYPE_BYTES, ModelSpec
+
+
+@dataclass(frozen=True)
+class LossLogits:
+    """Bytes of the LM head's logits and the loss over them, at the moments they peak."""
+
+    forward: int  # while the loss runs: 16-bit logits, their fp32 upcast and the log-softmax output
+    backward: int  # while the loss backward runs: the held logits, log-softmax output and two fp32 gradients
+    held: int  # the 16-bit logits the model output keeps alive through the whole backward
+
+
+def loss_logits(model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients) -> LossLogits:
+    """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
+
+    ``logits.float()`` is a copy unless training in fp32; cross_entropy's log_softmax output is fp32 and
+    saved for the backward; the backward adds the fp32 gradients of the NLL and of the log-softmax
+    (``coef.logits_peak_bytes`` with the log-softmax output). The 16-bit logits stay alive as long as the
+    model output does: DeepSpeed-Chat's loop (and the probe) hold it until the backward is done.
+    """
+    elements = sequences * seq_len * model.vocab_size
+    d = DTYPE_BYTES[dtype]
+    upcast = 4 if d != 4 else 0
+    return LossLogits(
+        forward=int((d + upcast + 4) * elements),
+        backward=int((d + coef.logits_peak_bytes) * elements),
+        held=int(d * elements),
+    )
+
+
+def tied_embedding_extra(model: ModelSpec, dtype: str, lora_rank: int, lm_head: bool) -> int:
+    """Extra bytes while the gradient of a tied embedding/LM-head weight is formed, at the backward's end.
+
+    Autograd sums the LM head's contribution (held in the input buffer since the head's backward) with the
+    embedding's own dense gradient out of place: three vocabulary-sized tensors at once, one of which
+    becomes the gradient. Untied or frozen (LoRA) embeddings have no such sum.
+    """
+    if not (lm_head and model.tie_word_embeddings) or lora_rank > 0:
+        return 0
+    return 2 * DTYPE_BYTES[dtype] * token_embedding_params(model)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one micro-batch: what backward keeps, and one layer's full set."""
+
+    saved: int  # all layers, as kept for backward (or the checkpoints under recompute)
+    layer: int  # one layer without checkpointing: the recompute and backward working set
+    forward_working: int  # live while a no-grad forward (inference) runs one layer
+
+
+def layer_activation_bytes(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> int:
+    """Bytes one decoder layer saves for backward (Korthikanti et al. 2022, generalised).
+
+    With h=hidden, i=intermediate and OPT/GPT shapes in fp16 with eager attention and dropout this is
+    sbh(34 + 5as/h) as in the paper, up to the fp32 softmax that HF's eager attention keeps.
+    """
+    d = DTYPE_BYTES[dtype]
+    bs = sequences * seq_len
+    h, i = model.hidden_size, model.intermediate_size
+    q_dim = model.num_heads * model.head_dim
+    kv_dim = model.num_kv_heads * model.head_dim
+    attn_p, hidden_p = dropout_probs(model)
+    norm = (d + coef.rmsnorm_extra_bytes) if uses_rmsnorm(model) else d
+    total = 2 * norm * bs * h  # the two norms' inputs
+    total += d * bs * h  # QKV projection input
+    if attn_impl == "eager":
+        # repeat_kv expands K and V to every head before the score matmul
+        total += d * bs * 3 * q_dim
+        scores = sequences * model.num_heads * seq_len * seq_len
+        total += coef.eager_softmax_bytes * scores + d * scores
+        if attn_p > 0:
+            total += scores  # dropout mask, one byte per element
+    else:
+        total += d * bs * (q_dim + 2 * kv_dim) + d * bs * q_dim  # q, k, v and the kernel's output
+    total += d * bs * q_dim  # output projection input
+    if hidden_p > 0:
+        total += 2 * bs * h  # residual dropout masks after attention and after the MLP
+    total += d * bs * h  # MLP input
+    total += (4 if model.gated_mlp else 2) * d * bs * i  # gate/up/act/down inputs or fc1 out/act out
+    return int(total)
+
+
+def activations(
+    model: ModelSpec,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    attn_impl: str,
+    checkpointing: bool,
+    coef: Coefficients,
+) -> Activations:
+    """Activation bytes of a micro-batch of ``sequences`` sequences of ``seq_len`` tokens."""
+    d = DTYPE_BYTES[dtype]
+    bs_h = sequences * seq_len * model.hidden_size
+    layer = layer_activation_bytes(model, sequences, seq_len, dtype, attn_impl, coef)
+    outside_layers = 3 * d * bs_h  # embedding output, final norm input, LM head input
+    per_layer = d * bs_h if checkpointing else layer  # under recompute each layer keeps only its input
+    saved = model.num_layers * per_layer + outside_layers
+    forward_working = 2 * d * bs_h + layer // 2
+    return Activations(saved=int(saved), layer=int(layer), forward_working=int(forward_working))
+
+
+def logits_bytes(model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients) -> tuple[int, int]:
+    """(training peak, no-grad forward peak) of the LM head's logits and the loss over them.
+
+    Training: transformers' ForCausalLMLoss upcasts to fp32 and keeps the log-softmax output, and the
+    backward holds two fp32 gradients of the same size. Inference: 16-bit logits plus the fp32 upcast.
+    """
+    elements = sequences * seq_len * model.vocab_size
+    d = DTYPE_BYTES[dtype]
+    training = int(max(coef.logits_peak_bytes, d + 8) * elements)
+    inference = int((d + 4) * elements)
+    return training, inference

@@ -1,0 +1,127 @@
+"""Where one model of a step lives: a trained model's states and buffers, a frozen model's weights.
+
+A trained model (the single model of sft/reward/dpo, the actor or critic of RLHF) is laid out by
+:func:`search.model.states.model_states` and :func:`search.model.states.zero_workspace`; a frozen model
+(reference, reward) holds 16-bit weights only: whole, 1/N under ZeRO-3, or on the host between forwards
+when offloaded (a gathered layer while they run). Cached on their (hashable) arguments: a search places
+thousands of strategies that share these pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from search.coefficients import Coefficients
+from search.model.moments import Moment, between_micro_steps
+from search.model.shapes import largest_module_params, resident_params, trainable_params
+from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
+from store.ds_defaults import zero3_buckets
+from store.records import DTYPE_BYTES, FrozenModelStrategy, ModelSpec, TrainedModelStrategy
+
+
+@dataclass(frozen=True, eq=False)
+class TrainedPlacement:
+    """A trained model (single, actor or critic) under its layout (one object per inputs: hashed by identity)."""
+
+    model: ModelSpec
+    lm_head: bool
+    layout: TrainedModelStrategy
+    trainable: int
+    resident: int  # parameters held (base model plus adapters)
+    states: ModelStates
+    work: ZeroWorkspace  # DeepSpeed's working buffers around the states, and when they exist
+    buffers: int  # DeepSpeed's buffers resident for this engine, without the shared cuBLAS workspace
+    grad_accum: int
+    world_size: int
+
+    @property
+    def persistent_gradients(self) -> int:
+        """ZeRO-3's gradient partition buffer: allocated by the optimizer at init and kept for the whole run."""
+        return self.states.gradients if self.layout.zero_stage == 3 else 0
+
+    @property
+    def carried(self) -> Moment:
+        """Bytes alive between this model's micro-steps beyond its resident ones (accumulated gradients,
+        ZeRO-1's reduce buckets), which the other trained model's interleaved micro-steps find live."""
+        return between_micro_steps(self.work)
+
+
+@lru_cache(maxsize=1024)
+def trained_placement(
+    model: ModelSpec,
+    lm_head: bool,
+    layout: TrainedModelStrategy,
+    dtype: str,
+    world_size: int,
+    grad_accum: int,
+    coef: Coefficients,
+) -> TrainedPlacement:
+    """Model states and buckets of a trained model, exactly as for single-model training."""
+    trainable = trainable_params(model, layout.lora_rank, lm_head=lm_head)
+    resident = resident_params(model, layout.lora_rank, lm_head=lm_head)
+    states = model_states(
+        model=model,
+        trainable=trainable,
+        frozen=resident - trainable,
+        dtype=dtype,
+        zero_stage=layout.zero_stage,
+        offload_optimizer=layout.offload_optimizer,
+        offload_param=layout.offload_param,
+        world_size=world_size,
+        grad_accum=grad_accum,
+    )
+    work = zero_workspace(
+        model=model,
+        trainable=trainable,
+        dtype=dtype,
+        zero_stage=layout.zero_stage,
+        offload_optimizer=layout.offload_optimizer,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        lora_rank=layout.lora_rank,
+        lm_head=lm_head,
+        coef=coef,
+    )
+    # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
+    buffers = work.resident - int(coef.cublas_workspace_bytes)
+    return TrainedPlacement(model, lm_head, layout, trainable, resident, states, work, buffers, grad_accum, world_size)
+
+
+@dataclass(frozen=True, eq=False)
+class FrozenPlacement:
+    """A frozen model (reference or reward) under its block (one object per inputs: hashed by identity)."""
+
+    model: ModelSpec
+    lm_head: bool
+    block: FrozenModelStrategy
+    params: int  # parameters of the whole model
+    resident: int  # 16-bit bytes on the GPU between its forwards
+    gathered: int  # bytes gathered while its own forward runs (ZeRO-3: a module plus the prefetch bucket)
+    host: int  # 16-bit bytes per GPU held in host memory (offloaded partition)
+
+
+@lru_cache(maxsize=1024)
+def frozen_placement(
+    model: ModelSpec, lm_head: bool, block: FrozenModelStrategy, dtype: str, world_size: int
+) -> FrozenPlacement:
+    """16-bit weights whole (ZeRO-0), partitioned (ZeRO-3) or on the host (ZeRO-3 + offload)."""
+    d = DTYPE_BYTES[dtype]
+    params = resident_params(model, 0, lm_head=lm_head)
+    if block.zero_stage == 0:
+        return FrozenPlacement(model, lm_head, block, params, d * params, 0, 0)
+    gathered = d * (largest_module_params(model) + zero3_buckets(model).prefetch_bucket_size)
+    partition = d * params // world_size
+    if block.offload != "none":
+        return FrozenPlacement(model, lm_head, block, params, 0, gathered, partition)
+    return FrozenPlacement(model, lm_head, block, params, partition, gathered, 0)
+
+
+def ema_bytes(actor: TrainedPlacement, dtype: str, world_size: int) -> tuple[int, int]:
+    """(GPU, host per GPU) bytes of DeepSpeed-Chat's ``--enable_ema`` copy: 16-bit, placed like the actor."""
+    d = DTYPE_BYTES[dtype]
+    layout = actor.layout
+    if layout.zero_stage != 3:
+        return d * actor.resident, 0
+    partition = d * actor.resident // world_size
+    return (0, partition) if layout.offload_param != "none" else (partition, 0)

@@ -1,0 +1,167 @@
+"""Bytes per GPU that only an RLHF step has: the rollout buffer, generation and the scoring forwards,
+and the actor's and critic's training moments with the other model's carried gradients.
+
+The models of a DeepSpeed-Chat / OpenRLHF step 3 stay on the GPU together (:mod:`search.model.placement`).
+Pure functions, cached on their (hashable) arguments: an RLHF search predicts thousands of strategies that
+share these pieces.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from search.coefficients import Coefficients
+from search.model.activations import LossLogits, activations, logits_bytes, loss_logits
+from search.model.moments import TRAINING_PHASES, training_moments
+from search.model.placement import TrainedPlacement
+from search.step.phases import Live, live, live_of
+from store.records import DTYPE_BYTES, ModelSpec
+
+
+def experience_bytes(sequences: int, seq_len: int, dtype: str) -> int:
+    """The rollout buffer: token ids and attention mask (int64) plus log-probs, reference log-probs,
+    values and rewards (compute dtype) for every token of the step's sequences."""
+    return sequences * seq_len * (16 + 4 * DTYPE_BYTES[dtype])
+
+
+# --- generation ---------------------------------------------------------------------------------------
+
+
+def kv_cache_bytes(model: ModelSpec, sequences: int, tokens: int, dtype: str) -> int:
+    """2 (K and V) x layers x sequences x tokens x kv_heads x head_dim x dtype bytes."""
+    return 2 * model.num_layers * sequences * tokens * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+
+
+def hybrid_engine_workspace_bytes(model: ModelSpec, sequences: int, tokens: int, dtype: str, coef: Coefficients) -> int:
+    """DeepSpeed inference workspace beside the KV cache (``InferenceContext::GenWorkSpace``).
+
+    Per token of the batch ``hybrid_engine_workspace_hidden`` hidden-size vectors, plus the attention
+    score buffer (sequences x heads x tokens x tokens) that it allocates twice, plus, for grouped-query
+    models, the part of its KV cache sized for every query head rather than the KV heads. DeepSpeed takes
+    it with cudaMalloc, outside torch's caching allocator: it forms no fragments, and torch's counters miss it.
+    """
+    d = DTYPE_BYTES[dtype]
+    hidden = coef.hybrid_engine_workspace_hidden * sequences * tokens * model.hidden_size
+    scores = 2 * sequences * model.num_heads * tokens * tokens
+    all_heads = 2 * model.num_layers * sequences * tokens * (model.num_heads - model.num_kv_heads) * model.head_dim
+    return int(d * (hidden + scores + all_heads))
+
+
+@lru_cache(maxsize=4096)
+def generation_live(
+    actor: TrainedPlacement,
+    hybrid_engine: bool,
+    sequences: int,
+    prompt_len: int,
+    gen_len: int,
+    dtype: str,
+    attn_impl: str,
+    coef: Coefficients,
+) -> tuple[Live, ...]:
+    """(prefill, last decoding step) of one generate call over ``sequences`` sequences.
+
+    The KV cache grows to prompt + generation tokens; only the last token's logits are computed (with the
+    fp32 upcast of sampling). Under ZeRO-3 the hybrid engine gathers the actor's whole 16-bit weights for
+    the call; without it the actor is gathered module by module, as in any ZeRO-3 forward. With the hybrid
+    engine the KV cache lives in DeepSpeed's own workspace (cudaMalloc) and is released after the call
+    (``release_inference_cache``); without it HF's cache grows through torch's allocator token by token.
+    """
+    model, d = actor.model, DTYPE_BYTES[dtype]
+    seq_len = prompt_len + gen_len
+    zero3 = actor.layout.zero_stage == 3
+    if zero3 and hybrid_engine:
+        gathered = d * actor.resident
+    elif zero3:
+        gathered = actor.states.zero3_gathered // 2  # parameters of the live module, no gradients
+    else:
+        gathered = 0
+    workspace = hybrid_engine_workspace_bytes(model, sequences, seq_len, dtype, coef) if hybrid_engine else 0
+    _, last_logits = logits_bytes(model, sequences, 1, dtype, coef)
+    moments = []
+    for kv_tokens, run_tokens in ((prompt_len, prompt_len), (seq_len, 1)):
+        kv = kv_cache_bytes(model, sequences, kv_tokens, dtype)
+        working = activations(model, sequences, run_tokens, dtype, attn_impl, False, coef).forward_working
+        in_torch = gathered + working + last_logits + (0 if hybrid_engine else kv)
+        moments.append(
+            live(
+                zero3_gathered=gathered,
+                activations=working,
+                logits=last_logits,
+                kv_cache=kv,
+                hybrid_engine=workspace,
+                transient=in_torch,
+            )
+        )
+    return tuple(moments)
+
+
+# --- scoring: no-grad forwards of every model over the generated sequences ------------------------------
+
+
+@lru_cache(maxsize=4096)
+def forward_live(
+    model: ModelSpec,
+    lm_head: bool,
+    gathered: int,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    attn_impl: str,
+    coef: Coefficients,
+) -> Live:
+    """One model's no-grad forward: a layer's working set, logits with the fp32 log-softmax (LM heads
+    only, as single-model inference counts them), and its ZeRO-3 gathered module."""
+    working = activations(model, sequences, seq_len, dtype, attn_impl, False, coef).forward_working
+    logits = logits_bytes(model, sequences, seq_len, dtype, coef)[1] if lm_head else 0
+    return live(zero3_gathered=gathered, activations=working, logits=logits, transient=gathered + working + logits)
+
+
+# --- training: forward, backward and optimizer step of one micro-batch ---------------------------------
+
+
+@lru_cache(maxsize=4096)
+def training_live(
+    trained: TrainedPlacement,
+    other: TrainedPlacement | None,
+    micro_batch: int,
+    seq_len: int,
+    dtype: str,
+    attn_impl: str,
+    coef: Coefficients,
+) -> tuple[Live, ...]:
+    """Every moment of one trained model's forward, backward and optimizer step, as single-model training
+    counts them (:func:`search.model.moments.training_moments`).
+
+    ``other`` is the other trained model at the same accumulation: DeepSpeed-Chat and OpenRLHF interleave
+    actor and critic micro-steps, so its gradients (and ZeRO-1 buckets) carried between micro-steps are
+    live too. ZeRO-3 gradient partitions are resident bytes here (``Models.resident``), not moments.
+    """
+    s, model = trained.layout, trained.model
+    acts = activations(model, micro_batch, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
+    logits = loss_logits(model, micro_batch, seq_len, dtype, coef) if trained.lm_head else LossLogits(0, 0, 0)
+    moments = training_moments(
+        model=model,
+        lm_head=trained.lm_head,
+        dtype=dtype,
+        zero_stage=s.zero_stage,
+        lora_rank=s.lora_rank,
+        gradient_checkpointing=s.gradient_checkpointing,
+        grad_accum=trained.grad_accum,
+        world_size=trained.world_size,
+        states=trained.states,
+        work=trained.work,
+        acts=acts,
+        logits=logits,
+        backward_working=int(coef.backward_working_layers * acts.layer),
+    )
+    kept = trained.persistent_gradients
+    others = other.carried if other is not None else {}
+    steady = moments.steady - kept + sum(others.values())
+    lives = []
+    for name in TRAINING_PHASES:
+        for parts in moments.phases[name]:
+            now = dict(parts, gradients=parts["gradients"] - kept)
+            for part, value in others.items():
+                now[part] += value
+            lives.append(live_of(now, steady))
+    return tuple(lives)

@@ -1,0 +1,95 @@
+"""Where the four models of an RLHF step live, and the bytes that stay resident through every phase.
+
+Each role's model is ``Workload.model_for(role)``; trained models (actor, critic) are placed exactly as a
+single trained model is (:mod:`search.model.placement`), frozen ones (reference, reward) by their block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from search.model.placement import (
+    FrozenPlacement,
+    TrainedPlacement,
+    ema_bytes,
+    frozen_placement,
+    trained_placement,
+)
+from search.rlhf.job import RLHFContext
+from search.rlhf.memory import experience_bytes
+from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy
+
+
+@dataclass(frozen=True, eq=False)
+class Models:
+    """Where the step's four models live, and the bytes that stay resident through every phase."""
+
+    actor: TrainedPlacement
+    critic: TrainedPlacement | None
+    reference: FrozenPlacement
+    reward: FrozenPlacement
+    resident: dict[str, int]
+    host_bytes: int
+    host_states: int  # bytes per GPU in host memory (offloaded states, staging buffers), without slack
+
+    @property
+    def trained(self) -> list[TrainedPlacement]:
+        return [self.actor] + ([self.critic] if self.critic else [])
+
+
+@lru_cache(maxsize=4096)
+def trained_model(ctx: RLHFContext, role: str, layout: TrainedModelStrategy, grad_accum: int) -> TrainedPlacement:
+    """The actor (LM head) or the critic (scalar head) under ``layout``. Only its gradients depend on the
+    accumulation: generation, scoring and resident bytes use ``grad_accum=1``."""
+    w = ctx.workload
+    model = w.model_for(role)
+    return trained_placement(model, role == "actor", layout, w.dtype, ctx.hardware.world_size, grad_accum, ctx.coef)
+
+
+@lru_cache(maxsize=1024)
+def frozen_model(ctx: RLHFContext, role: str, block: FrozenModelStrategy) -> FrozenPlacement:
+    """The reference (LM head) or the reward model (scalar head) under ``block``."""
+    w = ctx.workload
+    model = w.model_for(role)
+    return frozen_placement(model, role == "reference", block, w.dtype, ctx.hardware.world_size)
+
+
+@lru_cache(maxsize=16384)
+def place_models(
+    ctx: RLHFContext,
+    actor_layout: TrainedModelStrategy,
+    critic_layout: TrainedModelStrategy | None,
+    reference_block: FrozenModelStrategy,
+    reward_block: FrozenModelStrategy,
+    ema: bool,
+) -> Models:
+    """Model states, frozen weights, EMA copy, rollout buffer and buckets; host memory per node."""
+    w, coef, n = ctx.workload, ctx.coef, ctx.hardware.world_size
+    dtype, d = w.dtype, DTYPE_BYTES[w.dtype]
+    actor = trained_model(ctx, "actor", actor_layout, 1)
+    critic = trained_model(ctx, "critic", critic_layout, 1) if critic_layout is not None else None
+    reference, reward = frozen_model(ctx, "reference", reference_block), frozen_model(ctx, "reward", reward_block)
+    trained = [actor] + ([critic] if critic else [])
+    ema_gpu, ema_host = ema_bytes(actor, dtype, n) if ema else (0, 0)
+    resident = {
+        "parameters": sum(p.states.parameters for p in trained),
+        "optimizer_states": sum(p.states.optimizer_states for p in trained),
+        "gradients": sum(p.persistent_gradients for p in trained),  # ZeRO-3's partitions, kept from init on
+        "reference_model": reference.resident,
+        "reward_model": reward.resident,
+        "ema": ema_gpu,
+        "experience": experience_bytes(ctx.job.sequences_per_gpu, ctx.job.seq_len, dtype),
+        "buffers": int(coef.cublas_workspace_bytes) + sum(p.buffers for p in trained),
+    }
+    # Host per node: offloaded states with DeepSpeed's pinned-buffer slack, offloaded frozen weights and
+    # EMA copy; or, when larger, every local rank loading one model's 16-bit copy (one model at a time).
+    offloaded = coef.host_buffer_factor * sum(p.states.host for p in trained)
+    offloaded += reference.host + reward.host + ema_host
+    loading = max(
+        [d * p.resident // (n if p.layout.zero_stage == 3 else 1) for p in trained]
+        + [d * p.params // (n if p.block.zero_stage == 3 else 1) for p in (reference, reward)]
+    )
+    host = int(max(offloaded, loading) * ctx.hardware.gpus)
+    host_states = sum(p.states.host + p.work.host for p in trained) + reference.host + reward.host + ema_host
+    return Models(actor, critic, reference, reward, resident, host, host_states)

@@ -1,0 +1,237 @@
+"""The cost model of an RLHF step (ppo, remax, grpo), DeepSpeed-Chat step 3 / OpenRLHF style, top to bottom.
+
+Per GPU a step takes ``global_batch / world_size`` prompts. They are generated ``generation_batch`` prompts
+per call, each prompt giving ``samples_per_prompt`` sequences of prompt + generation tokens (ReMax adds a
+greedy generate call per batch for its baseline). Every generated batch is then scored: no-grad forwards of
+the actor and the reference (log-probs over the vocabulary), the reward model and, for PPO, the critic
+(scalar heads). Training runs ``ppo_epochs`` passes over the step's sequences, ``micro_batch`` sequences per
+micro-step and ``grad_accum`` micro-steps per optimizer step, actor and critic micro-steps interleaved.
+
+Phases: ``generation``, ``scoring``, ``actor_training``, ``critic_training`` (PPO only). Every phase gets a
+peak allocated (all resident model bytes plus its own live bytes), a peak reserved (plus the caching
+allocator's fragments) and a time. Fragments follow arXiv 2410.15651: each phase fragments a share of what
+it allocates and frees, and leaves a share of it cached for the phases after it, until ``empty_cache``
+releases them (``never``; ``after-generation``; ``after-inference``: after generation and after scoring;
+``after-phase``; ``every-step``: between steps only).
+
+The reference is always a separate model, as DeepSpeed-Chat keeps it, even when the actor is LoRA-tuned
+from the same base (TRL would run the actor with adapters disabled instead and save its bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from search.coefficients import Coefficients
+from search.model.placement import FrozenPlacement, TrainedPlacement
+from search.model.training_time import training_time
+from search.prediction import Prediction
+from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
+from search.rlhf.memory import forward_live, generation_live, training_live
+from search.rlhf.models import Models, place_models, trained_model
+from search.rlhf.timing import ema_time, frozen_forward_time, generation_time, trained_forward_time
+from search.step.assemble import Step, finish_step
+from search.step.assemble import reserved_floor as step_reserved_floor
+from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
+from store.records import Hardware, RLHFStrategy, TrainedModelStrategy, Workload
+
+
+@dataclass(frozen=True, eq=False)
+class StepHalf:
+    """The inference half (generation, scoring) or the training half (actor and critic) of a step."""
+
+    phases: tuple[StepPhase, ...]
+    time: dict[str, float]  # seconds per step by activity
+    role_time: dict[str, float]  # the same seconds by model
+    live: int  # the most bytes any of its phases adds to the resident ones
+
+
+def _half(phases: list[StepPhase], time: dict[str, float], role_time: dict[str, float]) -> StepHalf:
+    return StepHalf(tuple(phases), time, role_time, max(phase.live for phase in phases))
+
+
+@lru_cache(maxsize=4096)
+def generation_phase(
+    ctx: RLHFContext, actor: TrainedPlacement, hybrid_engine: bool, generation_batch: int
+) -> StepPhase:
+    """All generate calls of a step, ``generation_batch`` prompts each (ReMax: a greedy call beside each)."""
+    w, hw, coef, job = ctx.workload, ctx.hardware, ctx.coef, ctx.job
+    batch = generation_batch * job.samples_per_prompt
+    calls = job.prompts_per_gpu // generation_batch * job.generate_passes
+    seconds = generation_time(actor, hybrid_engine, batch, job.prompt_len, job.gen_len, w.dtype, hw, coef)
+    return StepPhase(
+        "generation",
+        INFERENCE,
+        generation_live(actor, hybrid_engine, batch, job.prompt_len, job.gen_len, w.dtype, w.attn_impl, coef),
+        trained_factor(actor, coef, training=False),
+        coef.frag_inference_carried,
+        calls * seconds,
+        calls,
+    )
+
+
+@lru_cache(maxsize=4096)
+def scoring_forward(
+    ctx: RLHFContext, model: TrainedPlacement | FrozenPlacement, generation_batch: int
+) -> tuple[Live, float, float]:
+    """(live bytes, seconds per step, fragmentation factor) of one model's scoring forwards."""
+    w, hw, coef, job = ctx.workload, ctx.hardware, ctx.coef, ctx.job
+    batch, calls = generation_batch * job.samples_per_prompt, job.prompts_per_gpu // generation_batch
+    if isinstance(model, TrainedPlacement):
+        gathered = model.states.zero3_gathered // 2  # parameters of the live module, no gradients
+        seconds = trained_forward_time(model, batch, job.seq_len, w.dtype, hw, coef)
+        factor = trained_factor(model, coef, training=False)
+    else:
+        gathered = model.gathered
+        seconds = frozen_forward_time(model, batch, job.seq_len, w.dtype, hw, coef)
+        factor = frozen_factor(model, coef)
+    live = forward_live(model.model, model.lm_head, gathered, batch, job.seq_len, w.dtype, w.attn_impl, coef)
+    return live, calls * seconds, factor
+
+
+@lru_cache(maxsize=16384)
+def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, generation_batch: int) -> StepHalf:
+    """Generation and scoring of the step's prompts, ``generation_batch`` prompts per call."""
+    job = ctx.job
+    generation = generation_phase(ctx, models.actor, hybrid_engine, generation_batch)
+    roles = [("actor", models.actor), ("critic", models.critic), ("reference", models.reference)]
+    roles.append(("reward", models.reward))
+    forwards = {role: scoring_forward(ctx, p, generation_batch) for role, p in roles if p is not None}
+    role_time = {role: forwards[role][1] if role in forwards else 0.0 for role, _ in roles}
+    role_time["actor"] += generation.time_s
+    calls = job.prompts_per_gpu // generation_batch
+    role_time["shared"] = ctx.coef.step_overhead_s * calls * (job.generate_passes + 1)
+    scoring_seconds = sum(seconds for _, seconds, _ in forwards.values())
+    scoring = StepPhase(
+        "scoring",
+        INFERENCE,
+        tuple(live for live, _, _ in forwards.values()),
+        max(factor for _, _, factor in forwards.values()),
+        ctx.coef.frag_inference_carried,
+        scoring_seconds,
+        calls,
+    )
+    time = {"generation": generation.time_s, "scoring": scoring_seconds, "overhead": role_time["shared"]}
+    return _half([generation, scoring], time, role_time)
+
+
+@lru_cache(maxsize=16384)
+def training_half(
+    ctx: RLHFContext,
+    actor_layout: TrainedModelStrategy,
+    critic_layout: TrainedModelStrategy | None,
+    ema: bool,
+    micro_batch: int,
+    grad_accum: int,
+) -> StepHalf:
+    """``ppo_epochs`` optimizer steps of the actor and (PPO) the critic, micro-steps interleaved."""
+    w, hw, coef, job = ctx.workload, ctx.hardware, ctx.coef, ctx.job
+    dtype, attn, seq_len, epochs = w.dtype, w.attn_impl, job.seq_len, w.ppo_epochs
+    actor = trained_model(ctx, "actor", actor_layout, grad_accum)
+    critic = trained_model(ctx, "critic", critic_layout, grad_accum) if critic_layout is not None else None
+    time = dict.fromkeys(("training", "communication", "offload", "optimizer", "ema", "overhead"), 0.0)
+    role_time = {"actor": 0.0, "critic": 0.0, "shared": 0.0}
+    phases = []
+    for role, p in (("actor", actor), ("critic", critic)):
+        if p is None:
+            continue
+        other = critic if role == "actor" else actor
+        seconds_of = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef)
+        compute, comm, offload, optimizer = (
+            seconds_of.compute,
+            seconds_of.communication,
+            seconds_of.offload,
+            seconds_of.optimizer,
+        )
+        extra = ema_time(p, dtype, hw, coef) if (role == "actor" and ema) else 0.0
+        for key, seconds in (
+            ("training", compute),
+            ("communication", comm),
+            ("offload", offload),
+            ("optimizer", optimizer),
+            ("ema", extra),
+        ):
+            time[key] += epochs * seconds
+        seconds = epochs * (compute + comm + offload + optimizer + extra)
+        role_time[role] = seconds
+        live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef)
+        factor = trained_factor(p, coef, training=True)
+        phases.append(
+            StepPhase(f"{role}_training", TRAINING, live, factor, coef.frag_carried, seconds, epochs * grad_accum)
+        )
+    time["overhead"] = role_time["shared"] = coef.step_overhead_s * epochs * grad_accum * len(phases)
+    return _half(phases, time, role_time)
+
+
+def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """Validate, then build (from cached pieces) the policy-independent part of a prediction."""
+    ctx = rlhf_context(workload, hardware, coef)
+    check_rlhf_strategy(workload, strategy, ctx.job)
+    return step_of(ctx, strategy)
+
+
+def step_halves(ctx: RLHFContext, s: RLHFStrategy) -> tuple[Models, StepHalf, StepHalf]:
+    """The cached pieces of a (valid) strategy's step."""
+    models = place_models(ctx, s.actor, s.critic, s.reference, s.reward, s.ema)
+    return (
+        models,
+        inference_half(ctx, models, s.hybrid_engine, s.generation_batch),
+        training_half(ctx, s.actor, s.critic, s.ema, s.micro_batch, s.grad_accum),
+    )
+
+
+def step_time(inference: StepHalf, training: StepHalf) -> dict[str, float]:
+    """Seconds per step by activity, without empty_cache (``base_time_s`` is the sum of these, in order)."""
+    return {
+        "generation": inference.time["generation"],
+        "scoring": inference.time["scoring"],
+        **{key: training.time[key] for key in ("training", "communication", "offload", "optimizer", "ema")},
+        "overhead": inference.time["overhead"] + training.time["overhead"],
+    }
+
+
+def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
+    """A (valid) strategy's step: resident bytes, the two halves' phases and times, host memory."""
+    models, inference, training = step_halves(ctx, s)
+    time = step_time(inference, training)
+    role_time = {role: inference.role_time[role] + training.role_time.get(role, 0.0) for role in inference.role_time}
+    notes = []
+    if s.hybrid_engine:
+        notes.append("the hybrid engine's KV cache and workspace are cudaMalloc'ed outside torch's allocator")
+    if s.actor.lora_rank and ctx.workload.model_for("reference") == ctx.workload.model:
+        reference = models.reference.resident / 2**30
+        notes.append(
+            f"the reference is a separate copy as in DeepSpeed-Chat ({reference:.1f} GiB here); running the LoRA "
+            "actor with its adapters disabled (TRL) would save it"
+        )
+    return Step(
+        resident=models.resident,
+        phases=inference.phases + training.phases,
+        repeats={
+            INFERENCE: ctx.job.prompts_per_gpu // s.generation_batch,
+            TRAINING: ctx.workload.ppo_epochs * s.grad_accum,
+        },
+        host_bytes=models.host_bytes,
+        host_states=models.host_states,
+        time=time,
+        role_time=role_time,
+        notes=tuple(notes),
+    )
+
+
+def reserved_floor(models: Models, halves: tuple[StepHalf, ...], coef: Coefficients) -> int:
+    """The least peak reserved bytes any ``empty_cache`` policy and allocator can give the step."""
+    phases = tuple(phase for half in halves for phase in half.phases)
+    return step_reserved_floor(sum(models.resident.values()), phases, coef)
+
+
+def predict_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """Predicted peak memory per GPU, host memory per node and step time of an RLHF strategy.
+
+    Phases ``generation``, ``scoring``, ``actor_training`` and (PPO) ``critic_training``; the breakdown is
+    that of the peak phase's peak moment and sums to its peak reserved bytes. InputError for a strategy that
+    does not fit the workload (a critic block for remax/grpo or none for ppo, batches that do not divide).
+    """
+    step = rlhf_step(workload, strategy, hardware, coef)
+    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)

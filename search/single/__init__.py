@@ -1,0 +1,1 @@
+"""Single-model workloads (sft, reward, dpo): one trained model, and DPO's frozen reference."""

@@ -1,0 +1,157 @@
+"""The cost model of a single-model training step (sft, reward, dpo), read top to bottom.
+
+A step is ``grad_accum`` micro-steps of forward and backward (DPO adds a no-grad reference forward
+first), then one optimizer step. The steps are those of every workload: place the model's states
+(:mod:`search.model.placement`), list each phase's moments (:mod:`search.model.moments`), time them
+(:mod:`search.model.training_time`), then fragments and assembly (:mod:`search.step`) under the strategy's
+``empty_cache`` policy and allocator. The actor and critic of an RLHF step go through the same pieces.
+
+Checked against CPU probes of tiny models (``tests/probes/test_cost_model_accuracy.py``;
+:func:`search.predictor.predict_cpu_backend` is that view).
+"""
+
+from __future__ import annotations
+
+from search.coefficients import Coefficients
+from search.model.activations import LossLogits, activations, loss_logits
+from search.model.moments import Moment, plus, training_moments
+from search.model.placement import TrainedPlacement, trained_placement
+from search.model.training_time import training_time
+from search.prediction import Prediction
+from search.step.assemble import Step, finish_step
+from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
+from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
+
+
+def layout_of(strategy: Strategy) -> TrainedModelStrategy:
+    """The per-model knobs of a single-model strategy: the layout an RLHF actor would have."""
+    s = strategy
+    return TrainedModelStrategy(
+        s.zero_stage, s.offload_optimizer, s.offload_param, s.gradient_checkpointing, s.lora_rank
+    )
+
+
+def place(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> TrainedPlacement:
+    """The trained model's states and buffers (a reward model trains a scalar head, not the LM head)."""
+    lm_head = workload.kind != "reward"
+    world = hardware.world_size
+    return trained_placement(
+        workload.model, lm_head, layout_of(strategy), workload.dtype, world, strategy.grad_accum, coef
+    )
+
+
+def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) -> int:
+    """DPO's frozen reference: partitioned like the policy under ZeRO-3; with LoRA the policy's base model
+    with adapters disabled serves as the reference (TRL), so it costs nothing extra."""
+    if workload.kind != "dpo" or strategy.lora_rank:
+        return 0
+    n = hardware.world_size if strategy.zero_stage == 3 else 1
+    return DTYPE_BYTES[workload.dtype] * workload.model_for("reference").total_params // n
+
+
+def phase_moments(
+    workload: Workload, strategy: Strategy, placed: TrainedPlacement, coef: Coefficients
+) -> tuple[dict[str, list[Moment]], int]:
+    """The candidate peak moments of every phase, in step order, and the bytes steady between micro-steps."""
+    s, model = strategy, workload.model
+    sequences = s.micro_batch * workload.sequences_per_sample
+    acts = activations(
+        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.gradient_checkpointing, coef
+    )
+    logits = (
+        loss_logits(model, sequences, workload.seq_len, workload.dtype, coef) if placed.lm_head else LossLogits(0, 0, 0)
+    )
+    training = training_moments(
+        model=model,
+        lm_head=placed.lm_head,
+        dtype=workload.dtype,
+        zero_stage=s.zero_stage,
+        lora_rank=s.lora_rank,
+        gradient_checkpointing=s.gradient_checkpointing,
+        grad_accum=s.grad_accum,
+        world_size=placed.world_size,
+        states=placed.states,
+        work=placed.work,
+        acts=acts,
+        logits=logits,
+        backward_working=int(coef.backward_working_layers * acts.layer),
+    )
+    moments: dict[str, list[Moment]] = {}
+    if workload.kind == "dpo":
+        reference = plus(
+            training.base,
+            activations=acts.forward_working,
+            logits=logits.forward,
+            zero3_gathered=training.gathered_params,
+        )
+        moments["reference_forward"] = [reference]
+    moments.update(training.phases)
+    return moments, training.steady
+
+
+def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """Everything about the strategy's step except its ``empty_cache`` policy and allocator."""
+    s, model, d = strategy, workload.model, DTYPE_BYTES[workload.dtype]
+    n = hardware.world_size
+    # --- place states --------------------------------------------------------------------------------
+    placed = place(workload, s, hardware, coef)
+    states, work = placed.states, placed.work
+    resident = {
+        "parameters": states.parameters,
+        "optimizer_states": states.optimizer_states,
+        "reference_model": reference_bytes(workload, s, hardware),
+        "buffers": work.resident,
+    }
+    # --- time --------------------------------------------------------------------------------------------
+    sequences = s.micro_batch * workload.sequences_per_sample
+    seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef)
+    per_micro_step = {"forward": seconds.forward, "backward": seconds.backward}
+    if workload.kind == "dpo":
+        per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
+    # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
+    moments, steady = phase_moments(workload, s, placed, coef)
+    phases = []
+    for name, options in moments.items():
+        inference = name == "reference_forward"
+        in_step = name == "optimizer_step"
+        phases.append(
+            StepPhase(
+                name=name,
+                group=OPTIMIZER if in_step else TRAINING,
+                moments=tuple(live_of(parts, steady) for parts in options),
+                factor=trained_factor(placed, coef, training=not inference),
+                carry=coef.frag_inference_carried if inference else coef.frag_carried,
+                time_s=seconds.optimizer if in_step else per_micro_step[name] * s.grad_accum,
+                count=1 if in_step else s.grad_accum,
+            )
+        )
+    time = {
+        "compute": s.grad_accum * sum(per_micro_step.values()),
+        "communication": seconds.communication,
+        "offload": seconds.offload,
+        "optimizer": seconds.optimizer,
+        "overhead": coef.step_overhead_s * s.grad_accum,
+    }
+    # --- host memory per node: offloaded states with DeepSpeed's pinned-buffer slack, or, when larger, every
+    # local rank loading its 16-bit copy of the model before deepspeed.initialize (ZeRO-3 builds it
+    # partitioned under zero.Init).
+    loading = hardware.gpus * d * placed.resident // (n if s.zero_stage == 3 else 1)
+    host = int(max(coef.host_buffer_factor * states.host * hardware.gpus, loading))
+    notes = []
+    if s.lora_rank and s.lora_rank * 8 > model.hidden_size:
+        notes.append(f"LoRA rank {s.lora_rank} is large for hidden size {model.hidden_size}")
+    return Step(
+        resident=resident,
+        phases=tuple(phases),
+        repeats={TRAINING: s.grad_accum, OPTIMIZER: 1},
+        host_bytes=host,
+        host_states=states.host + work.host,
+        time=time,
+        notes=tuple(notes),
+    )
+
+
+def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """Predicted peak memory per GPU, host memory per node and step time of one strategy."""
+    step = single_step(workload, strategy, hardware, coef)
+    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)

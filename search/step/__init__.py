@@ -1,0 +1,1 @@
+"""A step of phases shared by every workload: live moments -> fragments -> Prediction."""

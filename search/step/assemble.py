@@ -1,0 +1,100 @@
+"""A step's phases, resident bytes and seconds turned into a Prediction under an ``empty_cache`` policy.
+
+Single-model training and RLHF both end here: :class:`Step` holds everything about a strategy except its
+``empty_cache`` policy and allocator, which only move fragments (and the cost of releasing them), so a
+search shares one Step between those choices (:func:`score_step`) and :func:`finish_step` assembles the Prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from search.coefficients import Coefficients
+from search.prediction import PhasePrediction, Prediction
+from search.step.fragments import Structure, apply_policy
+from search.step.phases import StepPhase
+from store.records import Hardware
+
+
+def gpu_budget_bytes(hardware: Hardware, coef: Coefficients) -> int:
+    """GPU bytes the caching allocator may reserve: total, less the safety margin and CUDA context."""
+    usable = hardware.gpu_memory_bytes * (1.0 - hardware.safety_margin) - coef.cuda_context_bytes
+    return max(0, int(usable))
+
+
+@dataclass(frozen=True)
+class Step:
+    """A strategy's step before its ``empty_cache`` policy and allocator are applied."""
+
+    resident: dict[str, int]  # bytes resident through every phase, by breakdown name
+    phases: tuple[StepPhase, ...]
+    repeats: dict[str, int]  # runs of each phase group per step
+    host_bytes: int  # host memory per node
+    host_states: int  # Prediction.host_states_bytes
+    time: dict[str, float]  # seconds per step by activity, without empty_cache
+    notes: tuple[str, ...] = ()
+    role_time: dict[str, float] = field(default_factory=dict)  # RLHF: the same seconds by model
+    base_time_s: float = 0.0  # sum of ``time`` (derived)
+    resident_bytes: int = 0  # sum of ``resident`` (derived)
+    peak_allocated_bytes: int = 0  # resident plus the largest phase's live bytes (derived)
+    structure: Structure = ()  # what the release plan depends on (derived)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_time_s", sum(self.time.values()))
+        object.__setattr__(self, "resident_bytes", sum(self.resident.values()))
+        object.__setattr__(self, "peak_allocated_bytes", self.resident_bytes + max(ph.live for ph in self.phases))
+        structure = tuple((ph.name, ph.group, self.repeats[ph.group] > 1) for ph in self.phases)
+        object.__setattr__(self, "structure", structure)
+
+
+def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficients) -> int:
+    """The least peak reserved bytes any ``empty_cache`` policy and allocator can give a step: with
+    ``after-phase`` no phase finds another's fragments, and expandable segments shrink its own."""
+    within = coef.frag_expandable_factor * coef.frag_within_step
+    return max(
+        resident + live + int(within * phase.factor * transient + 0)
+        for phase in phases
+        for live, transient in phase.moment_bytes
+    )
+
+
+def score_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients) -> tuple[int, float]:
+    """(peak reserved bytes, step seconds) of a step under a policy: what :func:`finish_step` would report."""
+    reserved, _, cache_seconds = apply_policy(
+        step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef
+    )
+    return max(reserved), step.base_time_s + cache_seconds
+
+
+def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """Apply the ``empty_cache`` policy and the allocator to a step: fragments, their cost, the Prediction.
+
+    The breakdown is that of the peak phase's peak moment and sums to its peak reserved bytes.
+    """
+    phases = step.phases
+    reserved, chosen, cache_seconds = apply_policy(
+        step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef
+    )
+    allocated = [step.resident_bytes + phase.live for phase in phases]
+    peak = max(range(len(phases)), key=lambda i: (reserved[i], allocated[i]))
+    moment = phases[peak].moments[chosen[peak]]
+    breakdown = dict(step.resident)
+    for name, value in moment.as_dict().items():
+        breakdown[name] = breakdown.get(name, 0) + value
+    breakdown["fragmentation"] = reserved[peak] - step.resident_bytes - moment.total
+    return Prediction(
+        peak_allocated_bytes=max(allocated),
+        peak_reserved_bytes=max(reserved),
+        gpu_budget_bytes=gpu_budget_bytes(hardware, coef),
+        host_bytes=step.host_bytes,
+        host_states_bytes=step.host_states,
+        host_budget_bytes=hardware.cpu_memory_bytes,
+        step_time_s=step.base_time_s + cache_seconds,
+        breakdown=breakdown,
+        phases=tuple(
+            PhasePrediction(ph.name, allocated[i], reserved[i], ph.time_s, ph.count) for i, ph in enumerate(phases)
+        ),
+        peak_phase=phases[peak].name,
+        time_breakdown=dict(step.time, empty_cache=cache_seconds),
+        notes=step.notes,
+    )

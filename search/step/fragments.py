@@ -1,0 +1,86 @@
+"""Fragments: what torch's caching allocator keeps reserved beyond the live bytes (arXiv 2410.15651).
+
+Each phase fragments a share of what it allocates and frees (``frag_within_step``) and leaves a share cached
+for the phases after it (``frag_inference_carried`` after inference phases, ``frag_carried`` after training)
+until an ``empty_cache`` call releases it; where the calls go is the one table of :mod:`store.phases`.
+Within a repeated group (generate calls; interleaved micro-steps) a phase also follows its group's others.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from search.coefficients import Coefficients
+from search.model.timing import empty_cache_time
+from search.step.phases import StepPhase
+from store.phases import END_STEP, empties_after
+
+Structure = tuple[tuple[str, str, bool], ...]  # (name, group, group repeated within a step) per phase
+
+
+def _survives(structure: Structure, q: int, p: int, policy: str) -> bool:
+    """Do fragments left by phase ``q`` remain when phase ``p`` starts (no empty_cache in between)?"""
+    m = len(structure)
+    # along the step, wrapping into the next step (where every-step releases)
+    path = [(q + i) % m for i in range((p - q) % m)]
+    if not any(empties_after(policy, structure[k][0]) for k in path) and not (
+        p <= q and empties_after(policy, END_STEP)
+    ):
+        return True
+    # inside a repeated loop (several generate calls; interleaved micro-steps) p also follows q directly
+    group, repeated = structure[q][1], structure[q][2]
+    if structure[p][1] != group or not repeated:
+        return False
+    members = [k for k in range(m) if structure[k][1] == group]
+    a, b = members.index(q), members.index(p)
+    inner = [members[(a + i) % len(members)] for i in range((b - a) % len(members))]
+    return not any(empties_after(policy, structure[k][0]) for k in inner)
+
+
+@lru_cache(maxsize=512)
+def release_plan(
+    structure: Structure, policy: str
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, tuple[int, ...]], ...]]:
+    """For each phase the other phases whose fragments it still finds; for each phase followed by an
+    ``empty_cache`` call, the phases whose cached blocks that call returns (itself included)."""
+    m = len(structure)
+    sees = tuple(tuple(q for q in range(m) if q != p and _survives(structure, q, p, policy)) for p in range(m))
+    releases = tuple((p, (p, *sees[p])) for p in range(m) if empties_after(policy, structure[p][0]))
+    return sees, releases
+
+
+def apply_policy(
+    phases: tuple[StepPhase, ...],
+    structure: Structure,
+    resident: int,
+    empty_cache: str,
+    allocator: str,
+    coef: Coefficients,
+) -> tuple[list[int], list[int], float]:
+    """(reserved, index of the moment setting it) per phase, and the seconds of the empty_cache calls.
+
+    Reserved = resident + the moment's live bytes + its within-phase fragments + the fragments other phases
+    left that no ``empty_cache`` call has released since (``release_plan``).
+    """
+    sees, releases = release_plan(structure, empty_cache)
+    scale = coef.frag_expandable_factor if allocator == "expandable-segments" else 1.0
+    residue = [scale * ph.factor * ph.carry * ph.transient for ph in phases]
+    within = scale * coef.frag_within_step
+    reserved, chosen = [], []
+    for p, phase in enumerate(phases):
+        carried = sum(residue[q] for q in sees[p])
+        share = within * phase.factor
+        best, best_live, best_k = -1, -1, 0
+        for k, (live, transient) in enumerate(phase.moment_bytes):
+            total = resident + live + int(share * transient + carried)
+            if total > best or (total == best and live > best_live):
+                best, best_live, best_k = total, live, k
+        reserved.append(best)
+        chosen.append(best_k)
+    # each empty_cache call costs the release and, later, the cudaMalloc of what it released
+    cache_seconds = 0.0
+    for p, cached in releases:
+        cache_seconds += empty_cache_time(phases[p].count, max(phases[q].transient for q in cached), coef)
+    if empties_after(empty_cache, END_STEP):
+        cache_seconds += empty_cache_time(1, max(phase.transient for phase in phases), coef)
+    return reserved, chosen, cache_seconds

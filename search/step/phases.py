@@ -1,0 +1,101 @@
+"""The phases of a step before the allocator is applied: what each moment adds to the resident bytes.
+
+A phase is a tuple of ``Live`` moments (the bytes that exist only then: gradients between micro-steps,
+gathered parameters, activations, logits, KV cache, hybrid-engine workspace, DeepSpeed's transient buckets)
+and how many of them go through torch's caching allocator (``transient``: what leaves fragments), with the
+fragmentation multiplier of the layouts that run in it. Single-model training (:mod:`search.single`) and
+RLHF (:mod:`search.rlhf`) both describe their steps this way; :mod:`search.step.fragments` and
+:mod:`search.step.assemble` turn them into a Prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from search.coefficients import Coefficients
+from search.model.moments import Moment
+from search.model.placement import FrozenPlacement, TrainedPlacement
+
+LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "kv_cache", "hybrid_engine", "buffers")
+# Groups of phases repeated together within a step: generate/scoring calls; training micro-steps.
+INFERENCE, TRAINING, OPTIMIZER = "inference", "training", "optimizer"
+
+
+@dataclass(frozen=True)
+class Live:
+    """What one moment of a phase adds to the resident bytes."""
+
+    parts: tuple[int, ...]  # bytes per LIVE_PARTS name
+    transient: int  # of which allocated and freed through torch's caching allocator within the phase
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(zip(LIVE_PARTS, self.parts, strict=True))
+
+
+def live(
+    *,
+    gradients: int = 0,
+    zero3_gathered: int = 0,
+    activations: int = 0,
+    logits: int = 0,
+    kv_cache: int = 0,
+    hybrid_engine: int = 0,
+    buffers: int = 0,
+    transient: int,
+) -> Live:
+    return Live((gradients, zero3_gathered, activations, logits, kv_cache, hybrid_engine, buffers), int(transient))
+
+
+def live_of(parts: Moment, steady: int) -> Live:
+    """A training moment as Live bytes: what is beyond the ``steady`` bytes (gradients kept between
+    micro-steps) is allocated and freed within the phase."""
+    return live(**parts, transient=max(0, sum(parts.values()) - steady))
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    """One phase of a step before the allocator's policy is applied."""
+
+    name: str
+    group: str  # INFERENCE or TRAINING: phases repeated together (generate calls; micro-steps)
+    moments: tuple[Live, ...]
+    factor: float  # fragmentation multiplier of the layouts that run in it (ZeRO-3, offload, recompute)
+    carry: float  # share of its transient bytes left cached as fragments for later phases
+    time_s: float  # per step
+    count: int  # runs per step
+    transient: int = 0  # the most bytes it allocates and frees at once (derived)
+    live: int = 0  # the most bytes it adds to the resident ones (derived)
+    moment_bytes: tuple[tuple[int, int], ...] = ()  # (live, transient) of each moment (derived)
+
+    def __post_init__(self) -> None:
+        moment_bytes = tuple((m.total, m.transient) for m in self.moments)
+        object.__setattr__(self, "moment_bytes", moment_bytes)
+        object.__setattr__(self, "transient", max(transient for _, transient in moment_bytes))
+        object.__setattr__(self, "live", max(live for live, _ in moment_bytes))
+
+
+def layout_factor(coef: Coefficients, *, zero3: bool, offload: bool, checkpointing: bool = False) -> float:
+    factor = coef.frag_zero3_factor if zero3 else 1.0
+    if offload:
+        factor *= coef.frag_offload_factor
+    if checkpointing:
+        factor *= coef.frag_checkpointing_factor
+    return factor
+
+
+def trained_factor(p: TrainedPlacement, coef: Coefficients, *, training: bool) -> float:
+    """How much a trained model's layout multiplies fragments (recompute only counts while training)."""
+    s = p.layout
+    offload = s.offload_optimizer != "none" or s.offload_param != "none"
+    return layout_factor(
+        coef, zero3=s.zero_stage == 3, offload=offload, checkpointing=training and s.gradient_checkpointing
+    )
+
+
+def frozen_factor(p: FrozenPlacement, coef: Coefficients) -> float:
+    """How much a frozen model's block multiplies fragments."""
+    return layout_factor(coef, zero3=p.block.zero_stage == 3, offload=p.block.offload != "none")
