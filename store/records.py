@@ -431,8 +431,12 @@ class RLHFStrategy:
         if unknown:
             raise InputError(f"strategy: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         values = dict(data)
-        blocks = {"actor": TrainedModelStrategy, "critic": TrainedModelStrategy}
-        blocks.update({"reference": FrozenModelStrategy, "reward": FrozenModelStrategy})
+        blocks: dict[str, type[TrainedModelStrategy] | type[FrozenModelStrategy]] = {
+            "actor": TrainedModelStrategy,
+            "critic": TrainedModelStrategy,
+            "reference": FrozenModelStrategy,
+            "reward": FrozenModelStrategy,
+        }
         for name, block in blocks.items():
             if name in values and values[name] is not None:
                 if not isinstance(values[name], dict):

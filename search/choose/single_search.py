@@ -9,7 +9,7 @@ cannot miss the optimum); larger ones use seeded multivariate TPE with a trial b
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.single_space import OuterPoint, all_strategies, inner_choices, outer_points, strategy_at
@@ -65,7 +65,7 @@ def search_single(
         trial.set_user_attr("fits", candidate.prediction.fits)
         return candidate.score
 
-    grid = {"layout": layouts, "gradient_checkpointing": [False, True], "lora_rank": loras}
+    grid: dict[str, list[Any]] = {"layout": layouts, "gradient_checkpointing": [False, True], "lora_rank": loras}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if sampler == "grid":

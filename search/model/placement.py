@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.model.moments import Moment, between_micro_steps
+from search.model.activations import Activations, LossLogits, activations, loss_logits
+from search.model.moments import Moment, TrainingMoments, between_micro_steps, training_moments
 from search.model.shapes import largest_module_params, resident_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
 from store.ds_defaults import zero3_buckets
@@ -86,6 +87,42 @@ def trained_placement(
     # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
     buffers = work.resident - int(coef.cublas_workspace_bytes)
     return TrainedPlacement(model, lm_head, layout, trainable, resident, states, work, buffers, grad_accum, world_size)
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    """One micro-batch of a placed trained model: its activations, its logits and the moments of its training."""
+
+    acts: Activations
+    logits: LossLogits
+    moments: TrainingMoments
+
+
+@lru_cache(maxsize=4096)
+def micro_step(
+    placed: TrainedPlacement, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> MicroStep:
+    """Forward, backward and optimizer-step moments of ``sequences`` sequences through ``placed``
+    (:func:`search.model.moments.training_moments`); a model without an LM head has no logits."""
+    s, model = placed.layout, placed.model
+    acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
+    logits = loss_logits(model, sequences, seq_len, dtype, coef) if placed.lm_head else LossLogits(0, 0, 0)
+    moments = training_moments(
+        model=model,
+        lm_head=placed.lm_head,
+        dtype=dtype,
+        zero_stage=s.zero_stage,
+        lora_rank=s.lora_rank,
+        gradient_checkpointing=s.gradient_checkpointing,
+        grad_accum=placed.grad_accum,
+        world_size=placed.world_size,
+        states=placed.states,
+        work=placed.work,
+        acts=acts,
+        logits=logits,
+        backward_working=int(coef.backward_working_layers * acts.layer),
+    )
+    return MicroStep(acts, logits, moments)
 
 
 @dataclass(frozen=True, eq=False)

@@ -224,8 +224,8 @@ def zero_workspace(
     # ZeRO-3: the reduce bucket is allocated at init and kept (stage3.py ipg_buckets); the prefetch bucket
     # bounds parameters gathered ahead, which one rank never gathers (all_gather_coalesced returns at once
     # when the partition world size is 1).
-    buckets = zero3_buckets(model)
-    resident = workspace + d * buckets.reduce_bucket_size + (d * buckets.prefetch_bucket_size if n > 1 else 0)
+    zero3 = zero3_buckets(model)
+    resident = workspace + d * zero3.reduce_bucket_size + (d * zero3.prefetch_bucket_size if n > 1 else 0)
     piece = -(-largest // n)
     return ZeroWorkspace(
         resident=resident,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.model.activations import LossLogits, activations, logits_bytes, loss_logits
-from search.model.moments import TRAINING_PHASES, training_moments
-from search.model.placement import TrainedPlacement
+from search.model.activations import activations, logits_bytes
+from search.model.moments import TRAINING_PHASES
+from search.model.placement import TrainedPlacement, micro_step
 from search.step.phases import Live, live, live_of
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -130,30 +130,13 @@ def training_live(
     coef: Coefficients,
 ) -> tuple[Live, ...]:
     """Every moment of one trained model's forward, backward and optimizer step, as single-model training
-    counts them (:func:`search.model.moments.training_moments`).
+    counts them (:func:`search.model.placement.micro_step`).
 
     ``other`` is the other trained model at the same accumulation: DeepSpeed-Chat and OpenRLHF interleave
     actor and critic micro-steps, so its gradients (and ZeRO-1 buckets) carried between micro-steps are
     live too. ZeRO-3 gradient partitions are resident bytes here (``Models.resident``), not moments.
     """
-    s, model = trained.layout, trained.model
-    acts = activations(model, micro_batch, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
-    logits = loss_logits(model, micro_batch, seq_len, dtype, coef) if trained.lm_head else LossLogits(0, 0, 0)
-    moments = training_moments(
-        model=model,
-        lm_head=trained.lm_head,
-        dtype=dtype,
-        zero_stage=s.zero_stage,
-        lora_rank=s.lora_rank,
-        gradient_checkpointing=s.gradient_checkpointing,
-        grad_accum=trained.grad_accum,
-        world_size=trained.world_size,
-        states=trained.states,
-        work=trained.work,
-        acts=acts,
-        logits=logits,
-        backward_working=int(coef.backward_working_layers * acts.layer),
-    )
+    moments = micro_step(trained, micro_batch, seq_len, dtype, attn_impl, coef).moments
     kept = trained.persistent_gradients
     others = other.carried if other is not None else {}
     steady = moments.steady - kept + sum(others.values())

@@ -13,9 +13,8 @@ Checked against CPU probes of tiny models (``tests/probes/test_cost_model_accura
 from __future__ import annotations
 
 from search.coefficients import Coefficients
-from search.model.activations import LossLogits, activations, loss_logits
-from search.model.moments import Moment, plus, training_moments
-from search.model.placement import TrainedPlacement, trained_placement
+from search.model.moments import Moment, plus
+from search.model.placement import TrainedPlacement, micro_step, trained_placement
 from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.step.assemble import Step, finish_step
@@ -53,35 +52,15 @@ def phase_moments(
     workload: Workload, strategy: Strategy, placed: TrainedPlacement, coef: Coefficients
 ) -> tuple[dict[str, list[Moment]], int]:
     """The candidate peak moments of every phase, in step order, and the bytes steady between micro-steps."""
-    s, model = strategy, workload.model
-    sequences = s.micro_batch * workload.sequences_per_sample
-    acts = activations(
-        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.gradient_checkpointing, coef
-    )
-    logits = (
-        loss_logits(model, sequences, workload.seq_len, workload.dtype, coef) if placed.lm_head else LossLogits(0, 0, 0)
-    )
-    training = training_moments(
-        model=model,
-        lm_head=placed.lm_head,
-        dtype=workload.dtype,
-        zero_stage=s.zero_stage,
-        lora_rank=s.lora_rank,
-        gradient_checkpointing=s.gradient_checkpointing,
-        grad_accum=s.grad_accum,
-        world_size=placed.world_size,
-        states=placed.states,
-        work=placed.work,
-        acts=acts,
-        logits=logits,
-        backward_working=int(coef.backward_working_layers * acts.layer),
-    )
+    sequences = strategy.micro_batch * workload.sequences_per_sample
+    micro = micro_step(placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef)
+    training = micro.moments
     moments: dict[str, list[Moment]] = {}
     if workload.kind == "dpo":
         reference = plus(
             training.base,
-            activations=acts.forward_working,
-            logits=logits.forward,
+            activations=micro.acts.forward_working,
+            logits=micro.logits.forward,
             zero3_gathered=training.gathered_params,
         )
         moments["reference_forward"] = [reference]

@@ -51,9 +51,10 @@ def json_copy(name: str, value: dict[str, Any], what: str = "plan") -> dict[str,
     if not isinstance(value, dict):
         raise TypeError(f"{what} field {name!r} must be a dict, got {type(value).__name__}")
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        copied: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} field {name!r} is not JSON-serialisable: {exc}") from exc
+    return copied
 
 
 # Probes ---------------------------------------------------------------------------------------------

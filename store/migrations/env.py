@@ -38,7 +38,10 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("store migrations: pass a connection in config.attributes or set sqlalchemy.url")
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             _run(conn)

@@ -59,6 +59,6 @@ def test_cost_model_releases_after_the_tables_phases(kind: str, policy: str) -> 
     sees, releases = release_plan(structure, policy)
     released_after = {structure[p][0] for p, _ in releases}
     assert released_after == {name for name in PHASES[kind] if name in EXPECTED_AFTER[policy]}
-    for p, seen in enumerate(sees):
+    for seen in sees:
         for q in seen:  # a phase finds another's fragments only if no call lies between them
             assert not empties_after(policy, structure[q][0])
