@@ -15,9 +15,11 @@ from typing import Any
 
 from planner.files import read_json_file
 from planner.inputs import JobSpec, ResolvedJob, resolve
+from planner.probe_device import device_coefficients, device_prediction
+from planner.probing_report import build_report
 from planner.results import ProbeReport, ProbeRow
 from probes.fingerprint import versions as software_versions
-from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, cpu_backend_coefficients, predict, search
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict, search
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
 from store.models import with_layers
@@ -36,19 +38,6 @@ class PlannedProbe:
     request: ProbeRequest
     key: str
     prediction: Prediction
-
-
-def device_coefficients(device: str, coef: Coefficients) -> Coefficients:
-    """The CPU backend has no CUDA context, cuBLAS workspace or caching allocator."""
-    if device == "cpu":
-        return cpu_backend_coefficients(coef)
-    return coef
-
-
-def device_prediction(prediction: Prediction, device: str) -> Prediction:
-    """The prediction as the probe's device measures it: on the CPU backend host-resident states (offloaded
-    optimizer states, pinned buffers) are live tensors of the same memory, and reserved equals allocated."""
-    return prediction.on_cpu_backend() if device == "cpu" else prediction
 
 
 def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int = 3) -> list[Strategy | RLHFStrategy]:
@@ -200,7 +189,6 @@ def probe(
     ``runner`` defaults to ``probes.run_probe`` (each probe in its own process). ``on_progress`` is called
     with (strategy label, index, total) before each probe that actually runs.
     """
-    from planner.probing_report import build_report
     from store.db import open_storage
     from store.sizes import parse_size
 
@@ -263,7 +251,7 @@ def probe(
         storage.finish_run(run.run_id, status="done")
     finally:
         storage.close()
-    return build_report(resolved, device, run.run_id, rows, fingerprint)
+    return build_report(resolved, device, run.run_id, rows, fingerprint, coefficients)
 
 
 def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from planner.inputs import ResolvedJob
+from planner.probe_device import device_coefficients, device_prediction
 from planner.results import Extrapolation, ProbeReport, ProbeRow
-from search import DEFAULT_COEFFICIENTS, predict
+from search import DEFAULT_COEFFICIENTS, Coefficients, predict
 from store.records import RLHFStrategy, Strategy
 
 METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "step_time_s")
@@ -29,11 +30,15 @@ def extrapolate(depths: tuple[int, int], values: tuple[float, float], layers: in
 
 
 def build_report(
-    job: ResolvedJob, device: str, run_id: str, rows: list[ProbeRow], fingerprint: dict | None = None
+    job: ResolvedJob,
+    device: str,
+    run_id: str,
+    rows: list[ProbeRow],
+    fingerprint: dict | None = None,
+    coefficients: Coefficients = DEFAULT_COEFFICIENTS,
 ) -> ProbeReport:
-    """Rows plus, for each strategy probed ok at two or more cut depths, the extrapolation to full depth."""
-    from planner.probing import device_coefficients, device_prediction
-
+    """Rows plus, for each strategy probed ok at two or more cut depths, the extrapolation to full depth,
+    predicted with ``coefficients`` (those the probes' own predictions used)."""
     by_strategy: dict[str, list[ProbeRow]] = defaultdict(list)
     for row in rows:
         by_strategy[repr(sorted(row.strategy.items()))].append(row)
@@ -51,9 +56,7 @@ def build_report(
         }
         parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
         full_prediction = device_prediction(
-            predict(
-                job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, DEFAULT_COEFFICIENTS)
-            ),
+            predict(job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, coefficients)),
             device,
         )
         predicted_full = {m: float(getattr(full_prediction, m)) for m in METRICS}

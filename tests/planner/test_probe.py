@@ -40,8 +40,20 @@ def _shm_buffers() -> set[str]:
     )
 
 
-def test_sft_probes_are_stored_compared_and_not_run_twice(cli: Cli, db: Path, tiny: Path, tmp_path: Path) -> None:
-    before = _shm_buffers()
+def test_sft_probes_are_stored_compared_and_not_run_twice(
+    cli: Cli, db: Path, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import probes.runner
+
+    ports: list[str] = []  # the MASTER_PORT of each probe this test starts (other work may run beside it)
+
+    def recording_env(*args: Any, **kwargs: Any) -> dict[str, str]:
+        env = original_env(*args, **kwargs)
+        ports.append(env["MASTER_PORT"])
+        return env
+
+    original_env = probes.runner.child_env
+    monkeypatch.setattr(probes.runner, "child_env", recording_env)
     strategies = tmp_path / "strategies.json"
     strategies.write_text(json.dumps(SFT_STRATEGIES))
     args = _job(tiny, "--workload", "sft", "--batch", "2", "--seq-len", "32", "--strategies", strategies)
@@ -61,7 +73,9 @@ def test_sft_probes_are_stored_compared_and_not_run_twice(cli: Cli, db: Path, ti
         measured, predicted = row["measured"]["peak_allocated_bytes"], row["predicted"]["peak_allocated_bytes"]
         assert measured > 0 and row["errors"]["peak_allocated"] == pytest.approx(predicted / measured - 1)
     assert report["fingerprint"]["device"] == "cpu" and report["fingerprint"]["torch"]
-    assert _shm_buffers() <= before  # DeepSpeed's CPU allreduce buffers do not pile up in /dev/shm
+    # DeepSpeed's CPU allreduce buffers (named after the port) do not pile up in /dev/shm
+    assert len(ports) == 4
+    assert not [name for name in _shm_buffers() if any(f"_{port}_" in name for port in ports)]
 
     listed = cli("probes", "--json", "--db", db).json()
     assert {p["probe_id"] for p in listed} == {r["probe_id"] for r in report["rows"]}
@@ -242,3 +256,37 @@ def test_fp16_probe_on_a_cpu_without_fp16_is_one_line(
     assert "--dtype bf16" in result.err
     with open_storage(str(db)) as storage:
         assert storage.list_probes() == []
+
+
+def test_the_report_predicts_with_the_coefficients_given_to_probe(db: Path, tmp_path: Path) -> None:
+    """``probe(coefficients=...)``: the rows and the full-depth prediction of the extrapolation use them (the
+    report once predicted the full depth with the defaults whatever was passed)."""
+    from planner import probe
+    from search import DEFAULT_COEFFICIENTS
+    from store.measurements import PhaseMeasurement, ProbeResult
+
+    folder = tmp_path / "llama-4l"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(TINY_LLAMA, num_hidden_layers=4, vocab_size=4096)))
+    strategies = tmp_path / "one.json"
+    strategies.write_text(json.dumps(SFT_STRATEGIES[:1]))
+
+    def runner(request: Any) -> ProbeResult:  # a stand-in measurement: what is compared is the prediction
+        bytes_ = 1_000_000 * (request.layers or 4)
+        phase = PhaseMeasurement(name="backward", peak_allocated_bytes=bytes_, peak_reserved_bytes=bytes_, time_s=0.1)
+        return ProbeResult(outcome="ok", phases=(phase,), layers=request.layers)
+
+    job: dict[str, Any] = dict(
+        workload="sft", gpu_mem="24G", cpu_mem="64G", batch=2, seq_len=32, strategies=str(strategies), layers="1,2",
+        device="cpu", steps=2, runner=runner, force=True,
+    )  # fmt: skip
+    bigger_logits = DEFAULT_COEFFICIENTS.with_(logits_peak_bytes=4 * DEFAULT_COEFFICIENTS.logits_peak_bytes)
+    default = probe(str(folder), db=str(tmp_path / "a.db"), **job)
+    custom = probe(str(folder), db=str(tmp_path / "b.db"), coefficients=bigger_logits, **job)
+    key = "peak_allocated_bytes"
+    (row_default, *_), (row_custom, *_) = default.rows, custom.rows
+    assert row_custom.predicted[key] > row_default.predicted[key]  # the rows used the given coefficients
+    full_default = default.extrapolations[0].predicted_full[key]
+    full_custom = custom.extrapolations[0].predicted_full[key]
+    full_row = next(r for r in custom.rows if r.layers is None)
+    assert full_custom == full_row.predicted[key] and full_custom > full_default
