@@ -42,7 +42,7 @@ def _run_lint(tmp_path: Path, with_layers_check: bool) -> tuple[subprocess.Compl
         cwd=repo,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     calls = log.read_text().splitlines() if log.exists() else []
     return result, calls

@@ -54,7 +54,7 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
 def run_process() -> Callable[..., CliResult]:
     """Run a real process (``python -m planner ...``, the console script, ``python -c ...``)."""
 
-    def run(argv: list[str], timeout: float = 120) -> CliResult:
+    def run(argv: list[str], timeout: float = 900) -> CliResult:
         proc = subprocess.run(
             [str(a) for a in argv],
             capture_output=True,

@@ -31,7 +31,21 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def _job(tiny: Path, *extra: str) -> list[str]:
-    return ["--model", str(tiny), "--device", "cpu", "--gpu-mem", "24G", "--cpu-mem", "64G", "--steps", "2", *extra]
+    return [
+        "--model",
+        str(tiny),
+        "--device",
+        "cpu",
+        "--gpu-mem",
+        "24G",
+        "--cpu-mem",
+        "64G",
+        "--steps",
+        "2",
+        "--timeout",
+        "3600",
+        *extra,
+    ]
 
 
 def _shm_buffers() -> set[str]:
@@ -128,7 +142,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(db: Path, tiny: Path, tmp_p
     file.write_text(json.dumps([*SFT_STRATEGIES, {"zero_stage": 1, "micro_batch": 2, "grad_accum": 1}]))
     job: dict[str, Any] = dict(
         workload="sft", gpu_mem="24G", cpu_mem="64G", batch=2, seq_len=32, strategies=str(file), layers="2",
-        device="cpu", steps=2, db=str(db),
+        device="cpu", steps=2, timeout_s=3600.0, db=str(db),
     )  # fmt: skip
     calls: list[str] = []
 

@@ -152,7 +152,7 @@ def _planned(case: Case) -> PlannedProbe:
         device="cpu",
         steps=2,
         layers=layers,
-        timeout_s=300.0,
+        timeout_s=3600.0,  # generous: a loaded machine must slow the suite, never fail it
         memory_cap_bytes=None,
         coef=DEFAULT_COEFFICIENTS,
     )

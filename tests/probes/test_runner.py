@@ -43,7 +43,7 @@ def single(kind: str = "sft", strategy: dict[str, Any] | None = None, config: di
         "hardware": make_hardware().to_dict(),
         "device": "cpu",
         "steps": 2,
-        "timeout_s": 240.0,
+        "timeout_s": 3600.0,
     }
     values.update(changes)
     return ProbeRequest(**values)
@@ -73,7 +73,7 @@ def rlhf(kind: str, actor: dict[str, Any], critic: dict[str, Any] | None, **knob
         strategy["critic"] = critic
     strategy.update({"generation_batch": 2, "micro_batch": 2, "grad_accum": 1, "empty_cache": "after-inference"})
     strategy.update(knobs)
-    return ProbeRequest(workload, strategy, make_hardware().to_dict(), device="cpu", steps=2, timeout_s=240.0)
+    return ProbeRequest(workload, strategy, make_hardware().to_dict(), device="cpu", steps=2, timeout_s=3600.0)
 
 
 def assert_ok(result: ProbeResult, phases: tuple[str, ...], layers: int) -> None:
