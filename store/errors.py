@@ -9,3 +9,10 @@ class InputError(ValueError):
     The message is complete on its own (what was wrong, and what would be right); it never needs a
     traceback to be understood.
     """
+
+    def __init__(self, message: object = "") -> None:
+        # One line whatever the user typed: control characters of quoted input are shown escaped.
+        text = str(message)
+        for char, shown in (("\r", "\\r"), ("\n", "\\n"), ("\t", " ")):
+            text = text.replace(char, shown)
+        super().__init__(text)

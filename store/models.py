@@ -34,6 +34,9 @@ for _name, _aliases, _config in CATALOG:
         _BY_KEY[_key(_alias)] = (_name, _config)
 
 
+MAX_NAME_CHARS = 4096  # PATH_MAX on Linux: no model name or path is longer
+
+
 def model_names() -> list[str]:
     """Catalog names, in catalog order."""
     return [name for name, _, _ in CATALOG]
@@ -48,16 +51,32 @@ def get_model(name_or_path: str) -> ModelSpec:
     """
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise InputError(f"model name is empty; give a catalog name ({', '.join(model_names())}) or a config.json")
-    path = Path(name_or_path).expanduser()
+    shown = name_or_path if len(name_or_path) <= 80 else name_or_path[:77] + "..."
+    if len(name_or_path) > MAX_NAME_CHARS:
+        raise InputError(f"model {shown!r}: {len(name_or_path)} characters is too long for a model name or path")
+    found = _BY_KEY.get(_key(name_or_path))
+    path = _local_path(name_or_path, shown)
     if path.is_file() or (path / "config.json").is_file():
         return _from_path(name_or_path, path)
-    found = _BY_KEY.get(_key(name_or_path))
     if found is not None:
         name, config = found
         return spec_from_hf_config(name, copy.deepcopy(config))
     if path.is_dir():
         raise InputError(f"{name_or_path}: folder has no config.json (expected a Hugging Face model folder)")
     raise InputError(_unknown_message(name_or_path))
+
+
+def _local_path(given: str, shown: str) -> Path:
+    """``given`` as a local path (``~`` expanded); a path the file system cannot even look up is not one."""
+    try:
+        path = Path(given).expanduser()
+        path.is_file()  # names too long for the file system raise here
+    except RuntimeError:  # ~user of a user that does not exist
+        raise InputError(f"model {shown!r}: cannot expand the ~ of that path (no such user)") from None
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or err
+        raise InputError(f"model {shown!r}: not a usable path ({type(err).__name__}: {reason})") from None
+    return path
 
 
 def _from_path(given: str, path: Path) -> ModelSpec:
@@ -79,8 +98,9 @@ def _unknown_message(name: str) -> str:
     close = difflib.get_close_matches(_key(name), list(_BY_KEY), n=6, cutoff=0.5)
     suggestions = list(dict.fromkeys(_BY_KEY[key][0] for key in close))[:3]
     hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+    shown = name if len(name) <= 80 else name[:77] + "..."
     return (
-        f"unknown model {name!r} (not a catalog name, nor a config.json file or model folder){hint} "
+        f"unknown model {shown!r} (not a catalog name, nor a config.json file or model folder){hint} "
         f"Known: {', '.join(model_names())}"
     )
 

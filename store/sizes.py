@@ -6,6 +6,7 @@ GPU vendors' "GB" are GiB (an "80 GB" A100 has 80 x 2^30 bytes), so every unit h
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from store.errors import InputError
 
@@ -13,22 +14,29 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
+MAX_SIZE = 2**50  # 1 PiB: beyond any GPU's or node's memory; larger numbers are typos, not sizes
+
+
 def parse_size(text: str | int, what: str = "size") -> int:
     """Bytes in ``text`` (``24G``, ``24GB``, ``24GiB``, ``24576MiB``, ``25769803776``).
 
-    Raises InputError for anything that is not a positive size.
+    Raises InputError for anything that is not a positive size of at most 1 PiB.
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        match = _PATTERN.match(str(text))
+        shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
+        match = _PATTERN.match(str(text)) if len(str(text)) <= 400 else None
         if not match:
             raise InputError(
-                f"{what}: cannot read {str(text)!r} as a memory size; write it like 24G, 24GiB, 24576MiB or 25769803776"
+                f"{what}: cannot read {shown!r} as a memory size; write it like 24G, 24GiB, 24576MiB or 25769803776"
             )
-        value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        value = int(Decimal(match.group(1)) * _UNITS[match.group(2).upper()])
     if value <= 0:
         raise InputError(f"{what}: {text!r} must be larger than zero")
+    if value > MAX_SIZE:
+        amount = format_bytes(value) if value < 2**80 else "that"
+        raise InputError(f"{what}: {amount} is more than 1 PiB; give the memory of one GPU or one node")
     return value
 
 
