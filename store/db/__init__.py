@@ -2,8 +2,10 @@
 storage contract.
 
 Open it with ``open_storage()`` (an explicit URL or path, then ``$PLANNER_DB``, then ``memplan.db`` in
-the user data folder). Opening a new or older database migrates it with the Alembic scripts in
-``store/migrations``; opening one already at the newest schema does not import Alembic.
+the user data folder). Which URLs and paths it takes (``?mode=ro``, ``:memory:``, ``~``) and what it
+refuses in one line are in ``store/db/_url.py``; SQLite's journal and sync settings in ``_engine.py``.
+Opening a new or older database migrates it with the Alembic scripts in ``store/migrations``; opening
+one already at the newest schema does not import Alembic.
 
 Importing this package is cheap: SQLAlchemy (about half a second to import) loads on the first
 ``open_storage()`` or on first access to ``SQLAlchemyStorage``.

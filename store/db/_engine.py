@@ -1,4 +1,6 @@
-"""Engines for the plan database: SQLite gets a busy timeout and real (transactional-DDL) BEGINs."""
+"""Engines for the plan database: SQLite gets a busy timeout, durable commits and real (transactional-DDL)
+BEGINs; its file gets its folder before it is opened.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ BUSY_TIMEOUT_S = 15.0
 # Execution option naming the statement that opens a SQLite transaction ("BEGIN IMMEDIATE" takes the
 # write lock at once, so two processes creating the same database migrate it one after the other).
 SQLITE_BEGIN_OPTION = "memplan_sqlite_begin"
+# Durability. The journal stays SQLite's default rollback journal (DELETE), not WAL: WAL needs shared
+# memory that network file systems (the NFS or Lustre homes of GPU clusters) do not give, leaves -wal
+# and -shm files beside the database, and a read-only open (?mode=ro) needs those files; memplan writes one
+# small transaction per plan or probe, so WAL's faster commits buy nothing here. With the rollback
+# journal a killed process (kill -9) loses only its open transaction: the next open rolls the hot
+# journal back. synchronous=FULL (SQLite's default, set here so that no build's default changes it)
+# also keeps every committed plan across a power loss or an OS crash, for one more fsync per commit.
+SQLITE_PRAGMAS = ("PRAGMA synchronous = FULL",)
 
 
 def is_sqlite(url: URL) -> bool:
@@ -20,35 +30,56 @@ def is_sqlite(url: URL) -> bool:
     return url.get_backend_name() == "sqlite"
 
 
-def sqlite_file(url: URL) -> Path | None:
-    """The file of a SQLite URL, or None for an in-memory database."""
-    database = url.database
-    if not database or database == ":memory:" or url.query.get("mode") == "memory":
-        return None
-    return Path(database)
-
-
-def prepare_sqlite_file(path: Path) -> None:
-    """Create the folder of a SQLite file; raise OSError with a readable reason when it cannot be used."""
+def prepare_sqlite_file(path: Path, mode: str = "rwc") -> list[Path]:
+    """Make ready to open the SQLite file ``path`` in ``mode`` (``rwc``, ``rw`` or ``ro``): create its
+    missing folders for ``rwc``, require the file for the others. Returns the folders it created, top
+    first, so that a failed open can remove them again; raises OSError with a readable reason.
+    """
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder, not a database file")
+    if mode != "rwc":
+        if not path.is_file():
+            raise FileNotFoundError(f"there is no database file {path} (mode={mode} opens only an existing one)")
+        return []
     folder = path.parent
+    missing: list[Path] = []
     for ancestor in (folder, *folder.parents):
         if ancestor.exists():
             if not ancestor.is_dir():
                 raise NotADirectoryError(f"{ancestor} is a file, not a folder")
             break
-    folder.mkdir(parents=True, exist_ok=True)
+        missing.insert(0, ancestor)
+    created: list[Path] = []
+    try:
+        for one in missing:
+            one.mkdir(exist_ok=True)
+            created.append(one)
+    except OSError:
+        remove_folders(created)
+        raise
     if not path.exists() and not os.access(folder, os.W_OK):
+        remove_folders(created)
         raise PermissionError(f"folder {folder} is not writable")
+    return created
 
 
-def make_engine(url: URL) -> Engine:
-    """An engine for ``url``. Raises ImportError when its driver is missing."""
+def remove_folders(created: list[Path]) -> None:
+    """Remove the folders ``prepare_sqlite_file`` created (deepest first) where they are still empty."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (something else was written there) or gone: leave the rest
+
+
+def make_engine(url: URL, in_memory: bool = False) -> Engine:
+    """An engine for ``url`` (``in_memory``: a SQLite database in memory). Raises ImportError when its
+    driver is missing.
+    """
     if not is_sqlite(url):
         return create_engine(url)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
-    if sqlite_file(url) is None:
+    if in_memory:
         kwargs["poolclass"] = StaticPool  # one shared connection, or every session sees an empty DB
         kwargs["connect_args"]["check_same_thread"] = False
     engine = create_engine(url, **kwargs)
@@ -58,8 +89,12 @@ def make_engine(url: URL) -> Engine:
 
 
 def _sqlite_on_connect(dbapi_connection: Any, connection_record: Any) -> None:
-    """Stop pysqlite from managing transactions itself (it would commit DDL outside them)."""
+    """Stop pysqlite from managing transactions itself (it would commit DDL outside them), and make
+    every commit durable (``SQLITE_PRAGMAS``).
+    """
     dbapi_connection.isolation_level = None
+    for pragma in SQLITE_PRAGMAS:
+        dbapi_connection.execute(pragma)
 
 
 def _sqlite_on_begin(conn: Connection) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import platformdirs
 
 from store.db._base import BaseStorage
+from store.errors import InputError
 
 ENV_VAR = "PLANNER_DB"
 APP_NAME = "memplan"
@@ -15,23 +16,25 @@ DB_FILENAME = "memplan.db"
 
 
 def default_db_url() -> str:
-    """The URL that ``open_storage()`` opens when given none: ``$PLANNER_DB`` if set, else the file
-    ``memplan.db`` in the user data folder (``platformdirs.user_data_dir("memplan")``).
+    """The URL that ``open_storage()`` opens when given none: ``$PLANNER_DB`` if set (an empty or blank
+    value counts as unset), else the file ``memplan.db`` in the user data folder
+    (``platformdirs.user_data_dir("memplan")``). A ``$PLANNER_DB`` that names no database it could
+    open raises InputError with one line naming ``$PLANNER_DB``.
     """
     from_env = os.environ.get(ENV_VAR, "").strip()
     if from_env:
-        return normalize_db_url(from_env)
+        return normalize_db_url(from_env, origin=f"${ENV_VAR}")
     return sqlite_url(Path(platformdirs.user_data_dir(APP_NAME)) / DB_FILENAME)
 
 
-def normalize_db_url(url_or_path: str) -> str:
-    """A SQLAlchemy URL for ``url_or_path``: URLs (``scheme://...``) pass unchanged; anything else is a
-    file path, made absolute, for a SQLite database.
+def normalize_db_url(url_or_path: str, origin: str = "") -> str:
+    """A SQLAlchemy URL for ``url_or_path``: a file path becomes the URL of that SQLite file, made
+    absolute; a URL is checked and comes back in its canonical form. InputError (naming ``origin``
+    when given) for anything ``store.db._url.resolve_db`` refuses.
     """
-    text = url_or_path.strip()
-    if "://" in text:
-        return text
-    return sqlite_url(Path(text).expanduser())
+    from store.db._url import resolve_db  # imports SQLAlchemy: only when used
+
+    return resolve_db(url_or_path, origin).url.render_as_string(hide_password=False)
 
 
 def sqlite_url(path: Path) -> str:
@@ -42,9 +45,11 @@ def sqlite_url(path: Path) -> str:
 def open_storage(url: str | None = None) -> BaseStorage:
     """Open the plan database, creating it (and its folder) or upgrading its schema as needed.
 
-    ``url`` is a SQLAlchemy URL or a plain file path (a SQLite file); when None or empty,
-    ``default_db_url()`` decides. A place that cannot be written, a file that is not a database, or a
-    database from a newer memplan raises InputError with one line: ``cannot open database URL: why``.
+    ``url`` is a SQLAlchemy URL or a plain file path (a SQLite file; ``?mode=ro`` opens it read only,
+    ``:memory:`` is a database in memory); when None, ``default_db_url()`` decides. An empty or blank
+    ``url``, a URL or path that names no database this can open, a place that cannot be written, a
+    file that is not a database, or a database from a newer memplan raises InputError with one line:
+    ``cannot open database URL: why``. Nothing is created when opening fails.
 
     Example::
 
@@ -53,5 +58,11 @@ def open_storage(url: str | None = None) -> BaseStorage:
     """
     from store.db._sqlalchemy import SQLAlchemyStorage  # SQLAlchemy takes ~0.5 s to import: only when used
 
-    chosen = normalize_db_url(url) if url and url.strip() else default_db_url()
-    return SQLAlchemyStorage(chosen)
+    if url is None:
+        return SQLAlchemyStorage(default_db_url())
+    if isinstance(url, str) and not url.strip():
+        raise InputError(
+            "cannot open database '': the URL or path is empty;"
+            " give a file path such as plans.db or a URL such as sqlite:///plans.db"
+        )
+    return SQLAlchemyStorage(url)

@@ -35,17 +35,21 @@ def stored_revision(conn: Connection) -> str | None:
     return rows[0] if len(rows) == 1 else None
 
 
-def ensure_schema(engine: Engine) -> None:
+def ensure_schema(engine: Engine, read_only: bool = False) -> None:
     """Bring the database to ``HEAD_REVISION``, creating it when empty; one transaction, all or nothing.
 
-    Raises SchemaVersionError for a revision the scripts do not know, and SQLAlchemy errors as they
-    come (not a database, no permission, a table in the way).
+    Raises SchemaVersionError for a revision the scripts do not know, or for a database not at
+    ``HEAD_REVISION`` when ``read_only`` (it cannot be upgraded), and SQLAlchemy errors as they come
+    (not a database, no permission, a table in the way).
     """
     with engine.connect() as conn:
         current = stored_revision(conn)
         conn.rollback()
     if current == HEAD_REVISION:
         return
+    if read_only:
+        state = "has no memplan tables yet" if current is None else f"is at the older schema {current!r}"
+        raise SchemaVersionError(f"it {state} and mode=ro cannot upgrade it; open it once without mode=ro")
     with engine.connect() as conn:
         conn.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
         with conn.begin():

@@ -8,14 +8,15 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import URL, Engine, make_url, select
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from store.db._base import BaseStorage
-from store.db._engine import is_sqlite, make_engine, prepare_sqlite_file, sqlite_file
+from store.db._engine import make_engine, prepare_sqlite_file, remove_folders
 from store.db._orm import Base, PlanRow, ProbeRow, ProbeRunRow
 from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
 from store.db._record import (
@@ -28,6 +29,7 @@ from store.db._record import (
     new_plan_id,
 )
 from store.db._schema import SchemaVersionError, ensure_schema
+from store.db._url import resolve_db
 from store.errors import InputError
 from store.measurements import OUTCOMES, ProbeRequest, ProbeResult
 
@@ -45,27 +47,34 @@ class SQLAlchemyStorage(BaseStorage):
     """Plans, probes and probe runs in a SQLAlchemy database; opening it creates or upgrades the schema
     to the newest version.
 
-    ``url`` is a SQLAlchemy URL such as ``sqlite:////abs/path/memplan.db``; the folder of a SQLite file
-    is created when missing. A database that cannot be opened (unwritable place, not a database, a
-    schema from a newer memplan, a missing driver) raises InputError with one line. The ``url``
-    attribute is the URL opened, with any password hidden (for messages).
+    ``url`` is a SQLAlchemy URL such as ``sqlite:////abs/path/memplan.db`` or a SQLite file path, checked
+    by ``store.db._url.resolve_db`` (which URLs, paths and ``?mode=`` parameters are accepted); the
+    folder of a SQLite file is created when missing. A database that cannot be opened (a bad URL or
+    path, an unwritable place, not a database, a schema from a newer memplan, a missing driver)
+    raises InputError with one line, and leaves no new file or folder behind. The ``url`` attribute
+    names the database opened for messages: password hidden, a long one shortened.
     """
 
     def __init__(self, url: str) -> None:
-        """Open (creating or upgrading) the database at ``url``."""
-        self._url = _parse_url(url)
-        self.url = self._url.render_as_string(hide_password=True)
+        """Open (creating or upgrading) the database at ``url`` (checked by ``resolve_db``)."""
+        target = resolve_db(url)
+        self._url = target.url
+        self.url = target.shown
+        created: list[Path] = []
+        existed = target.path is not None and target.path.exists()
         try:
-            path = sqlite_file(self._url) if is_sqlite(self._url) else None
-            if path is not None:
-                prepare_sqlite_file(path)
-            self._engine: Engine = make_engine(self._url)
+            if target.path is not None:
+                created = prepare_sqlite_file(target.path, target.mode)
+            self._engine: Engine = make_engine(self._url, in_memory=target.memory)
         except (OSError, ImportError, ArgumentError) as exc:
             raise InputError(f"cannot open database {self.url}: {_reason(exc)}") from exc
         try:
-            ensure_schema(self._engine)
+            ensure_schema(self._engine, read_only=target.mode == "ro")
         except (SQLAlchemyError, SchemaVersionError) as exc:
             self._engine.dispose()
+            if target.path is not None and not existed:  # nothing half-made stays behind
+                _remove_if_empty(target.path)
+                remove_folders(created)
             raise InputError(f"cannot open database {self.url}: {_reason(exc)}") from exc
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
 
@@ -245,12 +254,13 @@ class SQLAlchemyStorage(BaseStorage):
         return f"SQLAlchemyStorage({self.url!r})"
 
 
-def _parse_url(url: str) -> URL:
-    """Parse a SQLAlchemy URL, or raise InputError."""
+def _remove_if_empty(path: Path) -> None:
+    """Remove ``path`` when it is an empty file (what a failed first open of a SQLite file leaves)."""
     try:
-        return make_url(url)
-    except ArgumentError as exc:
-        raise InputError(f"cannot open database {url}: not a database URL ({exc})") from exc
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _check_limit(limit: object, what: str) -> None:

@@ -174,9 +174,9 @@ def test_gpu_memory_in_check_is_parsed_like_recommend(cli: Cli, tmp_path: Path) 
 def test_dtype_flag_cannot_contradict_the_config(cli: Cli, tmp_path: Path) -> None:
     path = _write(tmp_path, _zero2())  # bf16 enabled
     result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", *CPU_MEM, "--dtype", "fp32", "--json")
-    if result.rc == 2:  # refusing the contradiction is fine
-        assert_one_error_line(result)
-        return
-    report = result.json()["report"]
+    assert_one_error_line(result, "--dtype fp32 contradicts the config", "bf16")  # refused, never ignored
+    agreeing = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", *CPU_MEM, "--dtype", "bf16", "--json")
+    assert agreeing.rc == 0, agreeing.err  # a --dtype that says what the config says is accepted (and fits)
+    report = agreeing.json()["report"]
     assert report["workload"]["dtype"] == "bf16"
     assert report["ds_config"]["bf16"]["enabled"] is True

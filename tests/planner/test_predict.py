@@ -74,22 +74,26 @@ def test_micro_batch_flag_keeps_the_global_batch(cli: Cli) -> None:
 
 
 def test_micro_batch_flag_over_a_strategy_with_accumulation(cli: Cli) -> None:
-    result = cli("predict", *JOB, "--strategy", json.dumps(BASE), "--micro-batch", "2", "--json")
-    if result.rc == 2:  # refusing the inconsistent combination is fine too
-        assert_one_error_line(result)
-        return
-    doc = result.json()
+    # BASE runs micro_batch 8 x grad_accum 1; the flag replaces the micro-batch and the accumulation is
+    # recomputed to keep the global batch (8), not taken from the strategy.
+    doc = _predict(cli, "--strategy", json.dumps(BASE), "--micro-batch", "2")
+    assert (doc["strategy"]["micro_batch"], doc["strategy"]["grad_accum"]) == (2, 4)
+    assert doc["workload"]["global_batch"] == 8
+    assert (doc["ds_config"]["train_batch_size"], doc["ds_config"]["gradient_accumulation_steps"]) == (8, 4)
     check_ds_config_batch(doc["ds_config"], doc["strategy"], doc)
 
 
 def test_strategy_that_does_not_cover_the_global_batch(cli: Cli) -> None:
-    strategy = {"zero_stage": 2, "micro_batch": 4, "grad_accum": 1}  # 4 samples per step, global batch is 8
-    result = cli("predict", *JOB, "--strategy", json.dumps(strategy), "--json")
-    if result.rc == 2:
-        assert_one_error_line(result)
-        return
-    doc = result.json()
+    strategy = {"zero_stage": 2, "micro_batch": 4, "grad_accum": 1}  # 4 samples per step, default batch is 8
+    # No --batch given: the strategy's own batch (4) becomes the job's, and the readings say so.
+    doc = _predict(cli, "--strategy", json.dumps(strategy))
+    assert doc["workload"]["global_batch"] == 4
+    assert (doc["strategy"]["micro_batch"], doc["strategy"]["grad_accum"]) == (4, 1)
+    assert "global batch: 4 (micro_batch x grad_accum x GPUs of the strategy)" in doc["readings"]
     check_ds_config_batch(doc["ds_config"], doc["strategy"], doc)
+    # An explicit --batch the strategy does not cover is bad input.
+    given = cli("predict", *JOB, "--batch", "8", "--strategy", json.dumps(strategy), "--json")
+    assert_one_error_line(given, "= 4 samples per step, not --batch 8")
 
 
 def test_predict_reproduces_the_recommendation(cli: Cli, opt13_24g) -> None:

@@ -1,31 +1,36 @@
-"""Integration: one PPO step through real DeepSpeed engines built from the exported RLHF configs, on the CPU.
+"""Integration: the probes' own PPO step (``probes.phases_rlhf.RLHFRun``) through real DeepSpeed engines, on the CPU.
 
 Each case runs in a fresh Python process (this file, run as a script), as in ``test_ds_initialize.py``:
-``DS_ACCELERATOR=cpu`` before deepspeed is imported, a one-rank gloo group, tiny models with random
-weights built from their configs. The child renders ``render_rlhf_ds_configs(...)`` and passes each
-config unchanged to ``deepspeed.initialize``: a causal LM for actor and reference, and a smaller Llama
-backbone with a scalar value head for critic and reward (``tiny_models.build_value_model``). Then one
-PPO-shaped step, its phases marked with ``planner.runtime.EmptyCachePolicy("after-inference")``:
+the probes' child environment (``DS_ACCELERATOR=cpu``, a one-rank gloo group). The child builds the
+``ProbeRequest`` that ``planner probe`` would send for a tiny actor (Llama or OPT) and a smaller Llama
+critic / reward backbone, and hands it to the probe child's own ``probes.child.run``: that joins the
+process group, rebuilds the records (``probes.build.plan_from_request``), starts the live-tensor
+tracker, builds the four engines from ``render_rlhf_ds_configs`` (``RLHFRun``: ``build_causal_lm`` for
+actor and reference, ``build_value_model`` for critic and reward) and runs two PPO steps (a warm-up and
+a measured one) under its ``PhaseClock``: generation, scoring, actor training, critic training.
 
-1. generation: ``actor.module.generate(..., use_cache=True)`` (KV cache), a few tokens per prompt;
-2. scoring (no grad): the actor's old log-probs, the reference's log-probs, the reward model's score at
-   the last token, the critic's values; KL-penalized token rewards and GAE advantages;
-3. actor training: clipped-ratio policy loss, ``engine.backward`` + ``engine.step``;
-4. critic training: clipped value loss, ``engine.backward`` + ``engine.step``; then ``end_step()``.
+Nothing of the step is re-implemented here. The test only watches the production run, through spies
+that change nothing it computes:
 
-It prints one ``MEMPLAN_RESULT <json>`` line; the test asserts finite losses, changed parameters, the
-engines' parsed settings and the recorded empty_cache decisions.
+- ``probes.child._build`` is wrapped to keep the ``RLHFRun`` it returns and to copy the trainable
+  weights and fp32 master weights before the first step;
+- ``probes.phases.empties_after`` is wrapped to record every empty_cache decision of the clock;
+- on the run: a forward pre-hook on the actor's model records the length of ``input_ids`` in each
+  forward call during generation (with the KV cache: the prompt once, then one token a call), a forward
+  hook on the reward model records its scores, ``_score`` keeps the experience, and each training
+  engine's ``backward`` records the loss it is given.
 
-Hybrid engine on the CPU accelerator (DeepSpeed 0.19.8, transformers 5): ``deepspeed.initialize`` with
-``hybrid_engine.enabled`` builds a ``DeepSpeedHybridEngine``, which replaces each decoder layer that it has
-an inference policy for with DeepSpeed's fused inference module. For Llama that module needs the
-``transformer_inference`` op, which the CPU accelerator does not provide: initialization fails with
-``ValueError: This op had not been implemented on CPU backend.`` (``deepspeed/ops/op_builder/cpu/no_impl.py``,
-raised from ``QKVGemmOp`` in ``ds_attention.py``). So the Llama case tries the exported config first,
-records that error, and runs the step with ``hybrid_engine.enabled`` set to false on a fresh model. For
-OPT, DeepSpeed skips its injection policy when the transformers layer takes ``past_key_values`` /
-``cache_position`` (as in transformers 5), so the hybrid engine starts with no inference containers and
-generation takes the model's native ``generate()``: the OPT case runs with the hybrid engine enabled.
+It prints one ``MEMPLAN_RESULT <json>`` line; the test asserts the sequence shape, KV-cache decoding,
+finite losses and rewards, changed parameters, the engines' parsed settings, the hybrid engine's fate
+and the recorded empty_cache decisions.
+
+Hybrid engine on the CPU accelerator (DeepSpeed 0.19.8, transformers 5): for Llama DeepSpeed has an
+inference policy, and its fused inference module needs the ``transformer_inference`` op, which the CPU
+accelerator lacks: ``deepspeed.initialize`` fails with ``ValueError: This op had not been implemented on
+CPU backend.``, and ``RLHFRun`` (on the CPU only) rebuilds the actor with ``hybrid_engine.enabled``
+false and says so in ``extra["hybrid_engine"]``. For OPT, DeepSpeed skips its injection policy when the
+transformers layer takes ``past_key_values`` / ``cache_position`` (as in transformers 5), so the hybrid
+engine starts with no inference containers and generation takes the model's native ``generate()``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import json
 import math
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,18 +50,21 @@ pytestmark = pytest.mark.slow
 
 CASE_TIMEOUT_S = 900  # generous: a fresh machine compiles DeepSpeed's CPU ops first
 PROMPTS, PROMPT_LEN, GEN_LEN = 2, 8, 4
-CPU_HYBRID_ERROR = "This op had not been implemented on CPU backend."
-EXPECTED_CACHE_CALLS = [
+STEPS = 2  # a warm-up and a measured step
+CPU_HYBRID_ERROR = "ValueError: This op had not been implemented on CPU backend."
+# One PPO step under "after-inference", in the order the clock decides: each phase at its end, and the
+# end of the step inside critic_training (the last phase), before that phase ends.
+EXPECTED_CACHE_DECISIONS = [
     ["generation", True],
     ["scoring", True],
     ["actor_training", False],
-    ["critic_training", False],
     ["end_step", False],
+    ["critic_training", False],
 ]
 
 CASES: dict[str, dict[str, Any]] = {
-    # ZeRO-2 actor (tiny Llama) and ZeRO-2 critic; whole frozen models. Hybrid engine asked for, refused
-    # on the CPU (see the module docstring), so the step runs without it.
+    # ZeRO-2 actor (tiny Llama) with checkpointing and ZeRO-2 critic; whole frozen models. Hybrid engine
+    # asked for, refused on the CPU (see the module docstring), so the step runs without it.
     "llama-z2-critic_z2": {
         "actor_model": "llama",
         "actor": {"zero_stage": 2, "gradient_checkpointing": True},
@@ -79,45 +89,124 @@ def test_ppo_step_through_exported_configs(name: str) -> None:
     case = CASES[name]
     result = run_script_case(__file__, name, case, CASE_TIMEOUT_S)
 
-    assert result["sequence_shape"] == [PROMPTS, PROMPT_LEN + GEN_LEN]
-    assert result["kv_cache_used"] is True
-    for key in ("actor_loss", "critic_loss", "reward_mean", "kl_mean"):
-        assert math.isfinite(result[key]), (key, result[key])
-    assert result["cache_calls"] == EXPECTED_CACHE_CALLS
+    # The probe's own outcome: every PPO phase measured, over the one measured step.
+    assert result["phases"] == ["generation", "scoring", "actor_training", "critic_training"]
+    assert all(peak > 0 for peak in result["phase_peaks"]), result["phase_peaks"]
+    assert result["measured_steps"] == 1 and result["warmup_steps"] == 1
+    assert result["layers"] == 2
+
+    # Generation: exactly GEN_LEN new tokens per prompt, decoded with the KV cache (the prompt in one
+    # forward, then one token per forward; without the cache each forward would read the whole sequence).
+    assert result["sequence_shapes"] == [[PROMPTS, PROMPT_LEN + GEN_LEN]] * STEPS
+    assert result["generation_input_lengths"] == [[PROMPT_LEN] + [1] * (GEN_LEN - 1)] * STEPS
+    for key in ("kl_mean", "advantages_abs_max", "returns_abs_max"):
+        assert all(math.isfinite(v) for v in result[key]), (key, result[key])
+    assert len(result["reward_means"]) == STEPS and all(math.isfinite(v) for v in result["reward_means"])
+    for role in ("actor", "critic"):
+        losses = result["losses"][role]
+        assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), (role, losses)
+    assert result["cache_decisions"] == EXPECTED_CACHE_DECISIONS * STEPS
+    assert result["empty_cache_calls"] == 2 * STEPS
 
     engines = result["engines"]
     assert set(engines) == {"actor", "critic", "reference", "reward"}
     for role in ("actor", "critic", "reference", "reward"):
         assert engines[role]["zero_stage"] == case[role]["zero_stage"]
         assert engines[role]["bf16"] is True
+        assert engines[role]["param_dtype"] == "torch.bfloat16"
         assert engines[role]["train_batch_size"] == PROMPTS
     assert engines["critic"]["offload_optimizer"] == case["critic"].get("offload_optimizer", "none")
     assert engines["reward"]["offload_param"] == case["reward"].get("offload", "none")
     assert engines["actor"]["max_out_tokens"] == PROMPT_LEN + GEN_LEN
+    assert not any(engines[role]["hybrid_enabled"] for role in ("critic", "reference", "reward"))
+    assert engines["actor"]["gradient_checkpointing"] == case["actor"].get("gradient_checkpointing", False)
     if case["critic"].get("offload_optimizer") == "cpu":
         assert engines["critic"]["inner_optimizer"] == "DeepSpeedCPUAdam"
+    else:
+        assert engines["critic"]["inner_optimizer"] != "DeepSpeedCPUAdam"
 
     # The hybrid engine: the exported config asks for it; on the CPU it runs for OPT (no inference
     # containers, native generate) and is refused for Llama with DeepSpeed's CPU error.
     if case["actor_model"] == "opt":
-        assert result["hybrid_error"] is None
+        assert result["hybrid_engine"] == "on"
         assert engines["actor"]["engine_class"] == "DeepSpeedHybridEngine"
         assert engines["actor"]["inference_containers"] == 0
+        assert engines["actor"]["hybrid_enabled"] is True
     else:
-        assert result["hybrid_error"] == f"ValueError: {CPU_HYBRID_ERROR}"
+        assert result["hybrid_engine"].startswith("refused on the CPU accelerator")
+        assert CPU_HYBRID_ERROR in result["hybrid_engine"]
         assert engines["actor"]["engine_class"] == "DeepSpeedEngine"
+        assert engines["actor"]["hybrid_enabled"] is False
 
     for role in ("actor", "critic"):
         changed = result["changed"][role]
-        assert changed["global_steps"] == 1
+        assert changed["global_steps"] == STEPS  # one optimizer step per PPO step (2 sequences, micro-batch 2)
         assert changed["masters_changed"] == changed["tensors"] > 0
         assert changed["weights_changed"] >= changed["tensors"] // 2  # bf16 rounding may hide a 1e-5 step
-    assert result["param_counts"]["actor"] == result["spec_params"]["actor"]
-    assert result["param_counts"]["critic"] == result["spec_params"]["critic"]
+    # The engines hold the models the specs describe: the planner's counts (from the HF configs) and the
+    # hand counts of tiny_models agree with the parameters DeepSpeed holds.
+    for role in ("actor", "critic", "reference", "reward"):
+        assert result["param_counts"][role] == result["plan_params"][role] == result["exact_params"][role], role
 
 
 # --------------------------------------------------------------------------------------------------
-# The child process: one case, four engines, one PPO step.
+# The child process: one case, the probe child's run with spies.
+
+
+def _request(case: dict[str, Any]) -> Any:
+    """The ProbeRequest of ``case``: tiny actor and reference, tiny critic and reward, two PPO steps."""
+    from tiny_models import make_hardware, tiny_critic_spec, tiny_llama_hf_config, tiny_opt_hf_config
+
+    from store.measurements import ProbeRequest
+
+    actor_type = case["actor_model"]
+    actor = {"model_type": actor_type, **(tiny_opt_hf_config() if actor_type == "opt" else tiny_llama_hf_config())}
+    critic = {"model_type": "llama", **tiny_critic_spec().hf_config}
+    workload = {
+        "kind": "ppo",
+        "model": f"tiny-{actor_type}",
+        "ref_model": f"tiny-{actor_type}",
+        "critic_model": "tiny-critic",
+        "reward_model": "tiny-critic",
+        "prompt_len": PROMPT_LEN,
+        "gen_len": GEN_LEN,
+        "global_batch": PROMPTS,
+        "dtype": "bf16",
+        "attn_impl": "sdpa",
+        "hf_configs": {"model": actor, "ref_model": actor, "critic_model": critic, "reward_model": critic},
+    }
+    strategy = {
+        "actor": case["actor"],
+        "critic": case["critic"],
+        "reference": case["reference"],
+        "reward": case["reward"],
+        "hybrid_engine": True,
+        "generation_batch": PROMPTS,
+        "micro_batch": PROMPTS,
+        "grad_accum": 1,
+        "empty_cache": "after-inference",
+    }
+    return ProbeRequest(workload, strategy, make_hardware().to_dict(), device="cpu", steps=STEPS, timeout_s=3600.0)
+
+
+def _exact_params(case: dict[str, Any]) -> dict[str, int]:
+    """Hand counts of tiny_models: causal LMs whole, value models their backbone plus a 1-output head."""
+    from tiny_models import tiny_critic_spec, tiny_llama_spec, tiny_opt_spec
+
+    actor = (tiny_opt_spec() if case["actor_model"] == "opt" else tiny_llama_spec()).total_params
+    critic = tiny_critic_spec()
+    value = critic.backbone_params + critic.hidden_size
+    return {"actor": actor, "reference": actor, "critic": value, "reward": value}
+
+
+def _plan_params(plan: Any) -> dict[str, int]:
+    w = plan.workload
+    return {
+        "actor": w.model.total_params,
+        "reference": w.ref_model.total_params,
+        "critic": w.critic_model.backbone_params + w.critic_model.hidden_size,
+        "reward": w.reward_model.backbone_params + w.reward_model.hidden_size,
+    }
 
 
 def _gathered(engine: Any) -> list[Any]:
@@ -146,190 +235,161 @@ def _changed(before: list[Any], after: list[Any]) -> int:
     return sum(1 for a, b in zip(before, after, strict=True) if a is not None and not torch.equal(a, b))
 
 
-def _logprobs(logits: Any, sequences: Any) -> Any:
-    """Log-probability of each next token: shape (batch, seq - 1), in fp32."""
-    import torch
-
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, sequences[:, 1:].unsqueeze(-1)).squeeze(-1)
+def _param_count(engine: Any) -> int:
+    return sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters())
 
 
-def _engine_facts(engine: Any, config: dict[str, Any]) -> dict[str, Any]:
+def _engine_facts(engine: Any) -> dict[str, Any]:
     zero = engine._config.zero_config
     optimizer = getattr(engine, "optimizer", None)
+    module = engine.module
+    first = next(module.parameters())
     return {
         "engine_class": type(engine).__name__,
         "zero_stage": int(engine.zero_optimization_stage()),
         "bf16": bool(engine.bfloat16_enabled()),
+        "param_dtype": str(first.dtype),
         "train_batch_size": engine.train_batch_size(),
         "offload_optimizer": str(zero.offload_optimizer.device) if zero.offload_optimizer else "none",
         "offload_param": str(zero.offload_param.device) if zero.offload_param else "none",
         "inner_optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__,
-        "max_out_tokens": engine._config.hybrid_engine.max_out_tokens if "hybrid_engine" in config else None,
+        "hybrid_enabled": bool(engine._config.hybrid_engine.enabled),
+        "max_out_tokens": engine._config.hybrid_engine.max_out_tokens,
         "inference_containers": len(getattr(engine, "_inference_containers", [])),
+        "gradient_checkpointing": bool(getattr(module, "is_gradient_checkpointing", False)),
     }
 
 
-def _init(model: Any, config: dict[str, Any], trained: bool) -> Any:
-    import deepspeed
+class Spies:
+    """What the spies saw of the production run (see the module docstring)."""
 
-    params = [p for p in model.parameters() if p.requires_grad] if trained else None
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config)
-    return engine
+    def __init__(self) -> None:
+        self.run: Any = None
+        self.plan: Any = None
+        self.before: dict[str, tuple[list[Any], list[Any]]] = {}
+        self.generating = False
+        self.generation_input_lengths: list[list[int]] = []
+        self.reward_means: list[float] = []
+        self.experiences: list[dict[str, Any]] = []
+        self.losses: dict[str, list[float]] = {"actor": [], "critic": []}
+        self.cache_decisions: list[list[Any]] = []
+
+    def watch(self, run: Any, plan: Any) -> None:
+        """Spy on a freshly built RLHFRun (before its first step)."""
+        self.run, self.plan = run, plan
+        self.before = {role: (_gathered(e), _masters(e)) for role, e in (("actor", run.actor), ("critic", run.critic))}
+        run.actor.module.register_forward_pre_hook(self._actor_forward, with_kwargs=True)
+        run.reward.module.register_forward_hook(self._reward_output)
+        generate, score = run._generate, run._score
+
+        def spy_generate(prompts: Any) -> Any:
+            self.generating = True
+            self.generation_input_lengths.append([])
+            try:
+                return generate(prompts)
+            finally:
+                self.generating = False
+
+        def spy_score(sequences: Any, baseline: Any) -> dict[str, Any]:
+            experience = score(sequences, baseline)
+            self.experiences.append(experience)
+            return experience
+
+        run._generate, run._score = spy_generate, spy_score
+        for role in ("actor", "critic"):
+            self._spy_backward(role, getattr(run, role))
+
+    def _spy_backward(self, role: str, engine: Any) -> None:
+        backward = engine.backward
+
+        def spy(loss: Any, *args: Any, **kwargs: Any) -> Any:
+            self.losses[role].append(float(loss.detach()))
+            return backward(loss, *args, **kwargs)
+
+        engine.backward = spy
+
+    def _actor_forward(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if self.generating:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.generation_input_lengths[-1].append(int(ids.shape[1]))
+
+    def _reward_output(self, module: Any, args: Any, output: Any) -> None:
+        self.reward_means.append(float(output.detach().float()[:, -1].mean()))
+
+    def results(self) -> dict[str, Any]:
+        import torch
+
+        run = self.run
+        changed = {}
+        for role in ("actor", "critic"):
+            engine = getattr(run, role)
+            weights, masters = self.before[role]
+            changed[role] = {
+                "tensors": len(weights),
+                "weights_changed": _changed(weights, _gathered(engine)),
+                "masters_changed": _changed(masters, _masters(engine)),
+                "global_steps": engine.global_steps,
+            }
+        engines = {"actor": run.actor, "critic": run.critic, "reference": run.reference, "reward": run.reward}
+
+        def kl(exp: dict[str, Any]) -> float:
+            mask = exp["mask"]
+            return float(((exp["old_logp"] - exp["ref_logp"]) * mask).sum() / mask.sum())
+
+        def abs_max(exp: dict[str, Any], key: str) -> float:
+            return float(torch.max(torch.abs(exp[key])))
+
+        return {
+            "sequence_shapes": [list(exp["sequences"].shape) for exp in self.experiences],
+            "generation_input_lengths": self.generation_input_lengths,
+            "reward_means": self.reward_means,
+            "kl_mean": [kl(exp) for exp in self.experiences],
+            "advantages_abs_max": [abs_max(exp, "advantages") for exp in self.experiences],
+            "returns_abs_max": [abs_max(exp, "returns") for exp in self.experiences],
+            "losses": self.losses,
+            "cache_decisions": self.cache_decisions,
+            "engines": {role: _engine_facts(e) for role, e in engines.items()},
+            "changed": changed,
+            "param_counts": {role: _param_count(e) for role, e in engines.items()},
+            "plan_params": _plan_params(self.plan),
+        }
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     os.environ["DS_ACCELERATOR"] = "cpu"  # before deepspeed is imported
-    import deepspeed
-    import torch
-    from tiny_models import (
-        build_tiny_model,
-        build_value_model,
-        make_hardware,
-        make_rlhf_strategy,
-        make_rlhf_workload,
-        tiny_critic_spec,
-        tiny_llama_spec,
-        tiny_opt_spec,
-    )
+    import probes.child
+    import probes.phases
+    from probes.phases_rlhf import RLHFRun
 
-    from planner.runtime import EmptyCachePolicy
-    from probes.rlhf_config import render_rlhf_ds_configs
+    spies = Spies()
+    build, empties_after = probes.child._build, probes.phases.empties_after
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    actor_spec = tiny_opt_spec() if case["actor_model"] == "opt" else tiny_llama_spec()
-    critic_spec = tiny_critic_spec()
-    workload = make_rlhf_workload(
-        "ppo", actor_spec, critic_spec, dtype="bf16", prompt_len=PROMPT_LEN, gen_len=GEN_LEN, global_batch=PROMPTS
-    )
-    strategy = make_rlhf_strategy(
-        case["actor"],
-        case["critic"],
-        case["reference"],
-        case["reward"],
-        hybrid_engine=True,
-        generation_batch=PROMPTS,
-        micro_batch=PROMPTS,
-        grad_accum=1,
-        empty_cache="after-inference",
-    )
-    configs = render_rlhf_ds_configs(strategy, workload, make_hardware())
+    def spy_build(plan: Any, extra: dict[str, Any]) -> Any:
+        run = build(plan, extra)
+        assert isinstance(run, RLHFRun), type(run)
+        spies.watch(run, plan)
+        return run
 
-    def actor_model() -> Any:
-        torch.manual_seed(0)
-        model = build_tiny_model(actor_spec)
-        if strategy.actor.gradient_checkpointing:
-            # transformers 5 renamed gradient_checkpointing_enable (now a deprecated alias).
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return model
+    def spy_empties_after(policy: str, event: str) -> bool:
+        decision = empties_after(policy, event)
+        spies.cache_decisions.append([event, decision])
+        return decision
 
-    hybrid_error = None
-    try:
-        actor = _init(actor_model(), configs["actor"], trained=True)
-    except ValueError as exc:  # the CPU accelerator has no fused inference op (module docstring)
-        hybrid_error = f"{type(exc).__name__}: {exc}"
-        config = {**configs["actor"], "hybrid_engine": {**configs["actor"]["hybrid_engine"], "enabled": False}}
-        configs["actor"] = config
-        actor = _init(actor_model(), config, trained=True)
-    torch.manual_seed(1)
-    critic = _init(build_value_model(critic_spec), configs["critic"], trained=True)
-    torch.manual_seed(2)
-    reference = _init(build_tiny_model(actor_spec), configs["reference"], trained=False)
-    torch.manual_seed(3)
-    reward = _init(build_value_model(critic_spec), configs["reward"], trained=False)
-    reference.eval()
-    reward.eval()
-
-    before = {role: (_gathered(e), _masters(e)) for role, e in (("actor", actor), ("critic", critic))}
-    cache = EmptyCachePolicy(strategy)
-    generator = torch.Generator().manual_seed(4)
-    prompts = torch.randint(3, actor_spec.vocab_size, (PROMPTS, PROMPT_LEN), generator=generator)
-
-    with cache.phase("generation"):
-        actor.eval()
-        with torch.no_grad():
-            out = actor.module.generate(
-                input_ids=prompts,
-                attention_mask=torch.ones_like(prompts),
-                max_new_tokens=GEN_LEN,
-                min_new_tokens=GEN_LEN,
-                do_sample=True,
-                use_cache=True,
-                return_dict_in_generate=True,
-                pad_token_id=0,
-            )
-        sequences = out.sequences
-        kv_cache_used = out.past_key_values is not None
-
-    mask = torch.zeros(PROMPTS, sequences.shape[1] - 1)
-    mask[:, PROMPT_LEN - 1 :] = 1.0  # log-prob positions of the generated tokens
-    with cache.phase("scoring"), torch.no_grad():
-        old_logp = _logprobs(actor(input_ids=sequences).logits, sequences)
-        ref_logp = _logprobs(reference(input_ids=sequences).logits, sequences)
-        score = reward(sequences).float()[:, -1]
-        old_values = critic(sequences).float()[:, :-1]
-        token_rewards = -0.1 * (old_logp - ref_logp) * mask
-        token_rewards[:, -1] += score
-        advantages = torch.zeros_like(token_rewards)
-        last = torch.zeros(PROMPTS)
-        for t in reversed(range(PROMPT_LEN - 1, token_rewards.shape[1])):  # GAE, gamma 1, lambda 0.95
-            next_value = old_values[:, t + 1] if t + 1 < token_rewards.shape[1] else torch.zeros(PROMPTS)
-            delta = token_rewards[:, t] + next_value - old_values[:, t]
-            last = delta + 0.95 * last
-            advantages[:, t] = last
-        returns = advantages + old_values
-
-    def masked_mean(x: Any) -> Any:
-        return (x * mask).sum() / mask.sum()
-
-    with cache.phase("actor_training"):
-        actor.train()
-        ratio = torch.exp(_logprobs(actor(input_ids=sequences).logits, sequences) - old_logp)
-        actor_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)))
-        actor.backward(actor_loss)
-        actor.step()
-
-    with cache.phase("critic_training"):
-        critic.train()
-        values = critic(sequences).float()[:, :-1]
-        clipped = old_values + (values - old_values).clamp(-0.2, 0.2)
-        critic_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2))
-        critic.backward(critic_loss)
-        critic.step()
-    cache.end_step()
-
-    changed = {}
-    for role, engine in (("actor", actor), ("critic", critic)):
-        weights, masters = before[role]
-        changed[role] = {
-            "tensors": len(weights),
-            "weights_changed": _changed(weights, _gathered(engine)),
-            "masters_changed": _changed(masters, _masters(engine)),
-            "global_steps": engine.global_steps,
-        }
-    engines = {"actor": actor, "critic": critic, "reference": reference, "reward": reward}
+    probes.child._build = spy_build
+    probes.phases.empties_after = spy_empties_after
+    extra: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        phases, layers = probes.child.run(_request(case), probes.child.Reporter(Path(folder)), extra)
     return {
-        "sequence_shape": list(sequences.shape),
-        "kv_cache_used": kv_cache_used,
-        "actor_loss": float(actor_loss.detach()),
-        "critic_loss": float(critic_loss.detach()),
-        "reward_mean": float(score.mean()),
-        "kl_mean": float(masked_mean(old_logp - ref_logp)),
-        "cache_calls": [[d.event, d.called] for d in cache.calls],
-        "hybrid_error": hybrid_error,
-        "engines": {role: _engine_facts(e, configs[role]) for role, e in engines.items()},
-        "changed": changed,
-        "param_counts": {
-            "actor": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in actor.module.parameters()),
-            "critic": sum(p.numel() for p in critic.module.parameters()),
-        },
-        "spec_params": {
-            "actor": actor_spec.total_params,
-            "critic": critic_spec.backbone_params + critic_spec.hidden_size,
-        },
+        **spies.results(),
+        "phases": [p.name for p in phases],
+        "phase_peaks": [p.peak_allocated_bytes for p in phases],
+        "layers": layers,
+        "measured_steps": extra["measured_steps"],
+        "warmup_steps": extra["warmup_steps"],
+        "empty_cache_calls": extra["empty_cache_calls"],
+        "hybrid_engine": extra["hybrid_engine"],
+        "exact_params": _exact_params(case),
     }
 
 

@@ -130,6 +130,7 @@ def build_tiny_model(spec: ModelSpec | None = None) -> Any:
 
 
 # --- RLHF helpers: a second causal LM (tiny OPT), a smaller critic/reward backbone, RLHF records ---------
+# (critic and reward models are built by the probes' own ``probes.build.build_value_model``)
 
 
 def tiny_opt_hf_config() -> dict[str, Any]:
@@ -215,32 +216,6 @@ def tiny_critic_spec(hidden: int = 32, layers: int = 1, heads: int = 2, intermed
         lm_head_params=v * hidden,
         hf_config=hf_config,
     )
-
-
-def build_value_model(spec: ModelSpec | None = None) -> Any:
-    """A critic / reward model: the backbone of ``spec`` (no LM head) plus a scalar value head.
-
-    ``model(input_ids, attention_mask)`` returns one value per token, shape (batch, seq). Random weights;
-    torch and transformers are imported here.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    spec = spec or tiny_critic_spec()
-    config = AutoConfig.for_model(spec.model_type, **spec.hf_config)
-
-    class ValueModel(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.config = config
-            self.backbone = AutoModel.from_config(config, attn_implementation="sdpa")
-            self.v_head = torch.nn.Linear(config.hidden_size, 1, bias=False)
-
-        def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            return self.v_head(hidden).squeeze(-1)
-
-    return ValueModel()
 
 
 def make_rlhf_workload(

@@ -65,3 +65,32 @@ def test_gpu_lookup_is_forgiving_and_suggests() -> None:
 
 def test_generic_gpu_keeps_the_users_memory() -> None:
     assert generic_gpu(24 * GiB).memory_bytes == 24 * GiB
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("٢٤G", "cannot read"),  # Arabic-Indic digits: only ASCII ones are sizes
+        ("２４G", "cannot read"),  # fullwidth digits
+        ("24\nG", "cannot read '24\\nG'"),  # a line break inside (the message stays one line)
+        ("24G\x00", "cannot read"),
+        ("24iB", "cannot read"),  # "iB" needs K, M, G or T before it
+        ("1.5B", "not a whole number of bytes"),
+        ("1.5", "not a whole number of bytes"),
+        (1.5, "not a whole number of bytes"),
+        (float("nan"), "cannot read"),
+        ("0.0000000001G", "less than one byte"),
+        ("1e3G", "cannot read"),
+    ],
+)
+def test_odd_sizes_are_one_line_input_errors(text: object, reason: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_size(text, "--gpu-mem")  # type: ignore[arg-type]
+    assert reason in str(info.value) and "\n" not in str(info.value)
+
+
+def test_surrounding_whitespace_whole_floats_and_fractions_of_a_unit_are_read() -> None:
+    assert parse_size(" 24G\n") == 24 * GiB
+    assert parse_size(24.0 * GiB) == 24 * GiB
+    assert parse_size("1.3G") == int(1.3 * GiB)  # rounded down to whole bytes
+    assert parse_size("1.0") == 1
