@@ -3,10 +3,13 @@
 Public API (loaded on first use, so ``import probes.ds_config`` on the planner's fast path stays light;
 nothing here imports torch)::
 
-    from probes import run_probe, PHASES
+    from probes import run_probe, prepare_ops, PHASES
+    prepare_ops(requests, on_note=print)  # DeepSpeed's ops, built once before any probe (OpBuildError)
     result = run_probe(ProbeRequest(workload=..., strategy=..., hardware=..., device="cpu", steps=3))
 
 ``run_probe(request) -> ProbeResult`` runs one probe in a fresh process (``probes.runner``);
+``prepare_ops(requests)`` builds the DeepSpeed ops those probes load, once per process, in a child of its
+own, and raises ``OpBuildError`` (an InputError: one line) when it cannot (``probes.ops``);
 ``PHASES`` maps each workload kind to its phase names, in step order (``probes.phases``).
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PHASES", "run_probe"]
+__all__ = ["PHASES", "OpBuildError", "prepare_ops", "run_probe"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from probes.runner import run_probe
 
         return run_probe
+    if name in ("prepare_ops", "OpBuildError"):
+        import probes.ops
+
+        return getattr(probes.ops, name)
     if name == "PHASES":
         from probes.phases import PHASES
 

@@ -4,11 +4,12 @@ Reads top to bottom: report ``startup`` and import torch and deepspeed (the pare
 first, see :mod:`probes.isolation`), join the one-rank process group, report the fingerprint, rebuild
 the records, start the CPU tracker (it counts everything built from here on, plus what already exists),
 report ``setup`` and build the models and engines, then run ``steps`` steps of the workload's phases
-(:mod:`probes.phases`), the first a warm-up. Any exception becomes the outcome: ``oom`` for a CUDA
-out-of-memory, the tracker's cap (ProbeOOM) or the host allocator's failure, else ``error`` (type and
-first line of the message); the phase running then is ``failed_phase``. The child writes
-``result.json`` and leaves with ``os._exit`` (DeepSpeed's and gloo's teardown can hang; nothing is left
-to flush).
+(:mod:`probes.phases`): the first one or, with ZeRO-3, two are warm-up (:mod:`probes.warmup`), the rest
+measured, their time spread in ``extra["step_time_s"]`` and ``extra["phase_time_s"]``. Any exception
+becomes the outcome: ``oom`` for a CUDA out-of-memory, the tracker's cap (ProbeOOM) or the host
+allocator's failure, else ``error`` (type and first line of the message); the phase running then is
+``failed_phase``. The child writes ``result.json`` and leaves with ``os._exit`` (DeepSpeed's and gloo's
+teardown can hang; nothing is left to flush).
 """
 
 from __future__ import annotations
@@ -122,15 +123,29 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
             extra["setup_peak_bytes"] = torch.cuda.max_memory_allocated()
 
         from probes.phases import PhaseClock
+        from probes.warmup import trace_complete, warmup_steps
 
         clock = PhaseClock(device, plan.strategy.empty_cache, tracker, on_phase=reporter.enter)
-        warmup = 1 if request.steps > 1 else 0
+        warmup, note = warmup_steps(plan.strategy, request.steps)
+        if note:
+            extra["warmup_note"] = note
         for index in range(request.steps):
+            if index == warmup:
+                traces = trace_complete(_engines(runner))
+                if traces:
+                    extra["zero3_trace_complete"] = traces
             clock.start_step()
             runner.step(clock)
             clock.finish_step(measured=index >= warmup)
         extra.update(measured_steps=clock.measured_steps, warmup_steps=warmup, empty_cache_calls=clock.cache_calls)
+        extra.update(clock.spread())
         return clock.measurements(), plan.layers
+
+
+def _engines(runner: Any) -> dict[str, Any]:
+    """The runner's DeepSpeed engines by role (``model`` is a single-model run's trained engine)."""
+    names = {"model": "engine", "reference": "reference", "actor": "actor", "critic": "critic", "reward": "reward"}
+    return {role: getattr(runner, name, None) for role, name in names.items()}
 
 
 def _build(plan: Any, extra: dict[str, Any]) -> Any:

@@ -9,8 +9,10 @@ with SIGKILL, so no DeepSpeed helper outlives the probe; the last phase event sa
 The environment (:func:`child_env`) is set before the child starts, hence before it imports torch:
 ``DS_ACCELERATOR`` (cpu or cuda), ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for a CUDA probe
 of the expandable-segments allocator (unset for the default one), ``CUDA_VISIBLE_DEVICES=""`` for a CPU
-probe, and a one-rank process group: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR and a free
-MASTER_PORT. Pure Python: no torch here.
+probe, a one-rank process group: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR and a free
+MASTER_PORT, and a ``TORCH_CUDA_ARCH_LIST`` DeepSpeed's op builder can parse (:mod:`probes.arch_list`:
+``9.0a`` becomes ``9.0``). The op-build child (:mod:`probes.ops_child`) runs the same way with the same
+environment, so the probes load the ops it built instead of building them again. Pure Python: no torch here.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from probes.arch_list import arch_list_env
 
 __all__ = ["ChildRun", "child_env", "free_port", "run_child", "PROJECT_ROOT"]
 
@@ -97,7 +101,7 @@ def child_env(device: str, allocator: str, base: dict[str, str] | None = None) -
         env["CUDA_VISIBLE_DEVICES"] = ""
     paths = [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return env
+    return arch_list_env(env)[0]
 
 
 def _kill_group(pgid: int) -> None:
@@ -158,8 +162,9 @@ def release_shared_memory(port: str) -> int:
     return removed
 
 
-def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> ChildRun:
-    """Run one probe child on ``request`` (a ProbeRequest dict) within ``timeout_s`` seconds of wall time."""
+def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, module: str = CHILD_MODULE) -> ChildRun:
+    """Run ``python -m module DIR`` on ``request`` (a ProbeRequest dict for the probe child) within
+    ``timeout_s`` seconds of wall time."""
     with tempfile.TemporaryDirectory(prefix="memplan-probe-") as tmp:
         folder = Path(tmp)
         (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
@@ -167,7 +172,7 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) ->
         timed_out = False
         with (folder / LOG_FILE).open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE, str(folder)],
+                [sys.executable, "-m", module, str(folder)],
                 cwd=folder,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -7,8 +7,9 @@ critic_training; remax and grpo drop the critic).
 Before the step phases the child reports ``startup`` (imports, process group) and ``setup`` (models and
 engines); a failure there names that phase. A phase that repeats inside one step (the ``grad_accum``
 micro-steps of a single-model step) is one measurement: its peak is the largest of its runs, its time
-their sum. Over the measured steps (all but the first, a warm-up, unless only one step runs) a phase's
-peak is the largest and its time the median.
+their sum. Over the measured steps (all but the warm-up steps, :mod:`probes.warmup`) a phase's peak is
+the largest and its time the median; :meth:`PhaseClock.spread` gives the min / median / max of each
+phase's time and of the step's (its phases' sum), so a reader sees how steady the measured steps were.
 
 ``empty_cache`` placement is the one table of :mod:`store.phases` (which the cost model and
 ``planner.runtime.EmptyCachePolicy`` read too): ``after-generation`` after ``generation``;
@@ -157,6 +158,25 @@ class PhaseClock:
 
     # --- results --------------------------------------------------------------------------------------
 
+    def spread(self) -> dict[str, Any]:
+        """Time spread over the measured steps: ``{"step_time_s": {"min", "median", "max", "steps"},
+        "phase_time_s": {phase: [min, median, max]}}`` (seconds, rounded to 0.1 ms); empty without steps."""
+        if not self._steps:
+            return {}
+        totals = [sum(run["time"] for run in step.values()) for step in self._steps]
+        phases = {}
+        for name in self._order:
+            times = [step[name]["time"] for step in self._steps if name in step]
+            if times:
+                phases[name] = [_round(min(times)), _round(statistics.median(times)), _round(max(times))]
+        step = {
+            "min": _round(min(totals)),
+            "median": _round(statistics.median(totals)),
+            "max": _round(max(totals)),
+            "steps": [_round(t) for t in totals],
+        }
+        return {"step_time_s": step, "phase_time_s": phases}
+
     def measurements(self) -> list[PhaseMeasurement]:
         """One PhaseMeasurement per phase, in the order the phases first ran, over the measured steps."""
         out = []
@@ -176,3 +196,7 @@ class PhaseClock:
                 )
             )
         return out
+
+
+def _round(seconds: float) -> float:
+    return round(float(seconds), 4)

@@ -1,7 +1,11 @@
 """``run_probe``: one probe in its own process, its outcome as a ProbeResult.
 
 The request is checked here first (:func:`probes.build.plan_from_request`: bad input and requests for
-more than one GPU come back as outcome "error" without starting anything). Then a fresh child process
+more than one GPU come back as outcome "error" without starting anything). Then the DeepSpeed ops the
+probe will load are built, once per process and before the probe's clock and timeout start
+(:func:`probes.ops.prepare_ops`; a caller that probes many strategies may call it first for all of them).
+An op that cannot be built raises OpBuildError, one line for the whole run: no probe can run without it,
+and no "error" outcome is stored for one probe after another. Then a fresh child process
 (:mod:`probes.isolation`, :mod:`probes.child`) builds the models and engines and runs the steps; a fresh
 process per probe is what keeps DeepSpeed's global state (process group, ZeRO-3 hooks, the accelerator,
 compiled ops) from leaking between probes. Outcomes:
@@ -24,32 +28,39 @@ import time
 from probes.build import plan_from_request
 from probes.fingerprint import host_fingerprint
 from probes.isolation import ChildRun, child_env, run_child
+from probes.ops import note_to_stderr, prepare_ops
 from store.errors import InputError
 from store.measurements import DeviceFingerprint, ProbeRequest, ProbeResult
 
 __all__ = ["run_probe"]
 
+_clock = time.perf_counter  # the probe's wall clock (tests replace it)
+
 
 def run_probe(request: ProbeRequest) -> ProbeResult:
     """Run ``request`` in a fresh process within ``request.timeout_s`` seconds and say what happened.
 
-    Never raises for a failing probe (the outcome says it); only KeyboardInterrupt passes through,
-    after the child's process group is killed.
+    Never raises for a failing probe (the outcome says it). Raises OpBuildError when DeepSpeed's ops for
+    it cannot be built (before any child starts; see the module docstring); KeyboardInterrupt passes
+    through after the child's process group is killed. ``wall_s`` and the timeout count from the child's
+    start: building DeepSpeed's ops (here, if nobody built them before) counts in neither.
     """
-    start = time.perf_counter()
+    start = _clock()
     try:
         plan = plan_from_request(request)
     except InputError as exc:
         return ProbeResult(
             outcome="error",
             message=f"InputError: {exc}",
-            wall_s=time.perf_counter() - start,
+            wall_s=_clock() - start,
             fingerprint=host_fingerprint(request.device),
             layers=request.layers,
         )
+    prepare_ops([request], on_note=note_to_stderr)  # OpBuildError: one line for the run
+    start = _clock()
     env = child_env(request.device, plan.strategy.allocator)
     run = run_child(request.to_dict(), env, float(request.timeout_s))
-    return _result(run, request, plan.layers, time.perf_counter() - start)
+    return _result(run, request, plan.layers, _clock() - start)
 
 
 def _fingerprint(run: ChildRun, device: str) -> DeviceFingerprint:
