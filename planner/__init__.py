@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from planner.api import check, export, plans, predict, probe, recommend
+    from planner.api import check, coefficients, predict, probe, recommend
     from planner.inputs import JobSpec
     from planner.results import CheckResult, Plan, PredictionReport
     from planner.runtime import EmptyCachePolicy
+    from planner.saved import export, plan, plans, probes
 
 __all__ = [
     "CheckResult",
@@ -24,19 +25,25 @@ __all__ = [
     "Plan",
     "PredictionReport",
     "check",
+    "coefficients",
     "export",
+    "plan",
     "plans",
     "predict",
     "probe",
+    "probes",
     "recommend",
 ]
 
 _HOMES = {
     "check": "planner.api",
-    "export": "planner.api",
-    "plans": "planner.api",
+    "coefficients": "planner.api",
+    "export": "planner.saved",
+    "plan": "planner.saved",
+    "plans": "planner.saved",
     "predict": "planner.api",
     "probe": "planner.api",
+    "probes": "planner.saved",
     "recommend": "planner.api",
     "JobSpec": "planner.inputs",
     "CheckResult": "planner.results",

@@ -1,31 +1,60 @@
-"""The Python API: ``recommend``, ``predict``, ``check``, ``export`` and ``plans``.
+"""The Python API: ``recommend``, ``predict``, ``check``, ``probe``, ``coefficients``; and, from
+``planner.saved``, ``plans``, ``plan``, ``probes`` and ``export``.
 
-Each function takes the same job keywords as the CLI (see ``planner.inputs.JobSpec``), returns a typed
-pydantic result and raises ``store.errors.InputError`` for bad input. The CLI is a thin loop over these.
+Each job-describing function takes the model and the job keywords of ``planner.inputs.JobSpec`` (whose
+field defaults are the defaults), or a JobSpec (keywords then override its fields); it returns a typed
+pydantic result and raises ``store.errors.InputError`` for bad input. Every CLI command is a thin call of one
+of these.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from planner.inputs import JobSpec, ResolvedJob, resolve
+from planner.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec, ResolvedJob, resolve
 from planner.reports import alternative, prediction_report
 from planner.results import CheckResult, Plan, PredictionReport
+from planner.saved import export, plan, plans, probes, save_plan
 from planner.suggest import what_would_fit
-from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
-from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, describe_coefficients
 from search import predict as predict_strategy
 from search import search as run_search
+from search.batches import per_gpu_batch
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
+__all__ = [
+    "check",
+    "coefficients",
+    "empty_cache_effect",
+    "export",
+    "plan",
+    "plans",
+    "predict",
+    "probe",
+    "probes",
+    "recommend",
+]
+
 DEFAULT_LORA_RANK = 16
+# Where neither gpu_mem nor gpu is given, a probe plans for this GPU memory (by --device).
+PROBE_GPU_MEM = {"cuda": "80G", "cpu": "24G"}
+JOB_FIELDS = tuple(f.name for f in fields(JobSpec))
+# The knobs of the single-model strategy that an RLHF strategy keeps per model (in its actor/critic blocks).
+SINGLE_MODEL_KNOBS = tuple(sorted({f.name for f in fields(Strategy)} - {f.name for f in fields(RLHFStrategy)}))
+
+
+def job_spec(model: str | JobSpec, job: dict[str, Any]) -> JobSpec:
+    """The JobSpec of an API call: ``model`` and the job keywords, or a JobSpec with keywords over its fields."""
+    if isinstance(model, JobSpec):
+        return replace(model, **job) if job else model
+    return JobSpec(model=model, **job)
 
 
 def _job(model: str | JobSpec, job: dict[str, Any]) -> ResolvedJob:
-    spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
-    return resolve(spec)
+    return resolve(job_spec(model, job))
 
 
 def _lora_ranks(lora_rank: int | str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -64,9 +93,10 @@ def recommend(
     workload, hardware = resolved.workload, resolved.hardware
     first, fallback = _lora_ranks(lora_rank)
     result = run_search(workload, hardware, coefficients, lora_ranks=first, seed=seed)
+    searched = {first: result}
     used_fallback = False
     if result.best is None and fallback:
-        retry = run_search(workload, hardware, coefficients, lora_ranks=fallback, seed=seed)
+        retry = searched[fallback] = run_search(workload, hardware, coefficients, lora_ranks=fallback, seed=seed)
         if retry.best is not None:
             result, used_fallback = retry, True
     chosen = result.best or result.ranked[0]
@@ -77,14 +107,14 @@ def recommend(
             "(pass --lora-rank 0 to see the closest full fine-tune)"
         )
     if result.best is None or used_fallback:
-        suggestions.extend(what_would_fit(resolved, coefficients, include_lora=not used_fallback))
+        suggestions.extend(what_would_fit(resolved, coefficients, include_lora=not used_fallback, searched=searched))
     fastest = result.fastest_ignoring_memory
     overhead = None
     if fastest is not None and result.best is not None:
         overhead = chosen.prediction.step_time_s / fastest.prediction.step_time_s - 1.0
     report = prediction_report(resolved, chosen.strategy, chosen.prediction)
     others = [c for c in result.feasible if c is not chosen][:top]
-    plan = Plan(
+    result_plan = Plan(
         **dict(report),
         empty_cache_effect=empty_cache_effect(workload, chosen.strategy, hardware, chosen.prediction, coefficients),
         alternatives=[alternative(c.strategy, c.prediction) for c in others],
@@ -93,9 +123,7 @@ def recommend(
         suggestions=suggestions,
         search={"sampler": result.sampler, "trials": result.trials, "seed": seed, "lora_fallback": used_fallback},
     )
-    if save:
-        plan = _save(plan, db)
-    return plan
+    return save_plan(result_plan, db) if save else result_plan
 
 
 def empty_cache_effect(
@@ -131,40 +159,63 @@ def empty_cache_effect(
     }
 
 
-def _save(plan: Plan, db: str | None) -> Plan:
-    from store.db import open_storage
+def predict(model: str | JobSpec, strategy: Strategy | RLHFStrategy | dict[str, Any], **job: Any) -> PredictionReport:
+    """The prediction of one fixed strategy (the DESIGN.md strategy shape of the workload) for the job.
 
-    storage = open_storage(db)
-    try:
-        record = storage.save_plan(
-            kind=plan.workload["kind"],
-            model=plan.workload["model"],
-            fits=plan.fits,
-            workload=plan.workload,
-            hardware=plan.hardware,
-            strategy=plan.strategy,
-            predicted=plan.predicted.model_dump(),
-            ds_config=plan.ds_config if plan.ds_config is not None else plan.ds_configs,
-            document=plan.model_dump(exclude={"plan_id"}),
-        )
-    finally:
-        storage.close()
-    return plan.model_copy(update={"plan_id": record.plan_id})
-
-
-def predict(model: str | JobSpec, strategy: Strategy | dict[str, Any], **job: Any) -> PredictionReport:
-    """The prediction of one fixed strategy (the DESIGN.md single-model shape) for the job."""
-    resolved = _job(model, job)
+    A strategy document without ``grad_accum`` runs the job's global batch: ``micro_batch`` defaults to the
+    samples (RLHF: sequences) per GPU per step and the accumulation makes up the rest (``batch_of_job``).
+    One whose micro-batches make another batch sets the job's batch, unless ``batch`` was given (then it is
+    an InputError).
+    """
+    spec = job_spec(model, job)
+    resolved = resolve(spec)
+    if not isinstance(strategy, (dict, Strategy, RLHFStrategy)):
+        raise InputError(f"--strategy must be a JSON object (the strategy's knobs), not {type(strategy).__name__}")
+    if isinstance(strategy, dict):
+        strategy = batch_of_job(resolved, strategy)
     if resolved.workload.is_rlhf:
         fixed: Strategy | RLHFStrategy = (
-            strategy if isinstance(strategy, RLHFStrategy) else RLHFStrategy.from_dict(dict(strategy))
+            strategy if isinstance(strategy, RLHFStrategy) else RLHFStrategy.from_dict(_as_dict(strategy))
         )
     else:
-        fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(strategy)
-        given = isinstance(model, JobSpec) or job.get("batch") is not None
-        resolved = _with_batch_of(resolved, fixed, given=given)
+        fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(_as_dict(strategy))
+        resolved = _with_batch_of(resolved, fixed, given=spec.batch is not None)
     prediction = predict_strategy(resolved.workload, fixed, resolved.hardware)
     return prediction_report(resolved, fixed, prediction)
+
+
+def _as_dict(strategy: Strategy | RLHFStrategy | dict[str, Any]) -> dict[str, Any]:
+    """A strategy document: a dictionary as given, or the shape's own (a strategy of the other shape)."""
+    return dict(strategy) if isinstance(strategy, dict) else strategy.to_dict()
+
+
+def batch_of_job(job: ResolvedJob, data: dict[str, Any]) -> dict[str, Any]:
+    """A strategy document completed to run the job's global batch, when it leaves ``grad_accum`` out.
+
+    ``micro_batch`` defaults to everything one GPU takes per step (samples; for RLHF the prompts per GPU
+    times the samples per prompt) and ``grad_accum`` is what makes up the rest. A strategy with
+    ``grad_accum`` is returned as is. Single-model knobs under an RLHF workload are an InputError naming
+    both ways out.
+    """
+    w = job.workload
+    if w.is_rlhf:
+        single = [k for k in SINGLE_MODEL_KNOBS if k in data]
+        if single:
+            raise InputError(
+                f"{', '.join(single)}: single-model knobs; --workload {w.kind} takes an RLHF strategy with "
+                "actor/critic/reference/reward blocks (--strategy), or pass --workload sft, reward or dpo"
+            )
+    if "grad_accum" in data:
+        return data
+    per_gpu = per_gpu_batch(w, job.hardware) * (w.samples_per_prompt if w.is_rlhf else 1)
+    unit = "sequences" if w.is_rlhf else "samples"
+    micro = data.get("micro_batch", per_gpu)
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro <= 0 or per_gpu % micro:
+        raise InputError(
+            f"--micro-batch {micro} does not divide the {per_gpu} {unit} per GPU of the global batch "
+            f"(--batch {w.global_batch} over {job.hardware.world_size} GPUs)"
+        )
+    return {**data, "micro_batch": micro, "grad_accum": per_gpu // micro}
 
 
 def _with_batch_of(job: ResolvedJob, strategy: Strategy, *, given: bool) -> ResolvedJob:
@@ -187,22 +238,42 @@ def _with_batch_of(job: ResolvedJob, strategy: Strategy, *, given: bool) -> Reso
     )
 
 
-def check(ds_config: dict[str, Any] | str | Path, model: str | JobSpec, **job: Any) -> CheckResult:
+def check(
+    ds_config: dict[str, Any] | str | Path,
+    model: str | JobSpec,
+    *,
+    gradient_checkpointing: bool = STRATEGY_DEFAULTS["gradient_checkpointing"],
+    lora_rank: int = STRATEGY_DEFAULTS["lora_rank"],
+    empty_cache: str = STRATEGY_DEFAULTS["empty_cache"],
+    allocator: str = STRATEGY_DEFAULTS["allocator"],
+    **job: Any,
+) -> CheckResult:
     """Whether a DeepSpeed config (dict or file) is predicted to fit the job's GPU and host memory.
 
-    Knobs that are not DeepSpeed keys (gradient checkpointing, LoRA rank, ``empty_cache``, allocator)
-    come from ``job`` keywords ``gradient_checkpointing``, ``lora_rank``, ``empty_cache``, ``allocator``.
+    A config runs one trained model, so the workload defaults to ``CONFIG_WORKLOAD`` (sft) rather than the
+    JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``,
+    ``lora_rank``, ``empty_cache``, ``allocator``. The dtype is the config's (a ``dtype`` that contradicts
+    it is an InputError); the global batch is the config's.
     """
     from planner.files import read_json_file
+    from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
 
     config = read_json_file(ds_config, "ds_config") if isinstance(ds_config, (str, Path)) else ds_config
-    outside = {k: job.pop(k) for k in ("gradient_checkpointing", "lora_rank", "empty_cache", "allocator") if k in job}
+    if not isinstance(model, JobSpec):
+        job.setdefault("workload", CONFIG_WORKLOAD)
+    spec = job_spec(model, job)
     if isinstance(config, dict):
         config_dtype = dtype_of_ds_config(config)
-        if job.get("dtype") not in (None, config_dtype):
-            raise InputError(f"--dtype {job['dtype']} contradicts the config, which trains in {config_dtype}")
-        job["dtype"] = config_dtype
-    resolved = _job(model, job)
+        if spec.dtype not in (None, config_dtype):
+            raise InputError(f"--dtype {spec.dtype} contradicts the config, which trains in {config_dtype}")
+        spec = replace(spec, dtype=config_dtype)
+    resolved = resolve(spec)
+    outside = {
+        "gradient_checkpointing": gradient_checkpointing,
+        "lora_rank": lora_rank,
+        "empty_cache": empty_cache,
+        "allocator": allocator,
+    }
     strategy, _ = strategy_from_ds_config(config, resolved.hardware.world_size, **outside)
     resolved = _with_batch_of(resolved, strategy, given=False)
     prediction = predict_strategy(resolved.workload, strategy, resolved.hardware)
@@ -221,42 +292,21 @@ def check(ds_config: dict[str, Any] | str | Path, model: str | JobSpec, **job: A
     return CheckResult(fits=prediction.fits, reasons=reasons, report=report)
 
 
-def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> list[Any]:
-    """Saved plans, newest first (frozen ``store.db.PlanRecord`` values)."""
-    from store.db import open_storage
+def probe(model: str | JobSpec, *, device: str = "cuda", **options: Any) -> Any:
+    """Run strategies for a few real steps and compare with the prediction (see ``planner.probing.probe``).
 
-    storage = open_storage(db)
-    try:
-        return storage.list_plans(limit=limit, kind=kind)
-    finally:
-        storage.close()
-
-
-def export(
-    plan_id: str | None = None, output: str | Path = "ds_config.json", *, force: bool = False, db: str | None = None
-) -> tuple[list[Path], dict[str, Any]]:
-    """Write the DeepSpeed config of a saved plan (the latest by default) to ``output``.
-
-    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``,
-    ...). Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
-    DeepSpeed key). Refuses to overwrite an existing file unless ``force``.
+    Where the job names neither ``gpu_mem`` nor ``gpu``, the probe plans for ``PROBE_GPU_MEM[device]``
+    (80G on cuda, 24G on the CPU backend).
     """
-    from planner.files import write_configs
-    from store.db import open_storage
-
-    storage = open_storage(db)
-    try:
-        record = storage.get_plan(plan_id) if plan_id else storage.latest_plan()
-    finally:
-        storage.close()
-    if record is None:
-        raise InputError("no plans saved yet: run `planner recommend ...` first")
-    paths = write_configs(Path(output), record.ds_config, force=force)
-    return paths, record.document
-
-
-def probe(model: str | JobSpec, **options: Any) -> Any:
-    """Run strategies for a few real steps and compare with the prediction (see ``planner.probing.probe``)."""
     from planner.probing import probe as run
 
-    return run(model, **options)
+    job = {k: options.pop(k) for k in JOB_FIELDS if k in options}
+    spec = job_spec(model, job)
+    if spec.gpu_mem is None and spec.gpu is None:
+        spec = replace(spec, gpu_mem=PROBE_GPU_MEM.get(device, PROBE_GPU_MEM["cuda"]))
+    return run(spec, device=device, **options)
+
+
+def coefficients() -> list[dict[str, Any]]:
+    """The cost model's coefficients: name, default value, unit and the reason for the value."""
+    return describe_coefficients()

@@ -1,4 +1,5 @@
-"""Writing files the user asked for: atomically, never over an existing file without ``force``."""
+"""Files the user names: JSON read with one-line errors, and written atomically, never over an existing file
+without ``force``."""
 
 from __future__ import annotations
 
@@ -90,3 +91,19 @@ def write_configs(path: Path, configs: Any, *, force: bool = False, per_model: b
             done.unlink(missing_ok=True)
         raise
     return written
+
+
+def read_strategy(text: str | Path | None, what: str = "--strategy") -> dict[str, Any]:
+    """A strategy document from inline JSON (text starting with ``{``) or from a JSON file; ``{}`` for None."""
+    if text is None:
+        return {}
+    if isinstance(text, Path) or not text.lstrip().startswith("{"):
+        data = read_json_file(Path(text), what)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{what}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what}: expected a JSON object")
+    return data

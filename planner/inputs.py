@@ -6,13 +6,13 @@ Every check of user input lives here, so that each bad value gets one clear Inpu
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from store.errors import InputError
 from store.gpus import generic_gpu, get_gpu
 from store.models import get_model
-from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Workload
+from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, parse_size
 
 DEFAULT_SEQ_LEN = 512
@@ -22,14 +22,23 @@ DEFAULT_GRPO_SAMPLES = 4
 DEFAULT_BATCH_PER_GPU = 8
 DEFAULT_CPU_MEM = 64 * 2**30
 NO_BF16_GPUS = ("V100-16G", "V100-32G", "T4")
+# `check` reads one DeepSpeed config, which runs one trained model: its job is a single-model workload.
+CONFIG_WORKLOAD = "sft"
+# What a single-model strategy leaves unsaid (the knobs that are not DeepSpeed keys, for `check`).
+STRATEGY_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Strategy)}
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """The raw description of a job, as the CLI and the Python API take it."""
+    """The raw description of a job, as the CLI and the Python API take it.
+
+    The field defaults are the one place the job's defaults live: the API builds a JobSpec from its
+    keywords and every ``planner`` command declares its job options from these fields
+    (``planner.cli.options.job_options``). ``None`` means "derived": see ``resolve``.
+    """
 
     model: str
-    workload: str = "sft"
+    workload: str = "ppo"
     gpu_mem: str | int | None = None
     gpu: str | None = None
     gpus: int = 1
@@ -128,8 +137,13 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> 
             readings.append(f"dtype: fp16 ({hardware.gpu.name} has no bf16 tensor cores)")
     elif dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    prompt_len, gen_len = _rlhf_lengths(spec, readings) if rlhf else (None, None)
-    seq_len = prompt_len + gen_len if rlhf else _sequence_length(spec)
+    prompt_len: int | None = None
+    gen_len: int | None = None
+    if rlhf:
+        prompt_len, gen_len = _rlhf_lengths(spec, readings)
+        seq_len = prompt_len + gen_len
+    else:
+        seq_len = _sequence_length(spec)
     if spec.batch is None:
         batch = DEFAULT_BATCH_PER_GPU * hardware.world_size
         unit = "prompts" if rlhf else "samples"

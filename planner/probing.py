@@ -25,6 +25,8 @@ from store.measurements import ProbeRequest, ProbeResult
 from store.models import with_layers
 from store.records import RLHFStrategy, Strategy, Workload
 
+MAX_TIMEOUT_S = 86_400
+MAX_STEPS = 1000
 CPU_FULL_MODEL_LIMIT = 200_000_000  # parameters: larger models are only probed layer-cut on the CPU
 DEFAULT_DEPTHS = (1, 2)
 
@@ -85,16 +87,20 @@ def _grid(job: ResolvedJob) -> Iterator[Strategy | RLHFStrategy]:
     yield Strategy(zero_stage=2, offload_optimizer="cpu", micro_batch=micro, grad_accum=accum)
 
 
-def parse_layers(text: str | None) -> tuple[int, ...] | None:
-    """``auto`` -> None; ``K`` or ``K1,K2`` -> the depths (whole numbers >= 1, increasing)."""
+def parse_layers(text: str | None, model_layers: int) -> tuple[int, ...] | None:
+    """``auto`` -> None; ``K`` or ``K1,K2`` -> the depths (increasing whole numbers from 1 to the model's
+    decoder layers)."""
     if text is None or text == "auto":
         return None
+    shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
     try:
-        depths = tuple(int(part) for part in str(text).split(","))
+        depths = tuple(int(part) for part in str(text).split(",")) if len(str(text)) <= 200 else ()
     except ValueError:
-        raise InputError(f"--layers must be auto, K or K1,K2, not {text!r}") from None
+        raise InputError(f"--layers must be auto, K or K1,K2, not {shown!r}") from None
     if not depths or any(d < 1 for d in depths) or list(depths) != sorted(set(depths)):
-        raise InputError(f"--layers must be increasing whole numbers >= 1, not {text!r}")
+        raise InputError(f"--layers must be increasing whole numbers >= 1, not {shown!r}")
+    if depths[-1] > model_layers:
+        raise InputError(f"--layers {shown}: the model has {model_layers} decoder layers; cut it to at most that")
     return depths
 
 
@@ -172,7 +178,7 @@ def probe(
     model: str | JobSpec,
     *,
     strategies: str = "recommended",
-    steps: int = 3,
+    steps: int = 4,
     layers: str | None = "auto",
     timeout_s: float = 600.0,
     device: str = "cuda",
@@ -180,6 +186,7 @@ def probe(
     force: bool = False,
     db: str | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     runner: Callable[[ProbeRequest], ProbeResult] | None = None,
     **job: Any,
@@ -195,9 +202,15 @@ def probe(
     if device not in ("cuda", "cpu"):
         raise InputError(f"--device must be cuda or cpu, not {device!r}")
     if not isinstance(steps, int) or steps < 2:
-        raise InputError(f"--steps must be a whole number >= 2 (the first step is a warm-up), not {steps!r}")
-    if not timeout_s or timeout_s <= 0:
-        raise InputError(f"--timeout must be larger than zero, not {timeout_s!r}")
+        raise InputError(
+            f"--steps must be a whole number >= 2 (warm-up comes first: 1 step, 2 under ZeRO-3), not {steps!r}"
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise InputError(
+            f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a day), not {timeout_s!r}"
+        )
+    if steps > MAX_STEPS:
+        raise InputError(f"--steps must be at most {MAX_STEPS} (a probe measures a few steps), not {steps}")
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     resolved = resolve(spec)
     if resolved.hardware.world_size > 1:
@@ -209,17 +222,19 @@ def probe(
         if reason is not None:
             raise InputError(reason)  # one line for the run, not one failed engine per strategy
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
+    depths = parse_layers(layers, resolved.workload.model.num_layers)
     chosen = choose_strategies(resolved, strategies, coefficients)
     planned = plan_probes(
         resolved,
         chosen,
         device=device,
         steps=steps,
-        layers=parse_layers(layers),
+        layers=depths,
         timeout_s=float(timeout_s),
         memory_cap_bytes=cap,
         coef=coefficients,
     )
+    own_runner = runner is None
     if runner is None:
         from probes import run_probe
 
@@ -231,6 +246,19 @@ def probe(
         keys = [p.key for p in planned]
         run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
         done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
+        if own_runner:  # only the real runner loads DeepSpeed's ops: build them all before the first probe
+            from probes import OpBuildError, prepare_ops
+
+            pending = [
+                item.request
+                for item in planned
+                if (force and item.key not in done_in_this_run) or storage.find_probe(item.key) is None
+            ]
+            try:
+                prepare_ops(pending, on_note=on_note)
+            except OpBuildError:
+                storage.finish_run(run.run_id, status="interrupted")
+                raise
         try:
             for index, item in enumerate(planned):
                 reuse = not force or item.key in done_in_this_run

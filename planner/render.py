@@ -246,3 +246,59 @@ def render_probe_report(report: ProbeReport) -> None:
                     f" memory, {_pct(x.errors.get('step_time_s'))} / {_pct(x.anchored_errors.get('step_time_s'))} time"
                 )
         console.print(line, soft_wrap=True)
+
+
+def render_plans(records: list[Any]) -> None:
+    """The saved plans (``planner.plans()``), one row each."""
+    if not records:
+        console.print("no plans saved yet: run `planner recommend ...` first")
+        return
+    table = Table()
+    for column in ("plan", "created (UTC)", "model", "workload", "strategy", "fits", "peak reserved", "step"):
+        table.add_column(column)
+    for r in records:
+        table.add_row(
+            r.plan_id,
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+            r.model,
+            r.kind,
+            describe(r.strategy),
+            "yes" if r.fits else "no",
+            _gib(r.predicted.get("peak_reserved_bytes", 0)),
+            f"{r.predicted.get('step_time_s', 0):.3f} s",
+        )
+    console.print(table)
+
+
+def render_probes(records: list[Any]) -> None:
+    """The stored probes (``planner.probes()``), one row each."""
+    if not records:
+        console.print("no probes stored yet: run `planner probe ...` first")
+        return
+    table = Table()
+    for column in ("probe", "created (UTC)", "model", "device", "strategy", "layers", "outcome", "peak alloc", "step"):
+        table.add_column(column)
+    for r in records:
+        res = r.result
+        table.add_row(
+            r.probe_id,
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+            r.model,
+            r.device,
+            describe(r.request.strategy),
+            "full" if r.request.layers is None else str(r.request.layers),
+            res.outcome + (f" ({res.failed_phase})" if res.failed_phase else ""),
+            f"{res.peak_allocated_bytes / 2**20:.1f} MiB",
+            f"{res.step_time_s:.3f} s",
+        )
+    console.print(table)
+
+
+def render_coefficients(rows: list[dict[str, Any]]) -> None:
+    """The cost model's coefficients (``planner.coefficients()``): name, value, unit, why."""
+    table = Table(title="Cost-model coefficients (calibrated by probes)", title_justify="left")
+    for column in ("name", "value", "unit", "why"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["name"], f"{row['default']:g}", row["unit"], row["reason"])
+    console.print(table)

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.inputs import ResolvedJob
 from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
-from probes.rlhf_config import (
-    deepspeed_chat_flags,
-    deepspeed_chat_gaps,
-    openrlhf_flags,
-    openrlhf_gaps,
-    render_rlhf_ds_configs,
-    rlhf_outside_settings,
-)
 from search import Prediction
 from store.records import RLHFStrategy, Strategy
 
@@ -31,7 +25,7 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
     workload = job.workload.to_dict()
     workload["params"] = job.workload.model.total_params
     workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
-    common = {
+    common: dict[str, Any] = {
         "workload": workload,
         "hardware": job.hardware.to_dict(),
         "strategy": strategy.to_dict(),
@@ -40,6 +34,15 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
         "readings": list(job.readings),
     }
     if isinstance(strategy, RLHFStrategy):
+        from probes.rlhf_config import (
+            deepspeed_chat_flags,
+            deepspeed_chat_gaps,
+            openrlhf_flags,
+            openrlhf_gaps,
+            render_rlhf_ds_configs,
+            rlhf_outside_settings,
+        )
+
         w, h = job.workload, job.hardware
         launch = {"deepspeed_chat": deepspeed_chat_flags(strategy, w, h), "openrlhf": openrlhf_flags(strategy, w, h)}
         gaps = {"deepspeed_chat": deepspeed_chat_gaps(strategy, w, h), "openrlhf": openrlhf_gaps(strategy, w, h)}

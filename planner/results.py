@@ -10,11 +10,14 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 
 from planner.files import write_configs
 
+# Frozen values; each model builds its validator on first use, so a command pays only for the models it makes.
+FROZEN = ConfigDict(frozen=True, defer_build=True)
+
 
 class PhaseReport(BaseModel):
     """One phase of the step."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     name: str
     peak_allocated_bytes: int
@@ -26,7 +29,7 @@ class PhaseReport(BaseModel):
 class Predicted(BaseModel):
     """The ``predicted`` block: per GPU (host bytes per node), bytes as integers."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     peak_allocated_bytes: int
     peak_reserved_bytes: int
@@ -44,7 +47,7 @@ class Predicted(BaseModel):
 class Alternative(BaseModel):
     """Another strategy with its prediction."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     strategy: dict[str, Any]
     predicted: Predicted
@@ -53,7 +56,7 @@ class Alternative(BaseModel):
 class PredictionReport(BaseModel):
     """What ``predict`` returns: one fixed strategy and its prediction."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     workload: dict[str, Any]
     hardware: dict[str, Any]
@@ -102,7 +105,7 @@ class Plan(PredictionReport):
 class CheckResult(BaseModel):
     """What ``check`` returns: whether a given DeepSpeed config is predicted to fit."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     fits: bool
     reasons: list[str]
@@ -116,7 +119,7 @@ def _relative(measured: float, predicted: float) -> float | None:
 class ProbeRow(BaseModel):
     """One probe: what ran, what happened, measured beside predicted (relative error = pred/meas - 1)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     probe_id: str
     strategy: dict[str, Any]
@@ -177,7 +180,7 @@ class ProbeRow(BaseModel):
 class Extrapolation(BaseModel):
     """A strategy probed at two depths, extrapolated per layer to the full model."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     label: str
     depths: list[int]
@@ -193,7 +196,7 @@ class Extrapolation(BaseModel):
 class ProbeReport(BaseModel):
     """What ``probe`` returns: every probe row, the per-layer extrapolations and the device."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = FROZEN
 
     workload: dict[str, Any]
     hardware: dict[str, Any]

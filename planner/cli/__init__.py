@@ -5,14 +5,11 @@ Bad input of any kind prints one line on stderr and exits with code 2.
 
 from __future__ import annotations
 
+import gc
 import sys
+from typing import Any
 
 import typer
-
-try:  # typer >= 0.25 vendors click as typer._click
-    from typer._click import exceptions as click_errors
-except ImportError:  # pragma: no cover - older typer on top of click
-    from click import exceptions as click_errors
 
 from planner.cli import check as check_cmd
 from planner.cli import explain as explain_cmd
@@ -23,6 +20,12 @@ from planner.cli import probe as probe_cmd
 from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from store.errors import InputError
+
+click_errors: Any
+try:  # typer >= 0.25 vendors click as typer._click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as click_errors
 
 app = typer.Typer(
     name="planner",
@@ -68,5 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point (and ``python -m planner``)."""
+    code = main()
+    # The process ends here. Without freezing, the interpreter's final full collection walks and frees every
+    # object of the ~800 modules a command imports (SQLAlchemy, pydantic, optuna, ...): about a quarter of the
+    # time of `planner recommend` (benchmarks/latency.py). Open files and the database are closed by now.
+    gc.freeze()
+    sys.exit(code)

@@ -7,46 +7,29 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.options import (
-    AttnImpl,
-    CpuMem,
-    Dtype,
-    Gpu,
-    GpuMem,
-    Gpus,
-    Json,
-    Model,
-    Nodes,
-    NvmePath,
-    RefModel,
-    SafetyMargin,
-    SeqLen,
-    WorkloadKind,
-    job_keywords,
-)
+from planner.cli.options import Json, job_options
+from planner.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec
+
+# The config sets the batch; it trains one model, so the RLHF-only options do not apply.
+NOT_IN_A_CONFIG = ("batch", "prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt")
 
 
+@job_options(omit=NOT_IN_A_CONFIG, defaults={"workload": CONFIG_WORKLOAD})
 def check_command(
+    job: JobSpec,
     ds_config: Annotated[Path, typer.Argument(help="The ds_config.json to check.")],
-    model: Model,
-    gpu_mem: GpuMem = None,
-    workload: WorkloadKind = "sft",
-    gpu: Gpu = None,
-    gpus: Gpus = 1,
-    nodes: Nodes = 1,
-    cpu_mem: CpuMem = None,
-    seq_len: SeqLen = None,
-    dtype: Dtype = None,
-    attn_impl: AttnImpl = "sdpa",
-    ref_model: RefModel = None,
-    nvme_path: NvmePath = None,
-    safety_margin: SafetyMargin = 0.05,
     grad_ckpt: Annotated[
         bool, typer.Option("--grad-ckpt/--no-grad-ckpt", help="The model uses checkpointing.")
-    ] = False,
-    lora_rank: Annotated[int, typer.Option("--lora-rank", help="LoRA rank (0: full fine-tune).")] = 0,
-    empty_cache: Annotated[str, typer.Option("--empty-cache", help="Where empty_cache() is called.")] = "never",
-    allocator: Annotated[str, typer.Option("--allocator", help="default or expandable-segments.")] = "default",
+    ] = STRATEGY_DEFAULTS["gradient_checkpointing"],
+    lora_rank: Annotated[int, typer.Option("--lora-rank", help="LoRA rank (0: full fine-tune).")] = STRATEGY_DEFAULTS[
+        "lora_rank"
+    ],
+    empty_cache: Annotated[
+        str, typer.Option("--empty-cache", help="Where empty_cache() is called.")
+    ] = STRATEGY_DEFAULTS["empty_cache"],
+    allocator: Annotated[str, typer.Option("--allocator", help="default or expandable-segments.")] = STRATEGY_DEFAULTS[
+        "allocator"
+    ],
     json_out: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict.")] = False,
 ) -> int:
@@ -56,15 +39,13 @@ def check_command(
     """
     from planner.api import check
 
-    options = job_keywords(**locals())
     result = check(
         ds_config,
-        model,
+        job,
         gradient_checkpointing=grad_ckpt,
         lora_rank=lora_rank,
         empty_cache=empty_cache,
         allocator=allocator,
-        **options,
     )
     if json_out:
         print(result.model_dump_json(indent=2))

@@ -17,27 +17,16 @@ def explain_command(
 
     Example: planner explain
     """
-    import json
-
     if plan_id:
-        from store.db import open_storage
+        import json
 
-        storage = open_storage(db)
-        try:
-            record = storage.get_plan(plan_id)
-        finally:
-            storage.close()
+        from planner import plan
+
+        record = plan(plan_id, db=db)
         print(json.dumps(record.document | {"plan_id": record.plan_id}, indent=2))
         return 0
-    from rich.table import Table
+    from planner import coefficients
+    from planner.render import render_coefficients
 
-    from planner.render import console
-    from search import describe_coefficients
-
-    table = Table(title="Cost-model coefficients (calibrated by probes)", title_justify="left")
-    for column in ("name", "value", "unit", "why"):
-        table.add_column(column)
-    for row in describe_coefficients():
-        table.add_row(row["name"], f"{row['default']:g}", row["unit"], row["reason"])
-    console.print(table)
+    render_coefficients(coefficients())
     return 0

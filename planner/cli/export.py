@@ -24,7 +24,7 @@ def export_command(
 
     Example: planner export -o ds_config.json
     """
-    from planner.api import export
+    from planner import export
 
     paths, document = export(plan_id, output, force=force, db=db)
     for path in paths:

@@ -1,10 +1,33 @@
-"""Options shared by the commands that describe a job (recommend, predict, check, probe)."""
+"""Options declared once: the job options (one per ``JobSpec`` field) and the flags several commands share.
+
+A command that describes a job takes ``job: JobSpec`` as its first parameter and is wrapped by
+``@job_options()``: the wrapper offers every JobSpec field as an option (its default read from JobSpec)
+and hands the command the JobSpec they make, sqlite-utils style::
+
+    @job_options(omit=("batch",))
+    def check_command(job: JobSpec, ds_config: Annotated[Path, typer.Argument()], ...) -> int:
+        result = check(ds_config, job, ...)
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import typer
+
+from planner.inputs import (
+    DEFAULT_BATCH_PER_GPU,
+    DEFAULT_GEN_LEN,
+    DEFAULT_GRPO_SAMPLES,
+    DEFAULT_PROMPT_LEN,
+    DEFAULT_SEQ_LEN,
+    NO_BF16_GPUS,
+    JobSpec,
+)
 
 JOB = "Job"
 HARDWARE = "Hardware"
@@ -26,7 +49,11 @@ PpoEpochs = Annotated[
 ]
 SamplesPerPrompt = Annotated[
     int | None,
-    typer.Option("--samples-per-prompt", help="grpo: completions per prompt (default 4).", rich_help_panel=JOB),
+    typer.Option(
+        "--samples-per-prompt",
+        help=f"grpo: completions per prompt (default {DEFAULT_GRPO_SAMPLES}).",
+        rich_help_panel=JOB,
+    ),
 ]
 GpuMem = Annotated[
     str | None,
@@ -54,47 +81,111 @@ Batch = Annotated[
     typer.Option(
         "--batch",
         "-b",
-        help="Global batch: samples (pairs for reward/dpo) per optimizer step over all GPUs.",
+        help="Global batch: samples (pairs for reward/dpo, prompts for RLHF) per optimizer step over all GPUs "
+        f"(default {DEFAULT_BATCH_PER_GPU} per GPU).",
         rich_help_panel=JOB,
     ),
 ]
 SeqLen = Annotated[
-    int | None, typer.Option("--seq-len", help="Tokens per sequence (default 512).", rich_help_panel=JOB)
+    int | None,
+    typer.Option("--seq-len", help=f"Tokens per sequence (default {DEFAULT_SEQ_LEN}).", rich_help_panel=JOB),
 ]
-PromptLen = Annotated[int | None, typer.Option("--prompt-len", help="Prompt tokens.", rich_help_panel=JOB)]
-GenLen = Annotated[int | None, typer.Option("--gen-len", help="Generated tokens.", rich_help_panel=JOB)]
-Dtype = Annotated[str | None, typer.Option("--dtype", help="bf16, fp16 or fp32 (default bf16).", rich_help_panel=JOB)]
+PromptLen = Annotated[
+    int | None,
+    typer.Option("--prompt-len", help=f"RLHF: prompt tokens (default {DEFAULT_PROMPT_LEN}).", rich_help_panel=JOB),
+]
+GenLen = Annotated[
+    int | None,
+    typer.Option("--gen-len", help=f"RLHF: generated tokens (default {DEFAULT_GEN_LEN}).", rich_help_panel=JOB),
+]
+Dtype = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help=f"bf16, fp16 or fp32 (default bf16; fp16 on {', '.join(NO_BF16_GPUS)}).",
+        rich_help_panel=JOB,
+    ),
+]
 AttnImpl = Annotated[str, typer.Option("--attn-impl", help="eager, sdpa or flash_attention_2.", rich_help_panel=JOB)]
-RefModel = Annotated[str | None, typer.Option("--ref-model", help="Frozen reference model (dpo).", rich_help_panel=JOB)]
-CriticModel = Annotated[str | None, typer.Option("--critic-model", help="Critic model (RLHF).", rich_help_panel=JOB)]
+RefModel = Annotated[
+    str | None, typer.Option("--ref-model", help="Frozen reference model (RLHF, dpo).", rich_help_panel=JOB)
+]
+CriticModel = Annotated[str | None, typer.Option("--critic-model", help="Critic model (ppo).", rich_help_panel=JOB)]
 RewardModel = Annotated[str | None, typer.Option("--reward-model", help="Reward model (RLHF).", rich_help_panel=JOB)]
 Db = Annotated[
     str | None, typer.Option("--db", help="Database URL or SQLite file (default: $PLANNER_DB or the user data folder).")
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the JSON document instead of tables.")]
 
+# Every JobSpec field and its option, in the order the help lists them.
+JOB_OPTIONS: dict[str, Any] = {
+    "model": Model,
+    "workload": WorkloadKind,
+    "gpu_mem": GpuMem,
+    "gpu": Gpu,
+    "gpus": Gpus,
+    "nodes": Nodes,
+    "cpu_mem": CpuMem,
+    "batch": Batch,
+    "seq_len": SeqLen,
+    "prompt_len": PromptLen,
+    "gen_len": GenLen,
+    "dtype": Dtype,
+    "attn_impl": AttnImpl,
+    "ref_model": RefModel,
+    "critic_model": CriticModel,
+    "reward_model": RewardModel,
+    "nvme_path": NvmePath,
+    "safety_margin": SafetyMargin,
+    "ppo_epochs": PpoEpochs,
+    "samples_per_prompt": SamplesPerPrompt,
+}
 
-def job_keywords(**values: Any) -> dict[str, Any]:
-    """The JobSpec keywords of a command's parsed options (the rest are the command's own)."""
-    names = (
-        "workload",
-        "gpu_mem",
-        "gpu",
-        "gpus",
-        "nodes",
-        "cpu_mem",
-        "batch",
-        "seq_len",
-        "prompt_len",
-        "gen_len",
-        "dtype",
-        "attn_impl",
-        "ref_model",
-        "critic_model",
-        "reward_model",
-        "nvme_path",
-        "safety_margin",
-        "ppo_epochs",
-        "samples_per_prompt",
-    )
-    return {name: values[name] for name in names if name in values}
+Command = Callable[..., int]
+
+
+def job_defaults() -> dict[str, Any]:
+    """The default of every JobSpec field (``inspect.Parameter.empty`` for the required ``model``)."""
+    return {
+        f.name: inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(JobSpec)
+    }
+
+
+def job_options(
+    *, omit: tuple[str, ...] = (), defaults: Mapping[str, Any] | None = None
+) -> Callable[[Command], Command]:
+    """Decorate a command whose first parameter is ``job: JobSpec`` with the job options.
+
+    ``omit`` names JobSpec fields the command does not offer (they keep JobSpec's defaults); ``defaults``
+    replaces JobSpec's default of a field for this command (``check``'s workload). The command's own
+    parameters follow the job options in the help.
+    """
+    unknown = set(omit) | set(defaults or {})
+    unknown -= set(JOB_OPTIONS)
+    if unknown:
+        raise TypeError(f"not JobSpec fields: {sorted(unknown)}")
+    chosen = {**job_defaults(), **(defaults or {})}
+    names = [name for name in JOB_OPTIONS if name not in omit]
+
+    def decorate(command: Command) -> Command:
+        own = inspect.signature(command, eval_str=True)
+        first, *rest = own.parameters.values()
+        if first.name != "job":
+            raise TypeError(f"{command.__name__}: the first parameter must be `job: JobSpec`")
+        job_params = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=JOB_OPTIONS[name], default=chosen[name])
+            for name in names
+        ]
+        params = job_params + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in rest]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> int:
+            job = JobSpec(**{name: values.pop(name) for name in names})
+            return command(job, **values)
+
+        run.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params} | {"return": own.return_annotation}
+        return run
+
+    return decorate

@@ -2,81 +2,19 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from planner.cli.options import (
-    AttnImpl,
-    Batch,
-    CpuMem,
-    CriticModel,
-    Dtype,
-    GenLen,
-    Gpu,
-    GpuMem,
-    Gpus,
-    Json,
-    Model,
-    Nodes,
-    NvmePath,
-    PpoEpochs,
-    PromptLen,
-    RefModel,
-    RewardModel,
-    SafetyMargin,
-    SamplesPerPrompt,
-    SeqLen,
-    WorkloadKind,
-    job_keywords,
-)
-from store.errors import InputError
+from planner.cli.options import Json, job_options
+from planner.inputs import JobSpec
 
 KNOBS = "Strategy"
 
 
-def read_strategy(text: str | None) -> dict[str, Any]:
-    """A strategy from inline JSON or from a JSON file."""
-    if text is None:
-        return {}
-    source = text
-    if not text.lstrip().startswith("{"):
-        from planner.files import read_json_file
-
-        data = read_json_file(Path(text), "--strategy")
-    else:
-        try:
-            data = json.loads(source)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--strategy: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(data, dict):
-        raise InputError("--strategy: expected a JSON object")
-    return data
-
-
+@job_options()
 def predict_command(
-    model: Model,
-    gpu_mem: GpuMem = None,
-    workload: WorkloadKind = "sft",
-    gpu: Gpu = None,
-    gpus: Gpus = 1,
-    nodes: Nodes = 1,
-    cpu_mem: CpuMem = None,
-    batch: Batch = None,
-    seq_len: SeqLen = None,
-    prompt_len: PromptLen = None,
-    gen_len: GenLen = None,
-    dtype: Dtype = None,
-    attn_impl: AttnImpl = "sdpa",
-    ref_model: RefModel = None,
-    critic_model: CriticModel = None,
-    reward_model: RewardModel = None,
-    nvme_path: NvmePath = None,
-    safety_margin: SafetyMargin = 0.05,
-    ppo_epochs: PpoEpochs = 1,
-    samples_per_prompt: SamplesPerPrompt = None,
+    job: JobSpec,
     strategy: Annotated[
         str | None, typer.Option("--strategy", help="Strategy as JSON or a JSON file.", rich_help_panel=KNOBS)
     ] = None,
@@ -95,7 +33,10 @@ def predict_command(
         int | None, typer.Option("--lora-rank", help="LoRA rank (0: full).", rich_help_panel=KNOBS)
     ] = None,
     micro_batch: Annotated[
-        int | None, typer.Option("--micro-batch", help="Per-GPU micro-batch.", rich_help_panel=KNOBS)
+        int | None,
+        typer.Option(
+            "--micro-batch", help="Per-GPU micro-batch (accumulation keeps the global batch).", rich_help_panel=KNOBS
+        ),
     ] = None,
     empty_cache: Annotated[
         str | None,
@@ -108,11 +49,11 @@ def predict_command(
 ) -> int:
     """Predict peak memory, host memory and step time of one fixed strategy.
 
-    Example: planner predict --model opt-1.3b --gpu-mem 24G --zero 2 --grad-ckpt --micro-batch 4
+    Example: planner predict --model opt-1.3b --gpu-mem 24G --workload sft --zero 2 --grad-ckpt --micro-batch 4
     """
     from planner.api import predict
+    from planner.files import read_strategy
 
-    options = job_keywords(**locals())
     data = read_strategy(strategy)
     flags = {
         "zero_stage": zero,
@@ -125,10 +66,9 @@ def predict_command(
         "allocator": allocator,
     }
     data.update({k: v for k, v in flags.items() if v is not None})
-    if micro_batch is not None or "grad_accum" not in data:
-        data.pop("grad_accum", None)
-        data["grad_accum"] = _accumulation(model, options, data)
-    report = predict(model, data, **options)
+    if micro_batch is not None:
+        data.pop("grad_accum", None)  # a new micro-batch keeps the global batch: predict() derives the accumulation
+    report = predict(job, data)
     if json_out:
         print(report.to_json())
     else:
@@ -136,16 +76,3 @@ def predict_command(
 
         render_prediction(report)
     return 0
-
-
-def _accumulation(model: str, options: dict[str, Any], data: dict[str, Any]) -> int:
-    """Accumulation steps that keep the global batch, given the micro-batch."""
-    from planner.inputs import JobSpec, resolve
-    from search.batches import per_gpu_batch
-
-    job = resolve(JobSpec(model=model, **options))
-    per_gpu = per_gpu_batch(job.workload, job.hardware)
-    micro = data.setdefault("micro_batch", per_gpu)
-    if not isinstance(micro, int) or micro <= 0 or per_gpu % micro:
-        raise InputError(f"--micro-batch {micro} does not divide the {per_gpu} samples per GPU of the global batch")
-    return per_gpu // micro

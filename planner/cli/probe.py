@@ -2,59 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from typing import Annotated, Any
 
 import typer
 
-from planner.cli.options import (
-    AttnImpl,
-    Batch,
-    CpuMem,
-    CriticModel,
-    Db,
-    Dtype,
-    GenLen,
-    Gpu,
-    GpuMem,
-    Json,
-    Model,
-    PpoEpochs,
-    PromptLen,
-    RefModel,
-    RewardModel,
-    SamplesPerPrompt,
-    SeqLen,
-    WorkloadKind,
-    job_keywords,
-)
+from planner.cli.options import Db, Json, job_options
+from planner.inputs import JobSpec
 
+# Probes run one GPU: the data-parallel counts and the offload folder do not apply.
+NOT_PROBED = ("gpus", "nodes", "nvme_path", "safety_margin")
 PROBE = "Probe"
 
 
+@job_options(omit=NOT_PROBED)
 def probe_command(
-    model: Model,
-    workload: WorkloadKind = "sft",
-    gpu_mem: GpuMem = None,
-    gpu: Gpu = None,
-    cpu_mem: CpuMem = None,
-    batch: Batch = None,
-    seq_len: SeqLen = None,
-    prompt_len: PromptLen = None,
-    gen_len: GenLen = None,
-    dtype: Dtype = None,
-    attn_impl: AttnImpl = "sdpa",
-    ref_model: RefModel = None,
-    critic_model: CriticModel = None,
-    reward_model: RewardModel = None,
-    ppo_epochs: PpoEpochs = 1,
-    samples_per_prompt: SamplesPerPrompt = None,
+    job: JobSpec,
     strategies: Annotated[
         str,
         typer.Option("--strategies", help="recommended, grid, or a JSON file of strategies.", rich_help_panel=PROBE),
     ] = "recommended",
     steps: Annotated[
-        int, typer.Option("--steps", help="Steps per probe (the first is a warm-up).", rich_help_panel=PROBE)
-    ] = 3,
+        int,
+        typer.Option(
+            "--steps",
+            help="All steps of a probe: the first warms up (the first two under ZeRO-3), the rest are measured.",
+            rich_help_panel=PROBE,
+        ),
+    ] = 4,
     layers: Annotated[
         str,
         typer.Option(
@@ -83,14 +58,16 @@ def probe_command(
     """
     from planner.api import probe
 
-    options = job_keywords(**locals())
-    if gpu_mem is None and gpu is None:
-        options["gpu_mem"] = "80G" if device == "cuda" else "24G"
+    options: dict[str, Any] = {
+        "strategies": strategies,
+        "steps": steps,
+        "layers": layers,
+        "timeout_s": timeout,
+        "device": device,
+    }
+    options.update(memory_cap=memory_cap, force=force, db=db)
     if json_out:
-        report = probe(
-            model, strategies=strategies, steps=steps, layers=layers, timeout_s=timeout, device=device,
-            memory_cap=memory_cap, force=force, db=db, **options,
-        )  # fmt: skip
+        report = probe(job, on_note=lambda line: print(line, file=sys.stderr), **options)
         print(report.to_json())
         return 0
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -106,9 +83,9 @@ def probe_command(
         def show(label: str, index: int, total: int) -> None:
             progress.update(task, description=f"probing {label}", completed=index, total=total)
 
-        report = probe(
-            model, strategies=strategies, steps=steps, layers=layers, timeout_s=timeout, device=device,
-            memory_cap=memory_cap, force=force, db=db, on_progress=show, **options,
-        )  # fmt: skip
+        def note(line: str) -> None:
+            progress.console.print(line, markup=False, style="dim")
+
+        report = probe(job, on_progress=show, on_note=note, **options)
     render_probe_report(report)
     return 0

@@ -20,51 +20,18 @@ def probes_command(
 
     Example: planner probes -n 10 --device cpu
     """
-    import json
+    from planner import probes
 
-    from store.db import open_storage
-    from store.errors import InputError
-
-    if limit <= 0:
-        raise InputError(f"--limit must be larger than zero, not {limit}")
-    storage = open_storage(db)
-    try:
-        records = storage.list_probes(limit=limit, model=model, device=device)
-    finally:
-        storage.close()
+    records = probes(db=db, limit=limit, model=model, device=device)
     if json_out:
-        print(
-            json.dumps(
-                [
-                    {"probe_id": r.probe_id, "request": r.request.to_dict(), "result": r.result.to_dict()}
-                    for r in records
-                ],
-                indent=2,
-            )
-        )
-        return 0
-    from rich.table import Table
+        import json
 
-    from planner.render import console, describe
+        documents = [
+            {"probe_id": r.probe_id, "request": r.request.to_dict(), "result": r.result.to_dict()} for r in records
+        ]
+        print(json.dumps(documents, indent=2))
+    else:
+        from planner.render import render_probes
 
-    if not records:
-        console.print("no probes stored yet: run `planner probe ...` first")
-        return 0
-    table = Table()
-    for column in ("probe", "created (UTC)", "model", "device", "strategy", "layers", "outcome", "peak alloc", "step"):
-        table.add_column(column)
-    for r in records:
-        res = r.result
-        table.add_row(
-            r.probe_id,
-            r.created_at.strftime("%Y-%m-%d %H:%M"),
-            r.model,
-            r.device,
-            describe(r.request.strategy),
-            "full" if r.request.layers is None else str(r.request.layers),
-            res.outcome + (f" ({res.failed_phase})" if res.failed_phase else ""),
-            f"{res.peak_allocated_bytes / 2**20:.1f} MiB",
-            f"{res.step_time_s:.3f} s",
-        )
-    console.print(table)
+        render_probes(records)
     return 0

@@ -6,54 +6,13 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.options import (
-    AttnImpl,
-    Batch,
-    CpuMem,
-    CriticModel,
-    Db,
-    Dtype,
-    GenLen,
-    Gpu,
-    GpuMem,
-    Gpus,
-    Json,
-    Model,
-    Nodes,
-    NvmePath,
-    PpoEpochs,
-    PromptLen,
-    RefModel,
-    RewardModel,
-    SafetyMargin,
-    SamplesPerPrompt,
-    SeqLen,
-    WorkloadKind,
-    job_keywords,
-)
+from planner.cli.options import Db, Json, job_options
+from planner.inputs import JobSpec
 
 
+@job_options()
 def recommend_command(
-    model: Model,
-    gpu_mem: GpuMem = None,
-    workload: WorkloadKind = "ppo",
-    gpu: Gpu = None,
-    gpus: Gpus = 1,
-    nodes: Nodes = 1,
-    cpu_mem: CpuMem = None,
-    batch: Batch = None,
-    seq_len: SeqLen = None,
-    prompt_len: PromptLen = None,
-    gen_len: GenLen = None,
-    dtype: Dtype = None,
-    attn_impl: AttnImpl = "sdpa",
-    ref_model: RefModel = None,
-    critic_model: CriticModel = None,
-    reward_model: RewardModel = None,
-    nvme_path: NvmePath = None,
-    safety_margin: SafetyMargin = 0.05,
-    ppo_epochs: PpoEpochs = 1,
-    samples_per_prompt: SamplesPerPrompt = None,
+    job: JobSpec,
     top: Annotated[int, typer.Option("--top", help="How many next-best strategies to show.")] = 3,
     lora_rank: Annotated[
         str, typer.Option("--lora-rank", help="auto (LoRA only if no full fine-tune fits), 0 (never) or a rank.")
@@ -68,8 +27,7 @@ def recommend_command(
     """
     from planner.api import recommend
 
-    options = job_keywords(**locals())
-    plan = recommend(model, top=top, lora_rank=lora_rank, seed=seed, db=db, **options)
+    plan = recommend(job, top=top, lora_rank=lora_rank, seed=seed, db=db)
     if json_out:
         print(plan.to_json())
     else:

@@ -1,0 +1,89 @@
+"""The saved plans and probes: the API's reads and writes of the plan database, and ``export``.
+
+Every function opens the database named by ``db`` (a SQLAlchemy URL or a SQLite file; default
+``$PLANNER_DB``, else the user's data folder), does one thing and closes it. SQLAlchemy is imported
+only here, on first use, so ``import planner`` stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from store.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.results import Plan
+    from store.db import PlanRecord, ProbeRecord
+
+
+def _positive_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        raise InputError(f"--limit must be larger than zero, not {limit}")
+    return limit
+
+
+def save_plan(plan: Plan, db: str | None = None) -> Plan:
+    """Store a recommended plan; returns it with the ``plan_id`` the database gave it."""
+    from store.db import open_storage
+
+    with open_storage(db) as storage:
+        record = storage.save_plan(
+            kind=plan.workload["kind"],
+            model=plan.workload["model"],
+            fits=plan.fits,
+            workload=plan.workload,
+            hardware=plan.hardware,
+            strategy=plan.strategy,
+            predicted=plan.predicted.model_dump(),
+            ds_config=dict(plan.ds_config if plan.ds_config is not None else plan.ds_configs or {}),
+            document=plan.model_dump(exclude={"plan_id"}),
+        )
+    return plan.model_copy(update={"plan_id": record.plan_id})
+
+
+def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> list[PlanRecord]:
+    """Saved plans, newest first (frozen ``store.db.PlanRecord`` values), optionally of one workload kind."""
+    from store.db import open_storage
+
+    limit = _positive_limit(limit)
+    with open_storage(db) as storage:
+        return storage.list_plans(limit=limit, kind=kind)
+
+
+def plan(plan_id: str | None = None, db: str | None = None) -> PlanRecord:
+    """One saved plan by id or unique id prefix (the latest when None); InputError when there is none."""
+    from store.db import open_storage
+
+    with open_storage(db) as storage:
+        record = storage.get_plan(plan_id) if plan_id else storage.latest_plan()
+    if record is None:
+        raise InputError("no plans saved yet: run `planner recommend ...` first")
+    return record
+
+
+def probes(
+    db: str | None = None, limit: int = 20, model: str | None = None, device: str | None = None
+) -> list[ProbeRecord]:
+    """Stored probes, newest first (frozen ``store.db.ProbeRecord`` values), optionally of one model or device."""
+    from store.db import open_storage
+
+    limit = _positive_limit(limit)
+    with open_storage(db) as storage:
+        return storage.list_probes(limit=limit, model=model, device=device)
+
+
+def export(
+    plan_id: str | None = None, output: str | Path = "ds_config.json", *, force: bool = False, db: str | None = None
+) -> tuple[list[Path], dict[str, Any]]:
+    """Write the DeepSpeed config of a saved plan (the latest by default) to ``output``.
+
+    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``,
+    ...). Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
+    DeepSpeed key). Refuses to overwrite an existing file unless ``force``.
+    """
+    from planner.files import write_configs
+
+    record = plan(plan_id, db)
+    paths = write_configs(Path(output), record.ds_config, force=force)
+    return paths, record.document
