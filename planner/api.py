@@ -91,6 +91,9 @@ def recommend(
         raise InputError(f"--top must be a whole number >= 0, not {top!r}")
     resolved = _job(model, job)
     workload, hardware = resolved.workload, resolved.hardware
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        shown = str(seed) if len(str(seed)) <= 24 else str(seed)[:21] + "..."
+        raise InputError(f"--seed must be a whole number from 0 to {2**32 - 1} (the sampler's range), not {shown}")
     first, fallback = _lora_ranks(lora_rank)
     result = run_search(workload, hardware, coefficients, lora_ranks=first, seed=seed)
     searched = {first: result}

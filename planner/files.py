@@ -9,12 +9,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from store.documents import parse_json
 from store.errors import InputError
+
+
+def checked_output(path: str | Path) -> Path:
+    """``path`` as a file to write; InputError for an empty name or one longer than the file system allows."""
+    if not str(path).strip():
+        raise InputError("-o/--output is empty; give a file name such as ds_config.json")
+    path = Path(path)
+    if len(path.name.encode()) > 255 or len(str(path).encode()) > 4096:
+        shown = str(path) if len(str(path)) <= 60 else str(path)[:57] + "..."
+        raise InputError(f"cannot write {shown}: the file name is longer than the file system allows (255 bytes)")
+    return path
 
 
 def write_text_atomic(path: Path, text: str, *, force: bool = False) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename: all or nothing."""
-    path = Path(path)
+    path = checked_output(path)
     if path.is_dir():
         raise InputError(f"{path} is a folder; give a file name such as {path / 'ds_config.json'}")
     if path.exists() and not force:
@@ -55,10 +67,7 @@ def read_json_file(path: str | Path, what: str) -> Any:
         raise InputError(f"{what}: {p} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{what}: cannot read {p}: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{what}: {p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return parse_json(text, f"{what}: {p}")
 
 
 def config_paths(path: Path, configs: dict[str, Any], *, per_model: bool) -> dict[Path, Any]:
@@ -76,7 +85,9 @@ def write_configs(path: Path, configs: Any, *, force: bool = False, per_model: b
     """
     if per_model is None:
         per_model = isinstance(configs, dict) and "actor" in configs
-    targets = config_paths(Path(path), configs, per_model=per_model)
+    targets = config_paths(checked_output(path), configs, per_model=per_model)
+    for target in targets:
+        checked_output(target)  # the per-model names are longer than the one given
     for target in targets:  # refuse before writing anything
         if target.exists() and not force:
             raise InputError(f"{target} exists; pass --force to overwrite it")
@@ -100,10 +111,7 @@ def read_strategy(text: str | Path | None, what: str = "--strategy") -> dict[str
     if isinstance(text, Path) or not text.lstrip().startswith("{"):
         data = read_json_file(Path(text), what)
     else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{what}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        data = parse_json(text, what)
     if not isinstance(data, dict):
         raise InputError(f"{what}: expected a JSON object")
     return data

@@ -79,9 +79,24 @@ def host_memory_bytes() -> int | None:
         return None
 
 
+# What each count can meaningfully be: beyond these a number is a typo, and the search would only grind.
+MAX_COUNTS: dict[str, int] = {
+    "--gpus": 1024,  # per node
+    "--nodes": 65_536,
+    "--batch": 2**20,  # samples (prompts, pairs) per optimizer step over all GPUs
+    "--samples-per-prompt": 4096,
+    "--ppo-epochs": 1000,
+    "--prompt-len": 2**22,
+    "--gen-len": 2**22,
+    "--seq-len": 2**22,
+}
+
+
 def _positive_int(value: Any, flag: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"{flag} must be a whole number larger than zero, not {value!r}")
+    highest = MAX_COUNTS.get(flag, 2**31)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= highest:
+        shown = repr(value) if len(repr(value)) <= 24 else repr(value)[:21] + "..."
+        raise InputError(f"{flag} must be a whole number from 1 to {highest}, not {shown}")
     return value
 
 
@@ -93,7 +108,7 @@ def resolve_hardware(spec: JobSpec, readings: list[str]) -> Hardware:
         raise InputError(f"--safety-margin must be between 0 and 0.5, not {spec.safety_margin}")
     if spec.gpu is None and spec.gpu_mem is None:
         raise InputError("say which GPU: --gpu-mem 24G, or --gpu NAME (for example --gpu A100-80G)")
-    gpu = get_gpu(spec.gpu) if spec.gpu else None
+    gpu = get_gpu(spec.gpu) if spec.gpu is not None else None
     if spec.gpu_mem is not None:
         memory = parse_size(spec.gpu_mem, "--gpu-mem")
         readings.append(f"GPU memory: {describe_size(spec.gpu_mem, memory)}")

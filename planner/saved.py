@@ -17,9 +17,13 @@ if TYPE_CHECKING:
     from store.db import PlanRecord, ProbeRecord
 
 
+MAX_LISTED = 100_000  # rows a listing prints at most
+
+
 def _positive_limit(limit: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-        raise InputError(f"--limit must be larger than zero, not {limit}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LISTED:
+        shown = str(limit) if len(str(limit)) <= 24 else str(limit)[:21] + "..."
+        raise InputError(f"-n/--limit must be a whole number from 1 to {MAX_LISTED}, not {shown}")
     return limit
 
 
@@ -82,8 +86,8 @@ def export(
     ...). Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
     DeepSpeed key). Refuses to overwrite an existing file unless ``force``.
     """
-    from planner.files import write_configs
+    from planner.files import checked_output, write_configs
 
     record = plan(plan_id, db)
-    paths = write_configs(Path(output), record.ds_config, force=force)
+    paths = write_configs(checked_output(output), record.ds_config, force=force)
     return paths, record.document

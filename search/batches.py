@@ -19,5 +19,17 @@ def per_gpu_batch(workload: Workload, hardware: Hardware) -> int:
 
 def micro_batches(workload: Workload, hardware: Hardware) -> list[int]:
     """Micro-batch sizes that keep the global batch exact (divisors of the per-GPU batch)."""
-    per_gpu = per_gpu_batch(workload, hardware)
-    return [m for m in range(1, per_gpu + 1) if per_gpu % m == 0]
+    return divisors(per_gpu_batch(workload, hardware))
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order (O(sqrt n): a large batch costs no more than its root)."""
+    low, high = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            low.append(k)
+            if k * k != n:
+                high.append(n // k)
+        k += 1
+    return low + high[::-1]

@@ -19,6 +19,14 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("opt", "gpt2", "llama", "mistral", "qw
 _MISSING = object()
 
 
+MAX_DIMENSION = 2**24  # sizes, layers, heads and vocabularies of real models are far below 16.7 M
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class _Reader:
     """Typed, validated access to a config dict; every problem is an InputError naming ``source``."""
 
@@ -41,7 +49,9 @@ class _Reader:
     def count(self, *keys: str, default: Any = _MISSING) -> int:
         value = self.raw(keys, default)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise self.fail(f"{keys[0]!r} must be a whole number >= 1, not {value!r}")
+            raise self.fail(f"{keys[0]!r} must be a whole number >= 1, not {_shown(value)}")
+        if value > MAX_DIMENSION:
+            raise self.fail(f"{keys[0]!r} is {_shown(value)}, more than any model has (at most {MAX_DIMENSION})")
         return value
 
     def flag(self, key: str, default: bool) -> bool:

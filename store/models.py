@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 from pathlib import Path
 from typing import Any
 
+from store.documents import parse_json
 from store.errors import InputError
 from store.model_catalog import CATALOG
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
@@ -85,10 +85,7 @@ def _from_path(given: str, path: Path) -> ModelSpec:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{file}: cannot read the model config ({err})") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(f"{file}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    config = parse_json(text, str(file))
     if not isinstance(config, dict):
         raise InputError(f"{file}: a model config must be a JSON object, not {type(config).__name__}")
     return spec_from_hf_config(given, config, source=str(file))

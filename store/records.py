@@ -265,6 +265,14 @@ class Strategy:
         return ", ".join(parts)
 
 
+MAX_COUNT = 2**20  # ranks, micro-batches and accumulation steps beyond a million are typos, not plans
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def layout_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
     """What makes a model's memory layout (ZeRO stage, offload, checkpointing, LoRA) impossible."""
     problems: list[str] = []
@@ -286,8 +294,8 @@ def layout_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
         problems.append("gradient_checkpointing must be true or false")
     for name in ("lora_rank",):
         value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            problems.append(f"{name} must be a whole number >= 0, not {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+            problems.append(f"{name} must be a whole number from 0 to {MAX_COUNT}, not {_shown(value)}")
     return problems
 
 
@@ -297,8 +305,8 @@ def strategy_problems(strategy: Strategy) -> list[str]:
     problems = layout_problems(s)
     for name in ("micro_batch", "grad_accum"):
         value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{name} must be a whole number >= 1, not {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
+            problems.append(f"{name} must be a whole number from 1 to {MAX_COUNT}, not {_shown(value)}")
     if s.empty_cache not in EMPTY_CACHE_POLICIES:
         problems.append(f"empty_cache must be one of {', '.join(EMPTY_CACHE_POLICIES)}, not {s.empty_cache!r}")
     if s.allocator not in ALLOCATORS:

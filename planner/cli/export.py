@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,7 +13,7 @@ def export_command(
     plan_id: Annotated[
         str | None, typer.Argument(help="Plan id or a unique prefix (default: the latest plan).")
     ] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the DeepSpeed config.")] = Path(
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the DeepSpeed config.")] = (
         "ds_config.json"
     ),
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing file.")] = False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from search.batches import divisors as increasing_divisors
 from search.choose.single_space import outer_points
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
@@ -91,7 +92,7 @@ def rlhf_outer_points(
 
 def divisors(n: int) -> list[int]:
     """Divisors of ``n``, largest first."""
-    return [k for k in range(n, 0, -1) if n % k == 0]
+    return increasing_divisors(n)[::-1]
 
 
 def batch_choices(workload: Workload, hardware: Hardware) -> list[tuple[int, int, int]]:

@@ -1,0 +1,167 @@
+"""The bad and odd inputs of the hardening review: each is one ``planner: error:`` line, exit 2, nothing
+written, and an answer within seconds of CPU time (a hang is caught by a wall-clock alarm far above that).
+
+The CPU-time guard measures this process's CPU seconds, not wall time, so a busy machine slows these tests
+without failing them; the alarm only ends a test that would otherwise hang the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planner_helpers import CPU_MEM, CliResult, assert_one_error_line
+
+Cli = Callable[..., CliResult]
+GPU = ("--gpu-mem", "24G")
+HUGE = "9" * 300
+CPU_SECONDS = 5.0  # bad input answers within this much of this process's CPU time
+HANG_ALARM_S = 300  # wall clock: far above any answer, even on a loaded machine
+
+
+@pytest.fixture
+def guarded(cli: Cli) -> Iterator[Cli]:
+    """The in-process CLI under the CPU-time guard and the hang alarm."""
+
+    def on_alarm(_signum: int, _frame: Any) -> None:
+        raise TimeoutError(f"no answer within {HANG_ALARM_S} s: the command hangs")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+
+    def run(*args: Any) -> CliResult:
+        signal.alarm(HANG_ALARM_S)
+        start = time.process_time()
+        try:
+            result = cli(*args)
+        finally:
+            signal.alarm(0)
+        spent = time.process_time() - start
+        assert spent < CPU_SECONDS, f"{spent:.1f} CPU seconds for {args}"
+        return result
+
+    yield run
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _files(tmp_path: Path) -> dict[str, Path]:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    huge_int = tmp_path / "huge_int.json"
+    huge_int.write_text('{"zero_stage": ' + "9" * 5000 + "}")
+    model_deep = tmp_path / "model_deep"
+    model_deep.mkdir()
+    (model_deep / "config.json").write_text("{" + '"a":{' * 5000 + "}" * 5001)
+    model_huge = tmp_path / "model_huge"
+    model_huge.mkdir()
+    (model_huge / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 10**400,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 256,
+            }  # fmt: skip
+        )
+    )
+    ds_list = tmp_path / "ds_list.json"
+    ds_list.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": [2]}))
+    ds_ok = tmp_path / "ds_ok.json"
+    ds_ok.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}))
+    return {
+        "deep": deep,
+        "huge_int": huge_int,
+        "model_deep": model_deep,
+        "model_huge": model_huge,
+        "ds_list": ds_list,
+        "ds_ok": ds_ok,
+    }
+
+
+REC = ("recommend", "--model", "opt-125m", *GPU, *CPU_MEM)
+CASES: list[tuple[str, list[str], str]] = [
+    # tracebacks once
+    ("gpu-mem-300-digits", ["recommend", "--model", "opt-125m", "--gpu-mem", HUGE, *CPU_MEM], "--gpu-mem"),
+    ("cpu-mem-20-digits", ["recommend", "--model", "opt-125m", *GPU, "--cpu-mem", "9" * 20], "--cpu-mem"),
+    ("seed-negative", [*REC, "--seed", "-1"], "--seed"),
+    ("seed-huge", [*REC, "--seed", "99999999999999"], "--seed"),
+    ("plans-n-huge", ["plans", "-n", str(10**23)], "-n"),
+    ("model-600-chars", ["recommend", "--model", "m" * 600, *GPU, *CPU_MEM], "model"),
+    ("model-6000-unicode", ["recommend", "--model", "é" * 6000, *GPU, *CPU_MEM], "model"),
+    ("gpu-empty", ["recommend", "--model", "opt-125m", "--gpu", "", *CPU_MEM], "unknown GPU ''"),
+    ("model-nosuchuser", ["recommend", "--model", "~nosuchuser/config.json", *GPU, *CPU_MEM], "nosuchuser"),
+    ("export-o-empty", ["export", "-o", ""], "-o"),
+    ("export-o-300-chars", ["export", "-o", "x" * 300 + ".json"], "x" * 20),
+    # hangs once
+    ("batch-10^12-sft", [*REC, "--batch", "1000000000000"], "--batch"),
+    (
+        "batch-10^12-ppo",
+        ["recommend", "--model", "opt-125m", *GPU, "--workload", "ppo", "--batch", "1000000000000"],
+        "--batch",
+    ),  # fmt: skip
+    # silently accepted once
+    (
+        "check-lora-rank-huge",
+        ["check", "@ds_ok", "--model", "opt-125m", *GPU, "--lora-rank", str(10**23)],
+        "lora_rank",
+    ),
+    ("check-zero-optimization-list", ["check", "@ds_list", "--model", "opt-125m", *GPU], "zero_optimization"),
+    # documents of odd shape
+    ("strategy-deeply-nested", ["predict", "--model", "opt-125m", *GPU, *CPU_MEM, "--strategy", "@deep"], "strategy"),
+    ("strategy-huge-int", ["predict", "--model", "opt-125m", *GPU, *CPU_MEM, "--strategy", "@huge_int"], "digits"),
+    ("check-deeply-nested", ["check", "@deep", "--model", "opt-125m", *GPU], "ds_config"),
+    ("model-config-deeply-nested", ["recommend", "--model", "@model_deep", *GPU, *CPU_MEM], "config"),
+    ("model-config-huge-int", ["recommend", "--model", "@model_huge", *GPU, *CPU_MEM], "digits"),
+]
+PROBE = ("probe", "--model", "opt-125m", *GPU, *CPU_MEM, "--device", "cpu")
+PROBE_CASES: list[tuple[str, list[str], str]] = [
+    ("probe-memory-cap-300-digits", [*PROBE, "--memory-cap", HUGE], "--memory-cap"),
+    ("probe-timeout-nan", [*PROBE, "--timeout", "nan"], "--timeout"),
+    ("probe-timeout-inf", [*PROBE, "--timeout", "inf"], "--timeout"),
+    ("probe-layers-10^23", [*PROBE, "--layers", str(10**23)], "--layers"),
+]
+
+
+def _resolve(args: list[str], files: dict[str, Path]) -> list[str]:
+    return [str(files[a[1:]]) if a.startswith("@") else a for a in args]
+
+
+@pytest.mark.parametrize(("name", "args", "fragment"), CASES + PROBE_CASES, ids=[c[0] for c in CASES + PROBE_CASES])
+def test_bad_input_is_one_line_and_exit_2(
+    guarded: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, args: list[str], fragment: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "plans.db"
+    files = _files(tmp_path)
+    if name.startswith("export"):  # a plan to export, so that only the file name is wrong
+        assert guarded(*REC, "--db", db).rc == 0
+    before = set(tmp_path.iterdir())
+    with_db = ["--db", str(db)] if args[0] in ("recommend", "plans", "export", "probe") else []
+    result = guarded(*_resolve(args, files), *with_db)
+    assert_one_error_line(result, fragment)
+    created = set(tmp_path.iterdir()) - before - {db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")}
+    assert not created, created  # nothing half-written beside the database
+
+
+@pytest.mark.parametrize(
+    "db_arg",
+    ["sqlite:///x.db?foo=bar", "sqlite:///x.db?mode=ro", "~nosuchuser/plans.db"],
+    ids=["unknown-query", "mode-ro", "nosuchuser"],
+)
+def test_bad_database_urls(guarded: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_arg: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = guarded("plans", "--db", db_arg)
+    assert_one_error_line(result, "")
+    assert not [p for p in tmp_path.iterdir() if "?" in p.name]
+
+
+def test_planner_db_with_nosuchuser(guarded: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PLANNER_DB", "~nosuchuser/plans.db")
+    assert_one_error_line(guarded("plans"), "nosuchuser")
