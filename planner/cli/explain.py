@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Db
+from store.errors import InputError
 
 
 def explain_command(
@@ -25,6 +26,8 @@ def explain_command(
         record = plan(plan_id, db=db)
         print(json.dumps(record.document | {"plan_id": record.plan_id}, indent=2))
         return 0
+    if db is not None:
+        raise InputError(f"--db {db!r} is read only with a plan id (planner explain PLAN_ID --db ...)")
     from planner import coefficients
     from planner.render import render_coefficients
 

@@ -119,6 +119,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("model-config-deeply-nested", ["recommend", "--model", "@model_deep", *GPU, *CPU_MEM], "config"),
     ("model-config-huge-int", ["recommend", "--model", "@model_huge", *GPU, *CPU_MEM], "digits"),
 ]
+LISTINGS: list[tuple[str, list[str], str]] = [
+    ("probes-n-huge", ["probes", "-n", str(10**23)], "-n"),
+    ("explain-unknown-plan", ["explain", "zzzz"], "zzzz"),
+    ("explain-db-nosuchuser", ["explain", "--db", "~nosuchuser/plans.db"], "nosuchuser"),
+]
 PROBE = ("probe", "--model", "opt-125m", *GPU, *CPU_MEM, "--device", "cpu")
 PROBE_CASES: list[tuple[str, list[str], str]] = [
     ("probe-memory-cap-300-digits", [*PROBE, "--memory-cap", HUGE], "--memory-cap"),
@@ -132,7 +137,10 @@ def _resolve(args: list[str], files: dict[str, Path]) -> list[str]:
     return [str(files[a[1:]]) if a.startswith("@") else a for a in args]
 
 
-@pytest.mark.parametrize(("name", "args", "fragment"), CASES + PROBE_CASES, ids=[c[0] for c in CASES + PROBE_CASES])
+ALL_CASES = CASES + LISTINGS + PROBE_CASES
+
+
+@pytest.mark.parametrize(("name", "args", "fragment"), ALL_CASES, ids=[c[0] for c in ALL_CASES])
 def test_bad_input_is_one_line_and_exit_2(
     guarded: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, args: list[str], fragment: str
 ) -> None:
@@ -142,7 +150,8 @@ def test_bad_input_is_one_line_and_exit_2(
     if name.startswith("export"):  # a plan to export, so that only the file name is wrong
         assert guarded(*REC, "--db", db).rc == 0
     before = set(tmp_path.iterdir())
-    with_db = ["--db", str(db)] if args[0] in ("recommend", "plans", "export", "probe") else []
+    takes_db = args[0] in ("recommend", "plans", "export", "probe", "probes", "explain") and "--db" not in args
+    with_db = ["--db", str(db)] if takes_db else []
     result = guarded(*_resolve(args, files), *with_db)
     assert_one_error_line(result, fragment)
     created = set(tmp_path.iterdir()) - before - {db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")}
