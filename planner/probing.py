@@ -246,23 +246,22 @@ def probe(
         keys = [p.key for p in planned]
         run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
         done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
+        # what each probe reuses from the store (looked up once): nothing with force, except this run's own
+        stored = {
+            item.key: storage.find_probe(item.key) if (not force or item.key in done_in_this_run) else None
+            for item in planned
+        }
         if own_runner:  # only the real runner loads DeepSpeed's ops: build them all before the first probe
             from probes import OpBuildError, prepare_ops
 
-            pending = [
-                item.request
-                for item in planned
-                if (force and item.key not in done_in_this_run) or storage.find_probe(item.key) is None
-            ]
             try:
-                prepare_ops(pending, on_note=on_note)
+                prepare_ops([item.request for item in planned if stored[item.key] is None], on_note=on_note)
             except OpBuildError:
                 storage.finish_run(run.run_id, status="interrupted")
                 raise
         try:
             for index, item in enumerate(planned):
-                reuse = not force or item.key in done_in_this_run
-                known = storage.find_probe(item.key) if reuse else None
+                known = stored[item.key]
                 if known is not None:
                     rows.append(ProbeRow.from_probe(item, known.probe_id, known.result, reused=True))
                     fingerprint = fingerprint or _fingerprint_of(known.result)

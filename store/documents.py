@@ -26,7 +26,7 @@ def _bounded_int(text: str) -> int:
 
 
 def _depth(value: Any) -> int:
-    deepest, level, stack = 0, 0, [(value, 1)]
+    deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
         deepest = max(deepest, level)

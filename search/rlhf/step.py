@@ -137,13 +137,8 @@ def training_half(
         if p is None:
             continue
         other = critic if role == "actor" else actor
-        seconds_of = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef)
-        compute, comm, offload, optimizer = (
-            seconds_of.compute,
-            seconds_of.communication,
-            seconds_of.offload,
-            seconds_of.optimizer,
-        )
+        parts = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef)
+        compute, comm, offload, optimizer = parts.compute, parts.communication, parts.offload, parts.optimizer
         extra = ema_time(p, dtype, hw, coef) if (role == "actor" and ema) else 0.0
         for key, seconds in (
             ("training", compute),
