@@ -1,51 +1,42 @@
-"""Predicted against measured for the shared H100 SFT records (`../shared/gpu/h100-2026-11-23.json`).
+"""Predicted against measured for the GPU records in tests/data/gpu/ (SFT rows and every finished probe).
 
-Each record's exact ds_config goes through the public `planner.check` with the record's model, sequence
-length, checkpointing and LoRA rank on an H100-80G; prints the relative error (predicted / measured - 1) of
-peak allocated, peak reserved and step time.
+Each record goes through the public API (`planner.records_check`: `check` with a row's exact ds_config,
+`predict` with a probe's strategy) on the catalog GPU its fingerprint names; prints the relative error
+(predicted / measured - 1) of peak allocated, peak reserved and time, per step (SFT rows) or per phase
+(probes), and the term the time model says dominates.
 
-    .venv/bin/python benchmarks/shared_gpu_records.py [--records ../shared/gpu/h100-2026-11-23.json]
+    .venv/bin/python benchmarks/shared_gpu_records.py [--records tests/data/gpu/h100-2026-11-23.json ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner import check  # noqa: E402
+from planner.records_check import compare_records  # noqa: E402
 
-DEFAULT_RECORDS = Path(__file__).resolve().parents[2] / "shared" / "gpu" / "h100-2026-11-23.json"
+DEFAULT_RECORDS = sorted((Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu").glob("*.json"))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=Path, default=DEFAULT_RECORDS)
+    parser.add_argument("--records", type=Path, nargs="*", default=DEFAULT_RECORDS)
     args = parser.parse_args()
-    if not args.records.is_file():
-        print(f"no records at {args.records}", file=sys.stderr)
+    missing = [path for path in args.records if not path.is_file()]
+    if missing or not args.records:
+        print(f"no records at {missing or 'tests/data/gpu/'}", file=sys.stderr)
         return 2
-    rows = json.loads(args.records.read_text())["sft"]
-    print("| record | peak allocated | peak reserved | step time |")
-    print("|---|---|---|---|")
-    for row in rows:
-        workload, measured = row["workload"], row["measured"]
-        lora = (row.get("lora") or {}).get("rank", 0)
-        result = check(
-            row["ds_config"], workload["model"], gpu="H100-80G", workload="sft", seq_len=workload["seq_len"],
-            attn_impl=workload["attn_impl"], gradient_checkpointing=row["gradient_checkpointing"], lora_rank=lora,
-            cpu_mem="128G",
-        )  # fmt: skip
-        predicted = result.report.predicted
-        errors = (
-            predicted.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1,
-            predicted.peak_reserved_bytes / measured["peak_reserved_bytes"] - 1,
-            predicted.step_time_s / measured["step_time_s_median"] - 1,
-        )
-        print(f"| {row['id']} | " + " | ".join(f"{e:+.1%}" for e in errors) + " |")
+    print("| record | scope | peak allocated | peak reserved | time | dominant time term |")
+    print("|---|---|---|---|---|---|")
+    for path in args.records:
+        for c in compare_records(path):
+            for scope, q in c.quantities.items():
+                cells = [f"{q[name].error:+.1%}" for name in ("peak_allocated", "peak_reserved")]
+                cells.append(f"{q['time'].error:+.1%}" if c.time_comparable else f"({q['time'].error:+.0%}, unsteady)")
+                print(f"| {c.record_id} | {scope} | " + " | ".join(cells) + f" | {c.dominant_time_term} |")
     return 0
 
 

@@ -69,6 +69,14 @@ def _breakdown_table(predicted: Predicted) -> Table:
     table.add_row("usable GPU memory", format_bytes(predicted.gpu_budget_bytes), "")
     headroom = predicted.gpu_budget_bytes - predicted.peak_reserved_bytes
     table.add_row("headroom", format_bytes(headroom), "", style="green" if headroom >= 0 else "red")
+    if predicted.reserved_uncertainty:
+        spread = predicted.reserved_uncertainty * predicted.peak_reserved_bytes
+        covered = "covers" if headroom >= spread else "does not cover"
+        table.add_row(
+            f"reserved spread (+/-{100 * predicted.reserved_uncertainty:.0f}%)",
+            format_bytes(spread),
+            f"headroom {covered} it",
+        )
     return table
 
 
@@ -114,6 +122,9 @@ def render_prediction(report: PredictionReport) -> None:
 def _time_line(p: Predicted) -> None:
     parts = [f"{k} {_seconds(v)}" for k, v in p.time_breakdown.items() if v > 0]
     console.print("step time: " + " + ".join(parts))
+    if p.dominant_time_term:
+        share = p.time_terms[p.dominant_time_term] / max(p.step_time_s, 1e-12)
+        console.print(f"dominant time term: {p.dominant_time_term.replace('_', ' ')} ({100 * share:.0f}% of the step)")
 
 
 def render_plan(plan: Plan) -> None:

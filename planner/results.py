@@ -42,6 +42,9 @@ class Predicted(BaseModel):
     time_breakdown: dict[str, float]
     phases: list[PhaseReport]
     notes: list[str] = []
+    time_terms: dict[str, float] = {}  # seconds per step by mechanism (matmul, host_launch, cpu_adam, ...)
+    dominant_time_term: str = ""  # the mechanism that takes most of the step
+    reserved_uncertainty: float = 0.0  # peak reserved may differ by this fraction with the program around the step
 
 
 class Alternative(BaseModel):

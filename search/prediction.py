@@ -45,6 +45,15 @@ class Prediction:
     # parameters) with the pinned staging buffers beside them, without the estimators' slack factor that
     # ``host_bytes`` applies. On the CPU backend these live in the same memory as the "device" tensors.
     host_states_bytes: int = 0
+    # Seconds per step by mechanism (search.model.roofline terms: matmul, elementwise, host_launch, ...).
+    time_terms: dict[str, float] = field(default_factory=dict)
+    # Relative spread of peak reserved bytes between programs around the same step (``reserved_spread``).
+    reserved_uncertainty: float = 0.0
+
+    @property
+    def dominant_time_term(self) -> str:
+        """The mechanism that takes most of the step's seconds ("" when none is known)."""
+        return max(self.time_terms, key=lambda name: self.time_terms[name]) if self.time_terms else ""
 
     @property
     def fits_gpu(self) -> bool:
@@ -105,6 +114,9 @@ class Prediction:
             "peak_phase": self.peak_phase,
             "breakdown": dict(self.breakdown),
             "time_breakdown": {k: round(v, 6) for k, v in self.time_breakdown.items()},
+            "time_terms": {k: round(v, 6) for k, v in self.time_terms.items()},
+            "dominant_time_term": self.dominant_time_term,
+            "reserved_uncertainty": self.reserved_uncertainty,
             "phases": [phase.to_dict() for phase in self.phases],
             "notes": list(self.notes),
         }

@@ -8,6 +8,7 @@ them. Bandwidths are GB/s (10^9 bytes per second), one direction.
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 
 from store.errors import InputError
 from store.records import GPUSpec
@@ -64,13 +65,22 @@ def get_gpu(name: str) -> GPUSpec:
 def generic_gpu(memory_bytes: int) -> GPUSpec:
     """A GPU known only by its memory: the catalog's A100 rates, the user's memory."""
     gib = memory_bytes / 2**30
-    return GPUSpec(
-        name=f"generic-{gib:g}G",
-        memory_bytes=memory_bytes,
-        bf16_tflops=GENERIC_RATES.bf16_tflops,
-        fp16_tflops=GENERIC_RATES.fp16_tflops,
-        fp32_tflops=GENERIC_RATES.fp32_tflops,
-        hbm_gbps=GENERIC_RATES.hbm_gbps,
-        pcie_gbps=GENERIC_RATES.pcie_gbps,
-        interconnect_gbps=GENERIC_RATES.interconnect_gbps,
-    )
+    return replace(GENERIC_RATES, name=f"generic-{gib:g}G", memory_bytes=memory_bytes, aliases=())
+
+
+def _family(name: str) -> str:
+    """The catalog name's model part: ``H100-80G`` -> ``h100``, ``RTX-4090`` -> ``4090``."""
+    return _key(name).split("-")[1] if _key(name).startswith("rtx-") else _key(name).split("-")[0]
+
+
+def gpu_for_device(device_name: str, total_memory_bytes: int) -> GPUSpec | None:
+    """The catalog GPU that ``torch.cuda.get_device_name()`` and its total memory describe, or None.
+
+    ``"NVIDIA H100 80GB HBM3"`` with 85,017,493,504 bytes is ``H100-80G``: the entries whose model name is a
+    word of the device name, and of those the one whose memory is nearest to the device's.
+    """
+    words = set(device_name.lower().replace("_", " ").replace("-", " ").split())
+    found = [gpu for gpu in _GPUS if _family(gpu.name) in words]
+    if not found:
+        return None
+    return min(found, key=lambda gpu: abs(gpu.memory_bytes - total_memory_bytes))

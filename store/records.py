@@ -84,6 +84,12 @@ class GPUSpec:
     pcie_gbps: float  # host link, one direction, GB/s
     interconnect_gbps: float  # GPU-to-GPU inside a node (NVLink or PCIe), per GPU, one direction
     aliases: tuple[str, ...] = ()
+    # Achieved fractions and floors of the time model (search.model.roofline); calibration fits them per GPU.
+    matmul_efficiency: float = 0.78  # share of the dense peak a large cuBLAS GEMM reaches (H100 bf16: ~750 TF/s)
+    matmul_half_dim: float = 64.0  # smallest GEMM dimension (m, n or k) at which the achieved rate halves
+    hbm_efficiency: float = 0.8  # share of the HBM bandwidth that streaming element-wise kernels reach
+    pcie_efficiency: float = 0.8  # share of the host link that pinned copies reach
+    kernel_floor_s: float = 3e-6  # the least GPU time of one kernel (launch latency on the device side)
 
     def tflops(self, dtype: str) -> float:
         return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "fp32": self.fp32_tflops}[dtype]

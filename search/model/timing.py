@@ -1,4 +1,4 @@
-"""Seconds: compute at an achieved rate, collectives, PCIe/NVMe offload traffic, optimizer, empty_cache.
+"""Seconds: collectives, PCIe/NVMe offload traffic, empty_cache (compute: :mod:`search.model.roofline`).
 
 Pure functions of shapes, hardware and coefficients.
 """
@@ -7,16 +7,6 @@ from __future__ import annotations
 
 from search.coefficients import Coefficients
 from store.records import DTYPE_BYTES, Hardware
-
-
-def compute_time(flops: float, tokens: int, dtype: str, hardware: Hardware, coef: Coefficients) -> float:
-    """Seconds for ``flops`` of transformer math on one GPU with ``tokens`` tokens per call.
-
-    The achieved rate is mfu x peak, scaled down for small micro-batches that cannot fill the GPU.
-    """
-    fill = tokens / (tokens + coef.half_efficiency_tokens)
-    rate = hardware.gpu.tflops(dtype) * 1e12 * coef.mfu * fill
-    return flops / rate
 
 
 def per_gpu_link_gbps(hardware: Hardware) -> float:
@@ -55,23 +45,13 @@ def zero_comm_bytes(
 
 def pcie_time(bytes_moved: float, hardware: Hardware, coef: Coefficients) -> float:
     """Seconds to move ``bytes_moved`` over one GPU's host link, less the overlapped share."""
-    seconds = bytes_moved / (hardware.gpu.pcie_gbps * 1e9 * coef.pcie_efficiency)
+    seconds = bytes_moved / (hardware.gpu.pcie_gbps * 1e9 * hardware.gpu.pcie_efficiency)
     return seconds * (1.0 - coef.offload_overlap)
 
 
 def nvme_time(bytes_moved_per_node: float, coef: Coefficients) -> float:
     """Seconds to read and write ``bytes_moved_per_node`` on the node's NVMe drive."""
     return bytes_moved_per_node / (coef.nvme_gbps * 1e9)
-
-
-def gpu_adam_time(params: int, hardware: Hardware, coef: Coefficients) -> float:
-    """Fused Adam on the GPU: memory-bound streaming of master weights, moments and gradients."""
-    return params * coef.gpu_adam_bytes_per_param / (hardware.gpu.hbm_gbps * 1e9 * coef.hbm_efficiency)
-
-
-def cpu_adam_time(params_per_gpu: int, hardware: Hardware, coef: Coefficients) -> float:
-    """DeepSpeedCPUAdam: every local rank's partition is stepped by the same host CPUs."""
-    return params_per_gpu * hardware.gpus / coef.cpu_adam_params_per_s
 
 
 def empty_cache_time(calls: float, released_bytes: float, coef: Coefficients) -> float:

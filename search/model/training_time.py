@@ -1,27 +1,23 @@
 """Seconds of one optimizer step of a trained model: micro-steps, ZeRO collectives, offload traffic, Adam.
 
-One accounting for the single model of sft/reward/dpo and for the actor and critic of RLHF. Compute is
-``search.model.timing.compute_time`` of the forward and backward FLOPs (full recompute adds a forward); the
-collectives, PCIe/NVMe traffic and the GPU or CPU Adam step follow the layout.
+One accounting for the single model of sft/reward/dpo and for the actor and critic of RLHF, from
+mechanisms (:mod:`search.model.roofline`): each micro-step's forward and backward take the longer of the
+GPU's work and the host's kernel issuing, the backward adds the recompute of checkpointed layers and
+DeepSpeed's per-gradient hooks (and, with optimizer offload, the gradients' copy to the host over PCIe); the
+optimizer step is the fused Adam's HBM traffic against DeepSpeed's per-tensor step loop, or CPU Adam over
+host memory and the 16-bit parameters' copy back; gradient accumulation repeats forward and backward only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from search.coefficients import Coefficients
+from search.model.passes import backward_pass, forward_pass, trainable_tensors
 from search.model.placement import TrainedPlacement
-from search.model.shapes import forward_flops, lora_params
-from search.model.timing import (
-    collective_time,
-    compute_time,
-    cpu_adam_time,
-    gpu_adam_time,
-    nvme_time,
-    pcie_time,
-    zero_comm_bytes,
-)
+from search.model.roofline import PassSeconds, add_terms, hbm_seconds, host_seconds
+from search.model.timing import collective_time, nvme_time, pcie_time, zero_comm_bytes
 from store.records import DTYPE_BYTES, Hardware
 
 
@@ -30,11 +26,12 @@ class TrainingSeconds:
     """Seconds of one optimizer step of one trained model (callers multiply by RLHF's ``ppo_epochs``)."""
 
     forward: float  # one micro-step's forward
-    backward: float  # one micro-step's backward, with the recompute of checkpointed layers
+    backward: float  # one micro-step's backward, with the recompute, DeepSpeed's hooks and offload copies
     communication: float  # ZeRO's collectives over the whole optimizer step
-    offload: float  # PCIe (and NVMe) traffic of offloaded gradients, states and parameters
-    optimizer: float  # the Adam step, on the GPU or the CPU
+    offload: float  # NVMe traffic and parameter-offload fetches (PCIe gradient copies are in the backward)
+    optimizer: float  # the Adam step, on the GPU or the CPU, with the parameters' copy back
     grad_accum: int
+    terms: dict[str, float] = field(default_factory=dict)  # the whole step's seconds by mechanism
 
     @property
     def compute(self) -> float:
@@ -57,20 +54,27 @@ def training_time(
     coef: Coefficients,
 ) -> TrainingSeconds:
     """Seconds of one optimizer step of ``grad_accum`` micro-steps of ``micro_batch`` sequences each."""
-    s, model = trained.layout, trained.model
+    s, model, gpu = trained.layout, trained.model, hardware.gpu
     n, d = hardware.world_size, DTYPE_BYTES[dtype]
-    tokens = micro_batch * seq_len
-    flops_fwd = forward_flops(model, micro_batch, seq_len, lm_head=trained.lm_head)
-    # full fine-tune: activation and weight gradients; LoRA: activation gradients and the adapters only
-    flops_bwd = flops_fwd + 4.0 * lora_params(model, s.lora_rank) * tokens if s.lora_rank else 2.0 * flops_fwd
-    recompute = flops_fwd if s.gradient_checkpointing else 0.0
-    forward = compute_time(flops_fwd, tokens, dtype, hardware, coef)
-    backward = compute_time(flops_bwd + recompute, tokens, dtype, hardware, coef)
+    t = trained.trainable
+    rank = s.lora_rank
+    fwd = forward_pass(model, micro_batch, seq_len, dtype, gpu, coef, lora_rank=rank, lm_head=trained.lm_head)
+    bwd = backward_pass(model, micro_batch, seq_len, dtype, gpu, coef, lora_rank=rank, lm_head=trained.lm_head)
+    if s.gradient_checkpointing:  # the checkpointed layers run their forward again inside the backward
+        bwd = bwd + forward_pass(
+            model, micro_batch, seq_len, dtype, gpu, coef, lora_rank=rank, lm_head=trained.lm_head, loss=False
+        )
+    tensors = trainable_tensors(model, rank, lm_head=trained.lm_head)
+    bwd = bwd + PassSeconds(host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_hook_kernels_per_grad, coef)})
+    offload_opt = s.offload_optimizer != "none"
+    if offload_opt:  # fp32 gradients of the partition to the host (ZeRO-1 only at the boundary)
+        down = 4 * t / n / (1 if s.zero_stage >= 2 else grad_accum)
+        bwd = bwd + PassSeconds(serial={"pcie": pcie_time(down, hardware, coef)})
     passes = 3 if s.gradient_checkpointing else 2
     comm = collective_time(
         zero_comm_bytes(
             zero_stage=s.zero_stage,
-            trainable=trained.trainable,
+            trainable=t,
             resident=trained.resident,
             dtype=dtype,
             world_size=n,
@@ -81,19 +85,30 @@ def training_time(
         coef,
     )
     offload = 0.0
-    t = trained.trainable
-    if s.offload_optimizer != "none":
-        grads_down = 4 * t / n * (grad_accum if s.zero_stage >= 2 else 1)
-        offload += pcie_time(grads_down + 4 * t / n, hardware, coef)
-        if s.offload_optimizer == "nvme" and s.zero_stage == 3:
-            offload += nvme_time(2 * 16 * t / n * hardware.gpus, coef)
+    if offload_opt and s.offload_optimizer == "nvme" and s.zero_stage == 3:
+        offload += nvme_time(2 * 16 * t / n * hardware.gpus, coef)
     if s.offload_param != "none":
         fetched = passes * d * trained.resident / n * grad_accum
         offload += pcie_time(fetched, hardware, coef)
         if s.offload_param == "nvme":
             offload += nvme_time(fetched * hardware.gpus, coef)
-    if s.offload_optimizer != "none":
-        optimizer = cpu_adam_time(t // n, hardware, coef)
+    step_loop = PassSeconds(
+        host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_step_kernels_per_tensor, coef)}
+    )
+    local = t if s.zero_stage == 0 else t // n
+    if offload_opt:
+        adam = PassSeconds(
+            serial={
+                "cpu_adam": local * hardware.gpus * coef.cpu_adam_bytes_per_param / (coef.host_memory_gbps * 1e9),
+                "pcie": pcie_time(d * local, hardware, coef),
+            }
+        )
     else:
-        optimizer = gpu_adam_time(t if s.zero_stage == 0 else t // n, hardware, coef)
-    return TrainingSeconds(forward, backward, comm, offload, optimizer, grad_accum)
+        adam = PassSeconds(gpu={"optimizer_hbm": hbm_seconds(local * coef.gpu_adam_bytes_per_param, gpu)})
+    step = step_loop + adam
+    terms: dict[str, float] = {}
+    add_terms(terms, fwd.terms, grad_accum)
+    add_terms(terms, bwd.terms, grad_accum)
+    add_terms(terms, step.terms)
+    add_terms(terms, {"collectives": comm, "offload_fetch": offload})
+    return TrainingSeconds(fwd.seconds, bwd.seconds, comm, offload, step.seconds, grad_accum, terms)

@@ -211,6 +211,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         host_states=models.host_states,
         time=time,
         role_time=role_time,
+        time_terms={name: seconds for name, seconds in time.items() if seconds},
         notes=tuple(notes),
     )
 

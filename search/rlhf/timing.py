@@ -1,12 +1,13 @@
 """Seconds of an RLHF step's phases: generation, scoring forwards and the training of actor and critic.
 
-Generation is prefill at the compute rate, then decoding bound by the slowest of reading every weight and
-the KV cache per token (HBM bandwidth), the matmuls, and the per-token launch overhead (HF generate's,
-or the hybrid engine's fused kernels'). ZeRO-3 adds gathers: once per generate call with the hybrid engine,
-for every token without it (over the network across GPUs, over PCIe when the actor's weights are
-offloaded). Scoring is compute-bound (``search.model.timing``); training is
-:func:`search.model.training_time.training_time`, as for single-model training. Pure functions, cached on
-their arguments.
+Generation is a prefill forward, then one decoding step per generated token (:func:`search.model.passes.decode_step`:
+HF generate's kernels issued by the host against the weights and KV cache read by the GPU, whichever is
+longer; DeepSpeed 0.19's hybrid engine runs the same path for transformers' Cache-based decoders). ZeRO-3
+adds gathers: once per generate call with the hybrid engine, for every token without it (over the network
+across GPUs, over PCIe when the actor's weights are offloaded). Scoring forwards are
+:func:`search.model.passes.forward_pass` with a log-softmax over the logits (actor, reference) or a value
+head (critic, reward); training is :func:`search.model.training_time.training_time`, as for single-model
+training. Pure functions, cached on their arguments.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.coefficients import Coefficients
+from search.model.passes import decode_step, forward_pass
 from search.model.placement import FrozenPlacement, TrainedPlacement
-from search.model.shapes import forward_flops
-from search.model.timing import collective_time, compute_time, pcie_time, per_gpu_link_gbps, zero_comm_bytes
-from search.rlhf.memory import kv_cache_bytes
-from store.records import DTYPE_BYTES, Hardware
+from search.model.roofline import hbm_seconds
+from search.model.timing import collective_time, pcie_time, per_gpu_link_gbps, zero_comm_bytes
+from store.records import DTYPE_BYTES, Hardware, ModelSpec
 
 
 def _gather_seconds(weight_bytes: float, offloaded: bool, hardware: Hardware, coef: Coefficients) -> float:
@@ -30,7 +31,7 @@ def _gather_seconds(weight_bytes: float, offloaded: bool, hardware: Hardware, co
         ring = (n - 1) / n * weight_bytes
         seconds += ring / (per_gpu_link_gbps(hardware) * 1e9 * coef.network_efficiency)
     if offloaded:
-        seconds += weight_bytes / n / (hardware.gpu.pcie_gbps * 1e9 * coef.pcie_efficiency)
+        seconds += weight_bytes / n / (hardware.gpu.pcie_gbps * 1e9 * hardware.gpu.pcie_efficiency)
     return seconds
 
 
@@ -47,21 +48,13 @@ def generation_time(
 ) -> float:
     """Seconds of one generate call of ``sequences`` sequences: prefill, ``gen_len`` decoding steps, gathers."""
     model, d = actor.model, DTYPE_BYTES[dtype]
-    prefill = compute_time(forward_flops(model, sequences, prompt_len), sequences * prompt_len, dtype, hardware, coef)
+    gpu = hardware.gpu
+    # the prefill computes the logits of the last prompt token only (transformers' logits_to_keep=1)
+    prefill = forward_pass(model, sequences, prompt_len, dtype, gpu, coef, lm_head=False, loss=False).seconds
+    context = prompt_len + (gen_len + 1) / 2  # cached tokens a decoding step reads, on average
+    decode = gen_len * decode_step(model, sequences, context, dtype, gpu, coef).seconds
     weights = d * actor.resident
-    # every decoding step reads all weights and the KV cache so far (context prompt + t at step t)
-    context_sum = gen_len * prompt_len + gen_len * (gen_len + 1) // 2
-    read = gen_len * weights + kv_cache_bytes(model, sequences, 1, dtype) * context_sum
-    hbm = hardware.gpu.hbm_gbps * 1e9 * coef.hbm_efficiency
-    matmul_weights = model.num_layers * model.layer_params + model.vocab_size * model.hidden_size
-    attention = 4 * sequences * model.num_heads * model.head_dim * model.num_layers * context_sum
-    flops = 2.0 * matmul_weights * sequences * gen_len + attention
-    launches = gen_len * model.num_layers * coef.decode_s_per_layer
-    if hybrid_engine:
-        launches *= coef.hybrid_engine_decode_factor
-    # the bandwidth term already carries decoding's low arithmetic intensity: no micro-batch fill penalty
-    matmuls = flops / (hardware.gpu.tflops(dtype) * 1e12 * coef.mfu)
-    decode = max(read / hbm, matmuls, launches)
+    hbm = gpu.hbm_gbps * 1e9 * gpu.hbm_efficiency
     gathers = 0.0
     if actor.layout.zero_stage == 3:
         offloaded = actor.layout.offload_param != "none"
@@ -74,23 +67,26 @@ def generation_time(
 
 @lru_cache(maxsize=4096)
 def forward_time(
-    model_params: int,
-    flops: float,
-    tokens: int,
+    model: ModelSpec,
+    lm_head: bool,
+    params: int,
+    sequences: int,
+    seq_len: int,
     zero_stage: int,
     offloaded: bool,
     dtype: str,
     hardware: Hardware,
     coef: Coefficients,
 ) -> float:
-    """A no-grad forward: compute, plus ZeRO-3's gather of every weight and any PCIe fetch of them."""
-    seconds = compute_time(flops, tokens, dtype, hardware, coef)
+    """A no-grad scoring forward (log-softmax over the logits, or a value head), plus ZeRO-3's gather of
+    every weight and any PCIe fetch of them."""
+    seconds = forward_pass(model, sequences, seq_len, dtype, hardware.gpu, coef, lm_head=lm_head).seconds
     if zero_stage == 3:
         d = DTYPE_BYTES[dtype]
         ring = zero_comm_bytes(
             zero_stage=3,
             trainable=0,
-            resident=model_params,
+            resident=params,
             dtype=dtype,
             world_size=hardware.world_size,
             grad_accum=1,
@@ -98,7 +94,7 @@ def forward_time(
         )
         seconds += collective_time(ring, hardware, coef)
         if offloaded:
-            seconds += pcie_time(d * model_params / hardware.world_size, hardware, coef)
+            seconds += pcie_time(d * params / hardware.world_size, hardware, coef)
     return seconds
 
 
@@ -106,10 +102,18 @@ def trained_forward_time(
     trained: TrainedPlacement, sequences: int, seq_len: int, dtype: str, hardware: Hardware, coef: Coefficients
 ) -> float:
     """The scoring forward of a trained model (actor log-probs, critic values)."""
-    flops = forward_flops(trained.model, sequences, seq_len, lm_head=trained.lm_head)
     offloaded = trained.layout.offload_param != "none"
     return forward_time(
-        trained.resident, flops, sequences * seq_len, trained.layout.zero_stage, offloaded, dtype, hardware, coef
+        trained.model,
+        trained.lm_head,
+        trained.resident,
+        sequences,
+        seq_len,
+        trained.layout.zero_stage,
+        offloaded,
+        dtype,
+        hardware,
+        coef,
     )
 
 
@@ -117,10 +121,18 @@ def frozen_forward_time(
     frozen: FrozenPlacement, sequences: int, seq_len: int, dtype: str, hardware: Hardware, coef: Coefficients
 ) -> float:
     """The scoring forward of a frozen model (reference log-probs, reward scores)."""
-    flops = forward_flops(frozen.model, sequences, seq_len, lm_head=frozen.lm_head)
     offloaded = frozen.block.offload != "none"
     return forward_time(
-        frozen.params, flops, sequences * seq_len, frozen.block.zero_stage, offloaded, dtype, hardware, coef
+        frozen.model,
+        frozen.lm_head,
+        frozen.params,
+        sequences,
+        seq_len,
+        frozen.block.zero_stage,
+        offloaded,
+        dtype,
+        hardware,
+        coef,
     )
 
 
@@ -128,4 +140,4 @@ def ema_time(actor: TrainedPlacement, dtype: str, hardware: Hardware, coef: Coef
     """DeepSpeed-Chat's moving average after each actor step: read both 16-bit copies, write one."""
     d = DTYPE_BYTES[dtype]
     local = actor.resident // (hardware.world_size if actor.layout.zero_stage == 3 else 1)
-    return 3 * d * local / (hardware.gpu.hbm_gbps * 1e9 * coef.hbm_efficiency)
+    return hbm_seconds(3 * d * local, hardware.gpu)

@@ -87,6 +87,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     per_micro_step = {"forward": seconds.forward, "backward": seconds.backward}
     if workload.kind == "dpo":
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
+        seconds.terms["reference_forward"] = seconds.forward * s.grad_accum
     # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
     moments, steady = phase_moments(workload, s, placed, coef)
     phases = []
@@ -126,6 +127,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         host_bytes=host,
         host_states=states.host + work.host,
         time=time,
+        time_terms=dict(seconds.terms, overhead=coef.step_overhead_s * s.grad_accum),
         notes=tuple(notes),
     )
 

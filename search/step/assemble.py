@@ -34,6 +34,7 @@ class Step:
     time: dict[str, float]  # seconds per step by activity, without empty_cache
     notes: tuple[str, ...] = ()
     role_time: dict[str, float] = field(default_factory=dict)  # RLHF: the same seconds by model
+    time_terms: dict[str, float] = field(default_factory=dict)  # the same seconds by mechanism
     base_time_s: float = 0.0  # sum of ``time`` (derived)
     resident_bytes: int = 0  # sum of ``resident`` (derived)
     peak_allocated_bytes: int = 0  # resident plus the largest phase's live bytes (derived)
@@ -96,5 +97,7 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
         ),
         peak_phase=phases[peak].name,
         time_breakdown=dict(step.time, empty_cache=cache_seconds),
+        time_terms=dict(step.time_terms, empty_cache=cache_seconds) if cache_seconds else dict(step.time_terms),
+        reserved_uncertainty=coef.reserved_spread,
         notes=step.notes,
     )

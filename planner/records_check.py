@@ -1,0 +1,193 @@
+"""Predicted against measured for stored GPU measurement records (``tests/data/gpu/*.json``).
+
+A records file holds one device's measurements: ``sft`` rows of a user-style training loop (whole-step peaks
+and the median step time) and ``probes`` as ``planner probes --json`` prints them (per phase). Each record is
+predicted through the public API with its own configuration (``check`` with the row's exact ds_config;
+``predict`` with the probe's strategy) on the catalog GPU its fingerprint names, and every measured
+quantity gets its relative error ``predicted / measured - 1``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from store.errors import InputError
+from store.gpus import gpu_for_device
+
+QUANTITIES = ("peak_allocated", "peak_reserved", "time")
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One measured quantity beside its prediction."""
+
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1."""
+        return self.predicted / self.measured - 1.0
+
+
+@dataclass(frozen=True)
+class RecordComparison:
+    """A record's quantities (``step`` for the whole step, or a phase name) compared with the prediction."""
+
+    record_id: str
+    kind: str  # "sft" (user-style loop row) or "probe"
+    workload: str
+    gpu: str
+    quantities: dict[str, dict[str, Compared]]  # scope ("step" or a phase) -> quantity -> comparison
+    time_comparable: bool = True  # False where the record's timing is known not to be steady
+    why_not_timed: str = ""
+    dominant_time_term: str = ""
+    reserved_uncertainty: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def load_records(path: str | Path) -> dict[str, Any]:
+    """A records file (``about``, ``sft``, ``probes``)."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not {"sft", "probes"} & set(data):
+        raise InputError(f"{path}: not a records file (expected 'sft' and/or 'probes')")
+    return data
+
+
+def _catalog_gpu(fingerprint: dict[str, Any]) -> str:
+    gpu = gpu_for_device(str(fingerprint.get("name", "")), int(fingerprint.get("total_memory_bytes", 0)))
+    if gpu is None:
+        raise InputError(f"no catalog GPU for device {fingerprint.get('name')!r}")
+    return gpu.name
+
+
+def _host_gib(device: dict[str, Any]) -> str:
+    """The host memory a record names (``"16 cores, 128 GiB"``), as a --cpu-mem value; 128G when absent."""
+    for part in str(device.get("host", "")).split(","):
+        words = part.split()
+        if len(words) == 2 and words[1] in ("GiB", "GB"):
+            return f"{words[0]}G"
+    return "128G"
+
+
+def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
+    """A user-style loop row: ``planner.check`` of its exact ds_config on the GPU its device names."""
+    from planner.api import check
+
+    workload, measured, device = row["workload"], row["measured"], row["device"]
+    gpu = _catalog_gpu({"name": device["name"], "total_memory_bytes": device["total_memory_bytes"]})
+    lora = (row.get("lora") or {}).get("rank", 0)
+    result = check(
+        row["ds_config"],
+        workload["model"],
+        gpu=gpu,
+        workload=workload["kind"],
+        seq_len=workload["seq_len"],
+        attn_impl=workload["attn_impl"],
+        gradient_checkpointing=bool(row["gradient_checkpointing"]),
+        lora_rank=lora,
+        empty_cache=row.get("empty_cache", "never"),
+        allocator=row.get("allocator", "default"),
+        cpu_mem=_host_gib(device),
+    )
+    predicted = result.report.predicted
+    step = {
+        "peak_allocated": Compared(measured["peak_allocated_bytes"], predicted.peak_allocated_bytes),
+        "peak_reserved": Compared(measured["peak_reserved_bytes"], predicted.peak_reserved_bytes),
+        "time": Compared(measured["step_time_s_median"], predicted.step_time_s),
+    }
+    return RecordComparison(
+        record_id=row["id"],
+        kind="sft",
+        workload=workload["kind"],
+        gpu=gpu,
+        quantities={"step": step},
+        dominant_time_term=predicted.dominant_time_term,
+        reserved_uncertainty=predicted.reserved_uncertainty,
+    )
+
+
+def _probe_job(request: dict[str, Any], gpu: str) -> dict[str, Any]:
+    w, hw = request["workload"], request["hardware"]
+    job: dict[str, Any] = {
+        "workload": w["kind"],
+        "gpu": gpu,
+        "gpu_mem": str(hw["gpu_memory_bytes"]),
+        "cpu_mem": str(hw["cpu_memory_bytes"]),
+        "gpus": hw.get("gpus", 1),
+        "nodes": hw.get("nodes", 1),
+        "batch": w["global_batch"],
+        "dtype": w["dtype"],
+        "attn_impl": w["attn_impl"],
+    }
+    if w["kind"] in ("ppo", "remax", "grpo"):
+        job.update(prompt_len=w["prompt_len"], gen_len=w["gen_len"], ppo_epochs=w.get("ppo_epochs", 1))
+        if w["kind"] == "grpo":
+            job["samples_per_prompt"] = w.get("samples_per_prompt")
+    else:
+        job["seq_len"] = w["seq_len"]
+    return job
+
+
+def probe_timing_is_steady(request: dict[str, Any], result: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a probe's phase times are steady-state: ZeRO-3 needs two warm-up steps (its fetch trace)."""
+    strategy = request["strategy"]
+    stages = [strategy.get("zero_stage", 0)] + [
+        block.get("zero_stage", 0) for block in strategy.values() if isinstance(block, dict)
+    ]
+    warmup = int(result.get("extra", {}).get("warmup_steps", 1))
+    if 3 in stages and warmup < 2:
+        return False, f"ZeRO-3 timed after {warmup} warm-up step (its fetch trace was not complete)"
+    return True, ""
+
+
+def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
+    """A ``planner probe --device cuda`` record: ``planner.predict`` of its strategy, phase by phase.
+
+    None for a probe that did not finish (``outcome`` other than ok): it measured no peak.
+    """
+    from planner.api import predict
+
+    request, result = record["request"], record["result"]
+    if result.get("outcome") != "ok":
+        return None
+    gpu = _catalog_gpu(result["fingerprint"])
+    report = predict(request["workload"]["model"], request["strategy"], **_probe_job(request, gpu))
+    predicted = report.predicted
+    by_name = {phase.name: phase for phase in predicted.phases}
+    scopes: dict[str, dict[str, Compared]] = {}
+    for phase in result["phases"]:
+        mine = by_name.get(phase["name"])
+        if mine is None:
+            continue
+        scopes[phase["name"]] = {
+            "peak_allocated": Compared(phase["peak_allocated_bytes"], mine.peak_allocated_bytes),
+            "peak_reserved": Compared(phase["peak_reserved_bytes"], mine.peak_reserved_bytes),
+            "time": Compared(phase["time_s"], mine.time_s * mine.count),
+        }
+    steady, why = probe_timing_is_steady(request, result)
+    return RecordComparison(
+        record_id=record["probe_id"],
+        kind="probe",
+        workload=request["workload"]["kind"],
+        gpu=gpu,
+        quantities=scopes,
+        time_comparable=steady,
+        why_not_timed=why,
+        dominant_time_term=predicted.dominant_time_term,
+        reserved_uncertainty=predicted.reserved_uncertainty,
+    )
+
+
+def compare_records(path: str | Path) -> list[RecordComparison]:
+    """Every finished record of a records file, compared with its prediction."""
+    data = load_records(path)
+    out = [compare_sft_row(row) for row in data.get("sft", [])]
+    for record in data.get("probes", []):
+        compared = compare_probe(record)
+        if compared is not None:
+            out.append(compared)
+    return out

@@ -1,0 +1,124 @@
+"""What one pass of a decoder model launches on the GPU: matrix products, bytes of element-wise traffic, kernels.
+
+Counted from transformers' eager model code (one decoder layer of each family) and peft's LoRA ``Linear``;
+the time model (:mod:`search.model.roofline`) turns them into seconds. Pure functions of ModelSpec.
+
+Kernels per layer forward, read off the layer's ``forward`` in transformers 5.x:
+- OPT: layer norm, q/k/v/out ``addmm``, q scaling, sdpa, head-merge copy, dropout, residual add, layer
+  norm, fc1, ReLU, fc2, dropout, residual add: 16.
+- GPT-2: layer norm, ``c_attn``, sdpa, merge copy, ``c_proj``, dropout, add, layer norm, ``c_fc``,
+  ``gelu_new`` (8 element-wise ops: pow, mul, add, mul, tanh, add, mul, mul), ``c_proj``, dropout, add: 20.
+- Llama, Mistral, Qwen2 (RMSNorm, rotary, GQA sdpa, SwiGLU): two RMSNorms of 8 ops (fp32 upcast, pow, mean,
+  add, rsqrt, mul, downcast, weight), q/k/v ``mm``, rotary on q and k (5 ops each: mul cos, neg, cat, mul
+  sin, add), sdpa, merge copy, ``o_proj``, add, gate/up ``mm``, SiLU, mul, down ``mm``, add: 39.
+- peft LoRA on a linear: ``lora_A``, ``lora_B``, the scaling and the add (dropout 0 is Identity): 4.
+Autograd's backward launches about two kernels per forward kernel (a ``mm`` becomes the input and weight
+gradient products, an ``addmm`` adds the bias sum, each element-wise op one or two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from search.model.shapes import dropout_probs, linear_shapes, uses_rmsnorm
+from store.records import ModelSpec
+
+LAYER_KERNELS = {"opt": 16, "gpt2": 20}
+LLAMA_LAYER_KERNELS = 39  # llama, mistral, qwen2 and the other RMSNorm/rotary/SwiGLU decoders
+LORA_KERNELS_PER_LINEAR = 4
+BACKWARD_KERNELS_PER_FORWARD = 2.0
+# Outside the layers: embedding, position ids/mask, final norm, LM head and HF's loss (float upcast,
+# log-softmax, nll, shift/pad of the labels), about 20 kernels; a value head instead of the LM head about 6.
+HEAD_AND_LOSS_KERNELS = 20
+# One decoding step of HF generate beyond the layers: the LM head on the last token, logits processors,
+# sampling (softmax, multinomial), stopping criteria, attention mask and cache-position updates.
+GENERATE_STEP_KERNELS = 30
+# A decoding step of a layer launches the forward's kernels plus the KV cache's update (DynamicCache:
+# one torch.cat for keys and one for values).
+KV_UPDATE_KERNELS = 2
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product of a pass: (m, n, k) with m the tokens, and how many of it per layer."""
+
+    m: int
+    n: int
+    k: int
+    trainable: bool  # the weight takes a gradient (a weight-gradient product in the backward)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+def layer_kernels(model: ModelSpec, lora_rank: int) -> int:
+    """Kernels one decoder layer's forward launches (see the module docstring for the counts)."""
+    base = LAYER_KERNELS.get(model.model_type, LLAMA_LAYER_KERNELS if uses_rmsnorm(model) else 16)
+    if not dropout_probs(model)[1] and model.model_type in LAYER_KERNELS:
+        base -= 2  # no residual dropout kernels
+    lora = LORA_KERNELS_PER_LINEAR * len(linear_shapes(model)) if lora_rank else 0
+    return base + lora
+
+
+@lru_cache(maxsize=1024)
+def layer_gemms(model: ModelSpec, tokens: int, lora_rank: int) -> tuple[Gemm, ...]:
+    """The matrix products of one decoder layer's forward over ``tokens`` tokens (LoRA adapters included)."""
+    full = lora_rank == 0
+    out = [Gemm(tokens, n_out, n_in, full) for n_in, n_out in linear_shapes(model)]
+    if lora_rank:
+        for n_in, n_out in linear_shapes(model):
+            out.append(Gemm(tokens, lora_rank, n_in, True))
+            out.append(Gemm(tokens, n_out, lora_rank, True))
+    return tuple(out)
+
+
+def head_gemm(model: ModelSpec, tokens: int, lora_rank: int, lm_head: bool) -> Gemm:
+    """The LM head (vocabulary logits) or a value head's product; trained unless LoRA freezes the base."""
+    n = model.vocab_size if lm_head else 1
+    return Gemm(tokens, n, model.hidden_size, lora_rank == 0)
+
+
+def layer_elementwise_bytes(model: ModelSpec, tokens: int, dtype_bytes: int, lora_rank: int) -> float:
+    """HBM bytes the element-wise kernels of one layer's forward read and write (norms, rotary, activation,
+    dropout, residual adds, the sdpa kernel's inputs and output, LoRA's scaled adds).
+
+    Counted in tensors of ``tokens x hidden`` read or written: a LayerNorm reads and writes one (2), an
+    RMSNorm's eight ops with their fp32 intermediates about 18, rotary on q and k about 10 (GQA), a residual
+    add 3, dropout 2 plus its mask, the MLP's activation over the intermediate width 2 (ReLU, GELU) or 5
+    (SiLU and the gate product), sdpa's q, k, v reads and output write 4 and the head-merge copy 2.
+    """
+    h, i = model.hidden_size, model.intermediate_size
+    unit = tokens * h * dtype_bytes
+    width = i / h
+    if uses_rmsnorm(model):
+        units = 2 * 18 + 10 + 4 + 2 + 2 * 3 + 5 * width
+    else:
+        attn_p, hidden_p = dropout_probs(model)
+        dropout = 2.5 * 2 if hidden_p else 0.0
+        activation = 2 * width if model.model_type == "opt" else 9 * width  # gelu_new: eight ops over i
+        units = 2 * 2 + 2 + 4 + 2 + 2 * 3 + dropout + activation
+    if lora_rank:
+        outputs = sum(n_out for _, n_out in linear_shapes(model)) / h
+        units += 3 * outputs  # result + lora_B(...) * scaling: a scaled product and an add over each output
+    return units * unit
+
+
+def attention_flops(model: ModelSpec, sequences: int, seq_len: int) -> float:
+    """Forward FLOPs of the attention kernel (QK^T and PV) of one layer with a causal mask: the fused
+    kernels (sdpa's flash/cuDNN paths) skip the masked half."""
+    return 0.5 * 4.0 * sequences * seq_len * seq_len * model.num_heads * model.head_dim
+
+
+def loss_bytes(model: ModelSpec, tokens: int, dtype_bytes: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of HF's causal-LM loss over the logits.
+
+    Forward: the head writes the 16-bit logits, ``.float()`` reads them and writes fp32, log-softmax reads
+    twice (max, sum) and writes fp32. Backward: the nll gradient is written, log-softmax's backward reads it
+    and its output and writes the fp32 gradient, the downcast reads that and writes 16 bits.
+    """
+    elements = tokens * model.vocab_size
+    forward = elements * (dtype_bytes + (dtype_bytes + 4) + 2 * 4 + 4)
+    backward = elements * (4 + 3 * 4 + (4 + dtype_bytes))
+    return float(forward), float(backward)

@@ -1,0 +1,126 @@
+"""Seconds of a model's forward, backward and decoding passes (:mod:`search.model.roofline` on the op
+inventory of :mod:`search.model.kernels`). Cached on their hashable arguments."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from search.coefficients import Coefficients
+from search.model.kernels import (
+    BACKWARD_KERNELS_PER_FORWARD,
+    GENERATE_STEP_KERNELS,
+    HEAD_AND_LOSS_KERNELS,
+    KV_UPDATE_KERNELS,
+    attention_flops,
+    head_gemm,
+    layer_elementwise_bytes,
+    layer_gemms,
+    layer_kernels,
+    loss_bytes,
+)
+from search.model.roofline import (
+    PassSeconds,
+    backward_gemms,
+    gemm_seconds,
+    hbm_seconds,
+    host_seconds,
+    matmul_rate,
+)
+from search.model.shapes import linear_shapes, uses_rmsnorm
+from store.records import DTYPE_BYTES, GPUSpec, ModelSpec
+
+
+@lru_cache(maxsize=4096)
+def forward_pass(
+    model: ModelSpec,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    gpu: GPUSpec,
+    coef: Coefficients,
+    *,
+    lora_rank: int = 0,
+    lm_head: bool = True,
+    loss: bool = True,
+) -> PassSeconds:
+    """One forward over ``sequences`` x ``seq_len`` tokens: the layers, the head and (``loss``) HF's loss
+    or an RLHF log-softmax over the logits."""
+    d, tokens, layers = DTYPE_BYTES[dtype], sequences * seq_len, model.num_layers
+    matmul = layers * sum(gemm_seconds(g, dtype, gpu) for g in layer_gemms(model, tokens, lora_rank))
+    matmul += gemm_seconds(head_gemm(model, tokens, lora_rank, lm_head), dtype, gpu)
+    attention = layers * attention_flops(model, sequences, seq_len) / matmul_rate(model.head_dim, dtype, gpu)
+    elementwise = layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
+    loss_s = hbm_seconds(loss_bytes(model, tokens, d)[0], gpu) if (loss and lm_head) else 0.0
+    kernels = layers * layer_kernels(model, lora_rank) + HEAD_AND_LOSS_KERNELS
+    return PassSeconds(
+        gpu={"matmul": matmul, "attention": attention, "elementwise": elementwise, "loss": loss_s},
+        host={"host_launch": host_seconds(kernels, coef)},
+    )
+
+
+@lru_cache(maxsize=4096)
+def backward_pass(
+    model: ModelSpec,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    gpu: GPUSpec,
+    coef: Coefficients,
+    *,
+    lora_rank: int = 0,
+    lm_head: bool = True,
+) -> PassSeconds:
+    """One backward (without the recompute of checkpointed layers, without DeepSpeed's hooks): the input
+    and weight gradients of every product, attention's backward (2.5 x its forward: FlashAttention-2), twice
+    the forward's element-wise traffic, the loss's backward, and twice the forward's kernels to issue."""
+    d, tokens, layers = DTYPE_BYTES[dtype], sequences * seq_len, model.num_layers
+    matmul = layers * sum(
+        gemm_seconds(b, dtype, gpu) for g in layer_gemms(model, tokens, lora_rank) for b in backward_gemms(g)
+    )
+    matmul += sum(gemm_seconds(b, dtype, gpu) for b in backward_gemms(head_gemm(model, tokens, lora_rank, lm_head)))
+    attention = 2.5 * layers * attention_flops(model, sequences, seq_len) / matmul_rate(model.head_dim, dtype, gpu)
+    elementwise = 2 * layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
+    loss_s = hbm_seconds(loss_bytes(model, tokens, d)[1], gpu) if lm_head else 0.0
+    kernels = BACKWARD_KERNELS_PER_FORWARD * (layers * layer_kernels(model, lora_rank) + HEAD_AND_LOSS_KERNELS)
+    return PassSeconds(
+        gpu={"matmul": matmul, "attention": attention, "elementwise": elementwise, "loss": loss_s},
+        host={"host_launch": host_seconds(kernels, coef)},
+    )
+
+
+def trainable_tensors(model: ModelSpec, lora_rank: int, *, lm_head: bool = True) -> int:
+    """Parameter tensors the optimizer steps (DeepSpeed's hooks and step loops walk them one by one).
+
+    Full fine-tuning: every linear's weight (and bias where the family has one: OPT and GPT-2 everywhere,
+    Qwen2 on q/k/v), the norms' weights (and LayerNorm biases), the embeddings and the final norm; LoRA:
+    two adapter matrices per block linear.
+    """
+    linears = len(linear_shapes(model))
+    if lora_rank:
+        return model.num_layers * 2 * linears
+    biased = {"opt": linears, "gpt2": linears, "qwen2": 3}.get(model.model_type, 0)
+    norm_tensors = 1 if uses_rmsnorm(model) else 2
+    per_layer = linears + biased + 2 * norm_tensors
+    embeddings = 1 if uses_rmsnorm(model) else 2  # token (and learned position) embeddings
+    head = 0 if (model.tie_word_embeddings or not lm_head) else 1
+    return model.num_layers * per_layer + embeddings + norm_tensors + head
+
+
+@lru_cache(maxsize=4096)
+def decode_step(
+    model: ModelSpec, sequences: int, context: float, dtype: str, gpu: GPUSpec, coef: Coefficients
+) -> PassSeconds:
+    """One token of HF generate for ``sequences`` sequences over ``context`` cached tokens (on average).
+
+    The GPU reads every weight and the KV cache once (bandwidth-bound at small batches) and runs each kernel
+    at least ``kernel_floor_s``; the host issues every layer's kernels, the cache update and generate's own
+    per-token work (:mod:`search.model.kernels`). DeepSpeed 0.19's hybrid engine finds no inference policy
+    for transformers' Cache-based decoders and runs this same path (hybrid_engine.py
+    populate_all_inference_policies).
+    """
+    d = DTYPE_BYTES[dtype]
+    weights = d * (model.num_layers * model.layer_params + model.vocab_size * model.hidden_size)
+    kv = 2 * model.num_layers * sequences * context * model.num_kv_heads * model.head_dim * d
+    kernels = model.num_layers * (layer_kernels(model, 0) + KV_UPDATE_KERNELS) + GENERATE_STEP_KERNELS
+    gpu_s = max(hbm_seconds(weights + kv, gpu), kernels * gpu.kernel_floor_s)
+    return PassSeconds(gpu={"weights_and_kv_read": gpu_s}, host={"host_launch": host_seconds(kernels, coef)})

@@ -1,0 +1,136 @@
+"""Predictions against the GPU measurements in tests/data/gpu/ (issue 15, part 1).
+
+Every records file there is predicted through the public API (``planner.records_check``) and each measured
+quantity is held inside the issue's bounds: per SFT row (user-style loop) peak allocated within 5%, peak
+reserved within -5%..+8%, step time within 20%; per PPO probe phase time within 25% and reserved within 8%;
+and the predicted effect of ``empty_cache`` after inference on peak reserved within 3 points of the measured
+one. A new device's file joins by being dropped in. No GPU is needed: the measurements are stored.
+
+The quantities the cost model does not yet meet are listed in ``NOT_YET`` with the reason; they run as strict
+xfails, so a change that brings one inside its bound fails here until it is taken off the list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.records_check import RecordComparison, compare_records, load_records
+
+RECORDS = sorted((Path(__file__).resolve().parents[1] / "data" / "gpu").glob("*.json"))
+
+SFT_BOUNDS = {"peak_allocated": (-0.05, 0.05), "peak_reserved": (-0.05, 0.08), "time": (-0.20, 0.20)}
+PPO_BOUNDS = {"peak_reserved": (-0.08, 0.08), "time": (-0.25, 0.25)}
+EMPTY_CACHE_POINTS = 0.03
+
+_RESERVED = "reserved of ZeRO-0/2 steps and the KV cache's growth in generation: issue 15 part 3, not yet modelled"
+_ALLOCATED = "activation bytes from the hand-written formulas (issue 9 traces them)"
+_RLHF_TIME = "the probe's RLHF scoring and training phases take 30-60 ms more than the model's kernels explain"
+NOT_YET: dict[tuple[str, str, str], str] = {
+    ("opt13_z2_mb4_s512", "step", "peak_reserved"): _RESERVED,
+    ("opt13_z0_mb4_s512", "step", "peak_reserved"): _RESERVED,
+    ("opt13_z2ck_mb16_s1024", "step", "peak_allocated"): _ALLOCATED,
+    ("llama1b_z2ck_mb4_s2048", "step", "peak_allocated"): _ALLOCATED,
+    ("opt13_z2off_mb8_s512", "step", "peak_allocated"): _ALLOCATED + "; offload staging buffers",
+    ("opt13_z2off_mb8_s512", "step", "peak_reserved"): _RESERVED,
+    ("9f4038d1fa74", "generation", "peak_reserved"): _RESERVED,
+    ("9f4038d1fa74", "scoring", "peak_reserved"): _RESERVED,
+    ("9f4038d1fa74", "actor_training", "time"): _RLHF_TIME,
+    ("38187ad8c1ed", "generation", "peak_reserved"): _RESERVED,
+    ("38187ad8c1ed", "scoring", "peak_reserved"): _RESERVED,
+    ("38187ad8c1ed", "scoring", "time"): _RLHF_TIME,
+    ("38187ad8c1ed", "actor_training", "time"): _RLHF_TIME,
+    ("38187ad8c1ed", "critic_training", "time"): _RLHF_TIME,
+}
+
+
+def _comparisons() -> list[RecordComparison]:
+    return [c for path in RECORDS for c in compare_records(path)]
+
+
+COMPARISONS = _comparisons()
+
+
+def _cases() -> list[object]:
+    cases = []
+    for c in COMPARISONS:
+        if c.kind == "sft":
+            bounds = SFT_BOUNDS
+        elif c.workload in ("ppo", "remax", "grpo"):
+            bounds = PPO_BOUNDS
+        else:
+            continue  # SFT probes: benchmarks/shared_gpu_records.py reports them
+        for scope, quantities in c.quantities.items():
+            for quantity, (low, high) in bounds.items():
+                if quantity == "time" and not c.time_comparable:
+                    continue
+                key = (c.record_id, scope, quantity)
+                marks = [pytest.mark.xfail(strict=True, reason=NOT_YET[key])] if key in NOT_YET else []
+                compared = quantities[quantity]
+                cases.append(pytest.param(compared, low, high, id="-".join(key), marks=marks))
+    return cases
+
+
+def test_records_are_in_the_project() -> None:
+    assert RECORDS, "tests/data/gpu/ holds no records"
+    for path in RECORDS:
+        data = load_records(path)
+        assert data["sft"] or data["probes"]
+
+
+@pytest.mark.parametrize(("compared", "low", "high"), _cases())
+def test_prediction_within_bound(compared, low: float, high: float) -> None:
+    assert low <= compared.error <= high, (
+        f"predicted {compared.predicted:.4g}, measured {compared.measured:.4g}: {compared.error:+.1%}"
+    )
+
+
+def test_every_sft_row_and_ppo_phase_is_compared() -> None:
+    """Nothing in the files is skipped silently: every SFT row and every finished PPO probe's phases."""
+    for path in RECORDS:
+        data = load_records(path)
+        ids = {c.record_id for c in COMPARISONS}
+        assert {row["id"] for row in data.get("sft", [])} <= ids
+        finished = [p for p in data.get("probes", []) if p["result"]["outcome"] == "ok"]
+        assert {p["probe_id"] for p in finished} <= ids
+
+
+def test_time_model_names_its_dominant_term() -> None:
+    """Each prediction says which mechanism takes most of the step (host-bound small batches, GEMMs at 16k
+    tokens per micro-batch, CPU Adam with offload)."""
+    by_id = {c.record_id: c for c in COMPARISONS}
+    assert by_id["opt13_z2_mb4_s512"].dominant_time_term in ("host_launch", "deepspeed_per_tensor")
+    assert by_id["opt13_z2ck_mb16_s1024"].dominant_time_term == "matmul"
+    assert by_id["opt13_z2off_mb8_s512"].dominant_time_term == "cpu_adam"
+
+
+def _ppo_pairs() -> list[tuple[dict, dict]]:
+    """PPO probes of one file that differ only in ``empty_cache`` (never vs after-inference)."""
+    pairs = []
+    for path in RECORDS:
+        probes = [p for p in load_records(path).get("probes", []) if p["result"]["outcome"] == "ok"]
+        for never in probes:
+            s = never["request"]["strategy"]
+            if never["request"]["workload"]["kind"] != "ppo" or s.get("empty_cache") != "never":
+                continue
+            for other in probes:
+                o = other["request"]["strategy"]
+                if o.get("empty_cache") == "after-inference" and {**o, "empty_cache": "never"} == s:
+                    pairs.append((never, other))
+    return pairs
+
+
+def test_empty_cache_effect_within_three_points() -> None:
+    pairs = _ppo_pairs()
+    assert pairs, "no PPO probe pair differing only in empty_cache"
+    by_id = {c.record_id: c for c in COMPARISONS}
+    for never, after in pairs:
+
+        def peak(c: RecordComparison, which: str) -> float:
+            return max(getattr(q["peak_reserved"], which) for q in c.quantities.values())
+
+        n, a = by_id[never["probe_id"]], by_id[after["probe_id"]]
+        measured = peak(a, "measured") / peak(n, "measured") - 1
+        predicted = peak(a, "predicted") / peak(n, "predicted") - 1
+        assert abs(predicted - measured) <= EMPTY_CACHE_POINTS, (predicted, measured)
