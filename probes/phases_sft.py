@@ -127,8 +127,9 @@ class SingleModelRun:
 
         kind, pairs = self.workload.kind, self.strategy.micro_batch
         if kind == "sft":
-            outputs = self.engine(input_ids=ids, labels=ids, use_cache=False)
-            return outputs, outputs.loss
+            # as HF Trainer's training_step and TRL's SFTTrainer: only the loss outlives the forward
+            loss = self.engine(input_ids=ids, labels=ids, use_cache=False).loss
+            return None, loss
         if kind == "reward":
             values = self.engine(ids).float()[:, -1]
             loss = -F.logsigmoid(values[:pairs] - values[pairs:]).mean()

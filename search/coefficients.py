@@ -78,6 +78,12 @@ class Coefficients:
         "launch): H100 host of the shared records, HF decode 18.6 ms per token over 24 OPT layers of ~18 kernels "
         "plus ~30 per generate step",
     )
+    host_s_per_tensor_op: float = _coef(
+        1e-5,
+        "s per kernel",
+        "a bare tensor expression in the training loop's own Python (PPO's advantage loop, loss arithmetic): the "
+        "dispatcher and cudaLaunchKernel (torch.profiler on the H100 host: 7.9 us of self CPU per launch)",
+    )
     ds_hook_kernels_per_grad: float = _coef(
         3,
         "kernel-equivalents per gradient tensor per backward",
@@ -92,7 +98,6 @@ class Coefficients:
     )
     comm_overlap: float = _coef(0.5, "fraction", "share of ZeRO collectives hidden behind compute")
     network_efficiency: float = _coef(0.7, "fraction", "achieved fraction of link bandwidth in collectives")
-    offload_overlap: float = _coef(0.0, "fraction", "share of offload PCIe traffic hidden behind compute")
     gpu_adam_bytes_per_param: float = _coef(
         40,
         "bytes/param",

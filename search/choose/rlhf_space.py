@@ -23,7 +23,7 @@ from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
 from search.rlhf.models import frozen_model, trained_model
 from search.rlhf.step import generation_phase, scoring_forward
-from search.rlhf.timing import ema_time
+from search.rlhf.timing import ema_time, gae_seconds
 from search.step.phases import Live, trained_factor
 from store.records import (
     ALLOCATORS,
@@ -166,12 +166,14 @@ def role_seconds(
 
 
 def shared_seconds(ctx: RLHFContext, batches: tuple[int, int, int]) -> float:
-    """The per-call and per-micro-step overhead of a split (the step's ``role_time["shared"]``)."""
+    """The per-call and per-micro-step overhead of a split, and PPO's advantage loop (the step's
+    ``role_time["shared"]``)."""
     generation_batch, _, grad_accum = batches
     job, w = ctx.job, ctx.workload
     calls = job.prompts_per_gpu // generation_batch
     micro_steps = w.ppo_epochs * grad_accum * (2 if w.has_critic else 1)
-    return ctx.coef.step_overhead_s * (calls * (job.generate_passes + 1) + micro_steps)
+    advantages = calls * gae_seconds(job.gen_len, ctx.coef) if w.kind == "ppo" else 0.0
+    return ctx.coef.step_overhead_s * (calls * (job.generate_passes + 1) + micro_steps) + advantages
 
 
 def role_live_floor(

@@ -22,21 +22,26 @@ class LossLogits:
     held: int  # the 16-bit logits the model output keeps alive through the whole backward
 
 
-def loss_logits(model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients) -> LossLogits:
+def loss_logits(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients, *, holds_output: bool = True
+) -> LossLogits:
     """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
 
     ``logits.float()`` is a copy unless training in fp32; cross_entropy's log_softmax output is fp32 and
     saved for the backward; the backward adds the fp32 gradients of the NLL and of the log-softmax
-    (``coef.logits_peak_bytes`` with the log-softmax output). The 16-bit logits stay alive as long as the
-    model output does: DeepSpeed-Chat's loop (and the probe) hold it until the backward is done.
+    (``coef.logits_peak_bytes`` with the log-softmax output). The 16-bit logits stay alive through the
+    backward only where the training loop holds the model output (``holds_output``): DeepSpeed-Chat's actor
+    loop does (``actor_prob = ...logits`` until ``backward``), HF Trainer's ``training_step`` and TRL's
+    SFTTrainer keep only the loss (on the H100 records this is the 2 bytes per logit between the two).
     """
     elements = sequences * seq_len * model.vocab_size
     d = DTYPE_BYTES[dtype]
     upcast = 4 if d != 4 else 0
+    held = d * elements if holds_output else 0
     return LossLogits(
         forward=int((d + upcast + 4) * elements),
-        backward=int((d + coef.logits_peak_bytes) * elements),
-        held=int(d * elements),
+        backward=int(held + coef.logits_peak_bytes * elements),
+        held=int(held),
     )
 
 
@@ -50,6 +55,12 @@ def tied_embedding_extra(model: ModelSpec, dtype: str, lora_rank: int, lm_head: 
     if not (lm_head and model.tie_word_embeddings) or lora_rank > 0:
         return 0
     return 2 * DTYPE_BYTES[dtype] * token_embedding_params(model)
+
+
+def _relu(model: ModelSpec) -> bool:
+    """The MLP activation is ReLU (OPT's default), whose autograd node saves only its result."""
+    cfg = model.hf_config
+    return str(cfg.get("activation_function", cfg.get("hidden_act", ""))) == "relu"
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,9 @@ def layer_activation_bytes(
     if hidden_p > 0:
         total += 2 * bs * h  # residual dropout masks after attention and after the MLP
     total += d * bs * h  # MLP input
-    total += (4 if model.gated_mlp else 2) * d * bs * i  # gate/up/act/down inputs or fc1 out/act out
+    # gated: gate and up outputs, the activation's output and down's input; ReLU saves only its output, which is
+    # also fc2's input (the fc1 output is freed); GELU-style activations keep their input as well
+    total += (4 if model.gated_mlp else (1 if _relu(model) else 2)) * d * bs * i
     return int(total)
 
 

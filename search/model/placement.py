@@ -100,13 +100,24 @@ class MicroStep:
 
 @lru_cache(maxsize=4096)
 def micro_step(
-    placed: TrainedPlacement, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+    placed: TrainedPlacement,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    attn_impl: str,
+    coef: Coefficients,
+    holds_output: bool = True,
 ) -> MicroStep:
     """Forward, backward and optimizer-step moments of ``sequences`` sequences through ``placed``
-    (:func:`search.model.moments.training_moments`); a model without an LM head has no logits."""
+    (:func:`search.model.moments.training_moments`); a model without an LM head has no logits.
+    ``holds_output``: the training loop keeps the model output (its logits) alive through the backward."""
     s, model = placed.layout, placed.model
     acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
-    logits = loss_logits(model, sequences, seq_len, dtype, coef) if placed.lm_head else LossLogits(0, 0, 0)
+    logits = (
+        loss_logits(model, sequences, seq_len, dtype, coef, holds_output=holds_output)
+        if placed.lm_head
+        else LossLogits(0, 0, 0)
+    )
     moments = training_moments(
         model=model,
         lm_head=placed.lm_head,

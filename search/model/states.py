@@ -241,3 +241,24 @@ def zero_workspace(
         reduced=d * piece,
         host=d * t // n if offload_opt else 0,  # grad_partitions_flat_buffer lives on the host with offload
     )
+
+
+def init_cached_bytes(*, trainable: int, resident: int, dtype: str, zero_stage: int) -> int:
+    """Bytes of the model's own weights that DeepSpeed's engine init frees into torch's cache and that stay
+    reserved (their segments are then shared with small long-lived tensors, so ``empty_cache`` cannot return
+    them; only the step's activations, of similar sizes, reuse them).
+
+    - ZeRO-1/2: the optimizer copies the trainable 16-bit weights into one flat buffer (stage_1_and_2.py
+      ``torch.cat`` while the originals exist) and points each ``p.data`` at it: the originals, d x T, are
+      freed. The other init transients (the 16-bit partition's clone, the fp32 zero gradient) are reused
+      exactly by the same-sized ``grads_in_partition`` and Adam ``exp_avg`` of the first step.
+    - ZeRO-0 with a 16-bit dtype: FP16_Optimizer (bf16 too) clones every weight, flattens the clones and frees
+      them, then frees the originals (fused_optimizer.py): 2 x d x T.
+    - ZeRO-3: partitioning the built model frees every original weight, d x resident.
+    """
+    d = DTYPE_BYTES[dtype]
+    if zero_stage == 3:
+        return d * resident
+    if zero_stage == 0:
+        return 2 * d * trainable if dtype != "fp32" else 0
+    return d * trainable

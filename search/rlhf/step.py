@@ -25,12 +25,13 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.placement import FrozenPlacement, TrainedPlacement
+from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
 from search.rlhf.memory import forward_live, generation_live, training_live
 from search.rlhf.models import Models, place_models, trained_model
-from search.rlhf.timing import ema_time, frozen_forward_time, generation_time, trained_forward_time
+from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, generation_time, trained_forward_time
 from search.step.assemble import Step, finish_step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
@@ -101,8 +102,12 @@ def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, genera
     role_time = {role: forwards[role][1] if role in forwards else 0.0 for role, _ in roles}
     role_time["actor"] += generation.time_s
     calls = job.prompts_per_gpu // generation_batch
-    role_time["shared"] = ctx.coef.step_overhead_s * calls * (job.generate_passes + 1)
+    overhead = role_time["shared"] = ctx.coef.step_overhead_s * calls * (job.generate_passes + 1)
     scoring_seconds = sum(seconds for _, seconds, _ in forwards.values())
+    if ctx.workload.kind == "ppo":  # GAE: a Python loop over the generated positions, per generate call
+        advantages = calls * gae_seconds(job.gen_len, ctx.coef)
+        scoring_seconds += advantages
+        role_time["shared"] += advantages  # no model's: the bound walk counts it with the shared seconds
     scoring = StepPhase(
         "scoring",
         INFERENCE,
@@ -112,7 +117,7 @@ def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, genera
         scoring_seconds,
         calls,
     )
-    time = {"generation": generation.time_s, "scoring": scoring_seconds, "overhead": role_time["shared"]}
+    time = {"generation": generation.time_s, "scoring": scoring_seconds, "overhead": overhead}
     return _half([generation, scoring], time, role_time)
 
 
@@ -212,6 +217,13 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         time=time,
         role_time=role_time,
         time_terms={name: seconds for name, seconds in time.items() if seconds},
+        # the second engine's init reuses the first's freed blocks of the same sizes: the larger one stays
+        init_cached=max(
+            init_cached_bytes(
+                trainable=p.trainable, resident=p.resident, dtype=ctx.workload.dtype, zero_stage=p.layout.zero_stage
+            )
+            for p in models.trained
+        ),
         notes=tuple(notes),
     )
 

@@ -141,3 +141,13 @@ def ema_time(actor: TrainedPlacement, dtype: str, hardware: Hardware, coef: Coef
     d = DTYPE_BYTES[dtype]
     local = actor.resident // (hardware.world_size if actor.layout.zero_stage == 3 else 1)
     return hbm_seconds(3 * d * local, hardware.gpu)
+
+
+# DeepSpeed-Chat's get_advantages_and_returns (and the probe's GAE) walk the generated positions backwards in
+# Python: per position an add, a subtract, a scaling, an add and the write into the advantages (5 kernels).
+GAE_KERNELS_PER_POSITION = 5
+
+
+def gae_seconds(gen_len: int, coef: Coefficients) -> float:
+    """PPO's advantage loop over one generate call's experience: host-bound tensor ops, one position at a time."""
+    return gen_len * GAE_KERNELS_PER_POSITION * coef.host_s_per_tensor_op

@@ -15,6 +15,7 @@ from __future__ import annotations
 from search.coefficients import Coefficients
 from search.model.moments import Moment, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
+from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.step.assemble import Step, finish_step
@@ -53,7 +54,10 @@ def phase_moments(
 ) -> tuple[dict[str, list[Moment]], int]:
     """The candidate peak moments of every phase, in step order, and the bytes steady between micro-steps."""
     sequences = strategy.micro_batch * workload.sequences_per_sample
-    micro = micro_step(placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef)
+    # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
+    # DPO and reward losses here keep it (their log-probs and values come from it)
+    holds_output = workload.kind != "sft"
+    micro = micro_step(placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output)
     training = micro.moments
     moments: dict[str, list[Moment]] = {}
     if workload.kind == "dpo":
@@ -128,6 +132,9 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         host_states=states.host + work.host,
         time=time,
         time_terms=dict(seconds.terms, overhead=coef.step_overhead_s * s.grad_accum),
+        init_cached=init_cached_bytes(
+            trainable=placed.trainable, resident=placed.resident, dtype=workload.dtype, zero_stage=s.zero_stage
+        ),
         notes=tuple(notes),
     )
 

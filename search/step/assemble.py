@@ -17,8 +17,15 @@ from store.records import Hardware
 
 
 def gpu_budget_bytes(hardware: Hardware, coef: Coefficients) -> int:
-    """GPU bytes the caching allocator may reserve: total, less the safety margin and CUDA context."""
-    usable = hardware.gpu_memory_bytes * (1.0 - hardware.safety_margin) - coef.cuda_context_bytes
+    """GPU bytes a plan's peak reserved may reach: the GPU's memory less the CUDA context and the larger of
+    two headrooms, the safety margin (a share of the GPU's memory) and the spread of peak reserved memory
+    between programs around the same step (``coef.reserved_spread`` of the plan's peak reserved: reserved x
+    (1 + spread) must fit beside the context)."""
+    beside_context = hardware.gpu_memory_bytes - coef.cuda_context_bytes
+    usable = min(
+        hardware.gpu_memory_bytes * (1.0 - hardware.safety_margin) - coef.cuda_context_bytes,
+        beside_context / (1.0 + coef.reserved_spread),
+    )
     return max(0, int(usable))
 
 
@@ -35,6 +42,7 @@ class Step:
     notes: tuple[str, ...] = ()
     role_time: dict[str, float] = field(default_factory=dict)  # RLHF: the same seconds by model
     time_terms: dict[str, float] = field(default_factory=dict)  # the same seconds by mechanism
+    init_cached: int = 0  # bytes DeepSpeed's engine init left cached (search.model.states.init_cached_bytes)
     base_time_s: float = 0.0  # sum of ``time`` (derived)
     resident_bytes: int = 0  # sum of ``resident`` (derived)
     peak_allocated_bytes: int = 0  # resident plus the largest phase's live bytes (derived)
@@ -61,8 +69,8 @@ def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficie
 
 def score_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients) -> tuple[int, float]:
     """(peak reserved bytes, step seconds) of a step under a policy: what :func:`finish_step` would report."""
-    reserved, _, cache_seconds = apply_policy(
-        step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef
+    reserved, _, cache_seconds, _ = apply_policy(
+        step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef, step.init_cached
     )
     return max(reserved), step.base_time_s + cache_seconds
 
@@ -73,11 +81,12 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
     The breakdown is that of the peak phase's peak moment and sums to its peak reserved bytes.
     """
     phases = step.phases
-    reserved, chosen, cache_seconds = apply_policy(
-        step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef
+    reserved, chosen, cache_seconds, own = apply_policy(
+        step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef, step.init_cached
     )
     allocated = [step.resident_bytes + phase.live for phase in phases]
-    peak = max(range(len(phases)), key=lambda i: (reserved[i], allocated[i]))
+    # the peak phase is the one whose own need sets the step's peak (later phases find it reserved)
+    peak = max(range(len(phases)), key=lambda i: (reserved[i], own[i], allocated[i]))
     moment = phases[peak].moments[chosen[peak]]
     breakdown = dict(step.resident)
     for name, value in moment.as_dict().items():

@@ -56,11 +56,17 @@ def apply_policy(
     empty_cache: str,
     allocator: str,
     coef: Coefficients,
-) -> tuple[list[int], list[int], float]:
-    """(reserved, index of the moment setting it) per phase, and the seconds of the empty_cache calls.
+    init_cached: int = 0,
+) -> tuple[list[int], list[int], float, list[int]]:
+    """(reserved, index of the moment setting its own need) per phase, the seconds of the empty_cache calls,
+    and each phase's own need (what it would reserve if no earlier phase had reserved more).
 
-    Reserved = resident + the moment's live bytes + its within-phase fragments + the fragments other phases
-    left that no ``empty_cache`` call has released since (``release_plan``).
+    A phase's own need is resident + the moment's live bytes + its within-phase fragments + the fragments
+    other phases left that no ``empty_cache`` call has released since (``release_plan``) + what is left of
+    ``init_cached`` (blocks DeepSpeed's init freed, which only the moment's activations reuse). Then the
+    caching allocator's one rule across phases: it returns nothing to the device until ``empty_cache``
+    (CUDACachingAllocator.cpp: segments are freed only by release_cached_blocks), so a phase reserves at
+    least what every phase it follows without a call in between reserved.
     """
     sees, releases = release_plan(structure, empty_cache)
     scale = coef.frag_expandable_factor if allocator == "expandable-segments" else 1.0
@@ -72,15 +78,22 @@ def apply_policy(
         share = within * phase.factor
         best, best_live, best_k = -1, -1, 0
         for k, (live, transient) in enumerate(phase.moment_bytes):
-            total = resident + live + int(share * transient + carried)
+            unreused = max(0, init_cached - phase.moments[k].as_dict()["activations"])
+            total = resident + live + int(share * transient + carried) + unreused
             if total > best or (total == best and live > best_live):
                 best, best_live, best_k = total, live, k
         reserved.append(best)
         chosen.append(best_k)
+    own = list(reserved)
+    for _ in range(len(phases)):  # reserved only grows until a call: the closure over ``sees``
+        grown = [max([reserved[p]] + [reserved[q] for q in sees[p]]) for p in range(len(phases))]
+        if grown == reserved:
+            break
+        reserved = grown
     # each empty_cache call costs the release and, later, the cudaMalloc of what it released
     cache_seconds = 0.0
     for p, cached in releases:
         cache_seconds += empty_cache_time(phases[p].count, max(phases[q].transient for q in cached), coef)
     if empties_after(empty_cache, END_STEP):
         cache_seconds += empty_cache_time(1, max(phase.transient for phase in phases), coef)
-    return reserved, chosen, cache_seconds
+    return reserved, chosen, cache_seconds, own

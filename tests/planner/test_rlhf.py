@@ -40,8 +40,9 @@ def test_ppo_plan_has_every_phase_and_names_the_peak(ppo_doc) -> None:
     check_predicted_block(predicted, doc["hardware"])
     names = [p["name"] for p in predicted["phases"]]
     assert names == ["generation", "scoring", "actor_training", "critic_training"]
-    peak = max(predicted["phases"], key=lambda p: p["peak_reserved_bytes"])
-    assert predicted["peak_phase"] == peak["name"]
+    # reserved only grows until empty_cache: several phases can show the peak; the named one is among them
+    top = max(p["peak_reserved_bytes"] for p in predicted["phases"])
+    assert predicted["peak_phase"] in [p["name"] for p in predicted["phases"] if p["peak_reserved_bytes"] == top]
     assert doc["fits"] == (predicted["peak_reserved_bytes"] <= predicted["gpu_budget_bytes"])
     assert doc["workload"]["critic_model"] == doc["workload"]["reward_model"] == "opt-350m"
 

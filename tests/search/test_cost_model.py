@@ -51,14 +51,16 @@ def test_budget_leaves_margin_and_cuda_context() -> None:
 
 
 def test_logits_term_is_b_s_vocab_times_fp32_loss_bytes() -> None:
-    """The loss backward holds the fp32 log-softmax and two fp32 gradients (logits_peak_bytes) beside the
-    bf16 logits themselves, which the model output keeps alive through the backward (measured on the CPU
-    probes: tests/probes/test_cost_model_accuracy.py)."""
-    w = _w("llama-3.2-1b", seq=1024, batch=2)
-    p = predict(w, Strategy(zero_stage=1, offload_optimizer="cpu", micro_batch=2, grad_accum=1), _hw())
-    assert p.peak_phase == "backward"
-    elements = 2 * 1024 * w.model.vocab_size
-    assert p.breakdown["logits"] == int((DEFAULT_COEFFICIENTS.logits_peak_bytes + 2) * elements)
+    """The loss backward holds the fp32 log-softmax and two fp32 gradients (logits_peak_bytes); the bf16
+    logits are alive beside them only where the loop holds the model output through the backward (DPO
+    here; not sft, whose HF/TRL loops keep only the loss: the H100 records' 2 bytes per logit)."""
+    elements = 2 * 1024 * get_model("llama-3.2-1b").vocab_size
+    strategy = Strategy(zero_stage=1, offload_optimizer="cpu", micro_batch=2, grad_accum=1)
+    sft = predict(_w("llama-3.2-1b", seq=1024, batch=2), strategy, _hw())
+    assert sft.peak_phase == "backward"
+    assert sft.breakdown["logits"] == int(DEFAULT_COEFFICIENTS.logits_peak_bytes * elements)
+    dpo = predict(_w("llama-3.2-1b", seq=1024, batch=2, kind="dpo"), strategy.with_(micro_batch=1), _hw())
+    assert dpo.breakdown["logits"] == int((DEFAULT_COEFFICIENTS.logits_peak_bytes + 2) * elements)
 
 
 def test_reward_model_has_no_vocabulary_logits() -> None:
@@ -116,7 +118,12 @@ def test_expandable_segments_and_empty_cache_cut_fragmentation() -> None:
     expandable = predict(_w(), base.with_(allocator="expandable-segments"), _hw())
     emptied = predict(_w(), base.with_(empty_cache="every-step"), _hw())
     assert expandable.breakdown["fragmentation"] < default.breakdown["fragmentation"]
-    assert emptied.breakdown["fragmentation"] < default.breakdown["fragmentation"]
+    # the caching allocator returns nothing until empty_cache: without it the forward finds the previous
+    # step's optimizer-step reservation; after an every-step call it reserves only its own need
+    phase = {ph.name: ph.peak_reserved_bytes for ph in default.phases}
+    emptied_phase = {ph.name: ph.peak_reserved_bytes for ph in emptied.phases}
+    assert emptied_phase["forward"] < phase["forward"] == phase["optimizer_step"]
+    assert emptied.peak_reserved_bytes <= default.peak_reserved_bytes
     assert emptied.step_time_s > default.step_time_s
     assert expandable.peak_allocated_bytes == default.peak_allocated_bytes
 
