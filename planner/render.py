@@ -52,6 +52,16 @@ def _header(report: PredictionReport) -> None:
         f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s) · GPU {format_bytes(h['gpu_memory_bytes'])}, "
         f"usable {format_bytes(report.predicted.gpu_budget_bytes)} · host {format_bytes(h['cpu_memory_bytes'])}"
     )
+    p = report.predicted
+    if p.reserved_uncertainty:
+        kept = h["gpu_memory_bytes"] - p.gpu_budget_bytes
+        margin = h.get("safety_margin", 0.0)
+        console.print(
+            f"  [dim]usable keeps {format_bytes(kept)} free with the CUDA context: the larger of the "
+            f"{100 * margin:.0f}% safety margin and a {100 * p.reserved_uncertainty:.0f}% spread of peak reserved "
+            "(the same step reserves that much more or less in another program)[/dim]",
+            soft_wrap=True,
+        )
     for line in report.readings:
         console.print(f"  [dim]{line}[/dim]")
 

@@ -22,6 +22,7 @@ from search.choose.rlhf_space import (
     rlhf_outer_points,
     rlhf_strategy_at,
     role_bytes,
+    role_init_cached,
     role_live_floor,
     role_seconds,
     shared_bytes,
@@ -55,7 +56,7 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
         strategy = rlhf_strategy_at(point, batches)
         models, inference, training = step_halves(ctx, strategy)
         seconds = sum(step_time(inference, training).values())  # exactly the step's base_time_s
-        floor = reserved_floor(models, (inference, training), coef)
+        floor = reserved_floor(models, (inference, training), coef, workload.dtype)
         splits.append((penalized_score(seconds, floor, budget, models.host_bytes, host_budget), i, strategy))
     splits.sort(key=lambda split: split[:2])
     best: tuple[float, int, int] | None = None
@@ -187,7 +188,9 @@ def _bound_walk(
         roles = [("actor", p.actor), ("critic", p.critic), ("reference", p.reference), ("reward", p.reward)]
         parts = [role_bound(role, block, p.hybrid_engine) for role, block in roles if block is not None]
         time = least_shared + sum(seconds for seconds, _, _ in parts)
-        reserved = constant + sum(size[0] for _, _, size in parts) + max(live for _, live, _ in parts)
+        resident = constant + sum(size[0] for _, _, size in parts)
+        cached = max(role_init_cached(ctx, role, block) for role, block in roles if block is not None)
+        reserved = resident + max(max(live for _, live, _ in parts), cached)
         host = max(sum(size[1] for _, _, size in parts), max(size[2] for _, _, size in parts)) * hardware.gpus
         # float sums in another order than the step's: keep the bound a hair below
         bound = penalized_score(time * (1 - 1e-9), reserved, budget, int(host * (1 - 1e-9)), host_budget)

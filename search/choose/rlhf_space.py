@@ -22,9 +22,9 @@ from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
 from search.rlhf.models import frozen_model, trained_model
-from search.rlhf.step import generation_phase, scoring_forward
+from search.rlhf.step import generation_phase, scoring_forward, trained_init_cached
 from search.rlhf.timing import ema_time, gae_seconds
-from search.step.phases import Live, trained_factor
+from search.step.phases import LIVE_PARTS, Live, trained_factor
 from store.records import (
     ALLOCATORS,
     DTYPE_BYTES,
@@ -205,7 +205,12 @@ def role_live_floor(
         trained_moments = training_live(trained, None, micro_batch, seq_len, w.dtype, w.attn_impl, coef)
         moments += [(m, factor) for m in trained_moments]
     share = coef.frag_expandable_factor * coef.frag_within_step
-    return max(m.total + int(share * factor * m.transient + 0) for m, factor in moments)
+    # what this model's own engine init left cached: the step keeps at least that much (the larger model's)
+    cached = role_init_cached(ctx, role, block)
+    activations = LIVE_PARTS.index("activations")
+    return max(
+        m.total + int(share * factor * m.transient + 0) + max(0, cached - m.parts[activations]) for m, factor in moments
+    )
 
 
 def shared_bytes(ctx: RLHFContext) -> int:
@@ -226,3 +231,10 @@ def role_bytes(
     p = trained_model(ctx, role, block, 1)
     resident = p.states.parameters + p.states.optimizer_states + p.persistent_gradients + p.buffers
     return resident, coef.host_buffer_factor * p.states.host, d * p.resident // (n if p.layout.zero_stage == 3 else 1)
+
+
+def role_init_cached(ctx: RLHFContext, role: str, block: TrainedModelStrategy | FrozenModelStrategy) -> int:
+    """What a trained model's engine init leaves cached (nothing for a frozen model's inference engine)."""
+    if role in ("reference", "reward") or not isinstance(block, TrainedModelStrategy):
+        return 0
+    return trained_init_cached(trained_model(ctx, role, block, 1), ctx.workload.dtype)

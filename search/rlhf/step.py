@@ -217,21 +217,26 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         time=time,
         role_time=role_time,
         time_terms={name: seconds for name, seconds in time.items() if seconds},
-        # the second engine's init reuses the first's freed blocks of the same sizes: the larger one stays
-        init_cached=max(
-            init_cached_bytes(
-                trainable=p.trainable, resident=p.resident, dtype=ctx.workload.dtype, zero_stage=p.layout.zero_stage
-            )
-            for p in models.trained
-        ),
+        init_cached=models_init_cached(models, ctx.workload.dtype),
         notes=tuple(notes),
     )
 
 
-def reserved_floor(models: Models, halves: tuple[StepHalf, ...], coef: Coefficients) -> int:
+def trained_init_cached(p: TrainedPlacement, dtype: str) -> int:
+    """What one trained model's engine init leaves cached (:func:`search.model.states.init_cached_bytes`)."""
+    return init_cached_bytes(trainable=p.trainable, resident=p.resident, dtype=dtype, zero_stage=p.layout.zero_stage)
+
+
+def models_init_cached(models: Models, dtype: str) -> int:
+    """The step's init-cached bytes: the second engine's init reuses the first's freed blocks of the same
+    sizes, so the larger of the trained models' stays."""
+    return max(trained_init_cached(p, dtype) for p in models.trained)
+
+
+def reserved_floor(models: Models, halves: tuple[StepHalf, ...], coef: Coefficients, dtype: str) -> int:
     """The least peak reserved bytes any ``empty_cache`` policy and allocator can give the step."""
     phases = tuple(phase for half in halves for phase in half.phases)
-    return step_reserved_floor(sum(models.resident.values()), phases, coef)
+    return step_reserved_floor(sum(models.resident.values()), phases, coef, models_init_cached(models, dtype))
 
 
 def predict_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Prediction:

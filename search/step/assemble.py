@@ -56,14 +56,15 @@ class Step:
         object.__setattr__(self, "structure", structure)
 
 
-def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficients) -> int:
+def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficients, init_cached: int = 0) -> int:
     """The least peak reserved bytes any ``empty_cache`` policy and allocator can give a step: with
-    ``after-phase`` no phase finds another's fragments, and expandable segments shrink its own."""
+    ``after-phase`` no phase finds another's fragments, and expandable segments shrink its own; what the
+    engines' init left cached is there whatever the policy (:func:`search.step.fragments.apply_policy`)."""
     within = coef.frag_expandable_factor * coef.frag_within_step
     return max(
-        resident + live + int(within * phase.factor * transient + 0)
+        resident + live + int(within * phase.factor * transient + 0) + max(0, init_cached - activations)
         for phase in phases
-        for live, transient in phase.moment_bytes
+        for (live, transient), activations in zip(phase.moment_bytes, phase.moment_activations, strict=True)
     )
 
 

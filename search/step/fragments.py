@@ -78,7 +78,7 @@ def apply_policy(
         share = within * phase.factor
         best, best_live, best_k = -1, -1, 0
         for k, (live, transient) in enumerate(phase.moment_bytes):
-            unreused = max(0, init_cached - phase.moments[k].as_dict()["activations"])
+            unreused = max(0, init_cached - phase.moment_activations[k])
             total = resident + live + int(share * transient + carried) + unreused
             if total > best or (total == best and live > best_live):
                 best, best_live, best_k = total, live, k
@@ -86,10 +86,13 @@ def apply_policy(
         chosen.append(best_k)
     own = list(reserved)
     for _ in range(len(phases)):  # reserved only grows until a call: the closure over ``sees``
-        grown = [max([reserved[p]] + [reserved[q] for q in sees[p]]) for p in range(len(phases))]
-        if grown == reserved:
+        changed = False
+        for p, seen in enumerate(sees):
+            for q in seen:
+                if reserved[q] > reserved[p]:
+                    reserved[p], changed = reserved[q], True
+        if not changed:
             break
-        reserved = grown
     # each empty_cache call costs the release and, later, the cudaMalloc of what it released
     cache_seconds = 0.0
     for p, cached in releases:

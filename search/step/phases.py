@@ -70,9 +70,12 @@ class StepPhase:
     transient: int = 0  # the most bytes it allocates and frees at once (derived)
     live: int = 0  # the most bytes it adds to the resident ones (derived)
     moment_bytes: tuple[tuple[int, int], ...] = ()  # (live, transient) of each moment (derived)
+    moment_activations: tuple[int, ...] = ()  # activation bytes of each moment (derived)
 
     def __post_init__(self) -> None:
         moment_bytes = tuple((m.total, m.transient) for m in self.moments)
+        activations = LIVE_PARTS.index("activations")
+        object.__setattr__(self, "moment_activations", tuple(m.parts[activations] for m in self.moments))
         object.__setattr__(self, "moment_bytes", moment_bytes)
         object.__setattr__(self, "transient", max(transient for _, transient in moment_bytes))
         object.__setattr__(self, "live", max(live for live, _ in moment_bytes))

@@ -153,7 +153,7 @@ def test_per_model_pieces_bound_whole_points() -> None:
         assert seconds == pytest.approx(step.base_time_s, rel=1e-12)
         assert shared_bytes(ctx) + sum(role_bytes(ctx, role, block)[0] for role, block in roles) == step.resident_bytes
         models, inference, training = step_halves(ctx, strategy)
-        floor = reserved_floor(models, (inference, training), C)
+        floor = reserved_floor(models, (inference, training), C, workload.dtype)
         own = max(role_live_floor(ctx, role, block, point.hybrid_engine, batches) for role, block in roles)
         assert step.resident_bytes + own <= floor
         for policy, allocator in cache_choices():
