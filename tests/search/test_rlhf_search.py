@@ -4,7 +4,6 @@ branch and bound, per-model bounds of whole points) never cut off a better strat
 from __future__ import annotations
 
 import itertools
-import time
 
 import pytest
 
@@ -166,10 +165,12 @@ def test_per_model_pieces_bound_whole_points() -> None:
 
 
 def test_ppo_search_is_fast() -> None:
-    """``planner recommend`` for PPO stays interactive: the whole search well under a second (about 0.1 s)."""
+    """``planner recommend`` for PPO stays interactive because the bound walk resolves few of the outer points
+    (20 of 2,048 here); counted in points, not seconds, so a busy machine cannot fail it
+    (``benchmarks/latency.py`` times the command)."""
     workload, hardware = _job("opt-1.3b-ppo-24G")
-    fresh = C.with_(step_overhead_s=C.step_overhead_s * (1 + 1e-9))  # new coefficients: no cached pieces
-    start = time.perf_counter()
-    result = search_rlhf(workload, hardware, fresh)
-    assert time.perf_counter() - start < 1.0
+    points = len(list(rlhf_outer_points(workload, hardware)))
+    result = search_rlhf(workload, hardware, C)
+    assert result.sampler == "bound"
+    assert result.trials <= points // 50
     assert result.best is not None
