@@ -84,6 +84,18 @@ class Coefficients:
         "a bare tensor expression in the training loop's own Python (PPO's advantage loop, loss arithmetic): the "
         "dispatcher and cudaLaunchKernel (torch.profiler on the H100 host: 7.9 us of self CPU per launch)",
     )
+    checkpoint_forward_overhead: float = _coef(
+        0.5,
+        "x the forward's host time",
+        "torch's non-reentrant checkpoint around each HF decoder layer (RNG stash, saved-tensor pack hooks, "
+        "determinism metadata) in the forward: benchmarks/checkpoint_overhead.py, 0.38-0.73 over OPT and Llama",
+    )
+    checkpoint_backward_overhead: float = _coef(
+        0.85,
+        "x the forward's host time",
+        "the same in the backward beyond the recompute itself (unpack hooks, RNG fork and restore, recompute "
+        "frames): benchmarks/checkpoint_overhead.py, 0.54-1.23 over OPT and Llama",
+    )
     ds_hook_kernels_per_grad: float = _coef(
         3,
         "kernel-equivalents per gradient tensor per backward",

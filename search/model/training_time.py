@@ -64,6 +64,10 @@ def training_time(
         bwd = bwd + forward_pass(
             model, micro_batch, seq_len, dtype, gpu, coef, lora_rank=rank, lm_head=trained.lm_head, loss=False
         )
+        # torch's checkpoint machinery around every layer: host work in units of the forward's own
+        issue = fwd.host["host_launch"]
+        fwd = fwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_forward_overhead * issue})
+        bwd = bwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_backward_overhead * issue})
     tensors = trainable_tensors(model, rank, lm_head=trained.lm_head)
     bwd = bwd + PassSeconds(host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_hook_kernels_per_grad, coef)})
     offload_opt = s.offload_optimizer != "none"
