@@ -243,7 +243,9 @@ def zero_workspace(
     )
 
 
-def init_cached_bytes(*, trainable: int, resident: int, dtype: str, zero_stage: int) -> int:
+def init_cached_bytes(
+    *, trainable: int, resident: int, dtype: str, zero_stage: int, offload_param: str = "none"
+) -> int:
     """Bytes of the model's own weights that DeepSpeed's engine init frees into torch's cache and that stay
     reserved (their segments are then shared with small long-lived tensors, so ``empty_cache`` cannot return
     them; only the step's activations, of similar sizes, reuse them).
@@ -254,11 +256,14 @@ def init_cached_bytes(*, trainable: int, resident: int, dtype: str, zero_stage: 
       exactly by the same-sized ``grads_in_partition`` and Adam ``exp_avg`` of the first step.
     - ZeRO-0 with a 16-bit dtype: FP16_Optimizer (bf16 too) clones every weight, flattens the clones and frees
       them, then frees the originals (fused_optimizer.py): 2 x d x T.
-    - ZeRO-3: partitioning the built model frees every original weight, d x resident.
+    - ZeRO-3: partitioning the built model frees every original weight, d x resident; with the parameters
+      offloaded the model is built on the host (as the probes do) and its weights never occupy the GPU. (Under
+      ``deepspeed.zero.Init``, which HF's Trainer uses for ZeRO-3, weights are partitioned as they are made:
+      then nothing is freed either; the H100 probe built the model first.)
     """
     d = DTYPE_BYTES[dtype]
     if zero_stage == 3:
-        return d * resident
+        return 0 if offload_param != "none" else d * resident
     if zero_stage == 0:
         return 2 * d * trainable if dtype != "fp32" else 0
     return d * trainable

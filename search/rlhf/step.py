@@ -224,7 +224,10 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
 
 def trained_init_cached(p: TrainedPlacement, dtype: str) -> int:
     """What one trained model's engine init leaves cached (:func:`search.model.states.init_cached_bytes`)."""
-    return init_cached_bytes(trainable=p.trainable, resident=p.resident, dtype=dtype, zero_stage=p.layout.zero_stage)
+    s = p.layout
+    return init_cached_bytes(
+        trainable=p.trainable, resident=p.resident, dtype=dtype, zero_stage=s.zero_stage, offload_param=s.offload_param
+    )
 
 
 def models_init_cached(models: Models, dtype: str) -> int:

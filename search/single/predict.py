@@ -133,7 +133,11 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         time=time,
         time_terms=dict(seconds.terms, overhead=coef.step_overhead_s * s.grad_accum),
         init_cached=init_cached_bytes(
-            trainable=placed.trainable, resident=placed.resident, dtype=workload.dtype, zero_stage=s.zero_stage
+            trainable=placed.trainable,
+            resident=placed.resident,
+            dtype=workload.dtype,
+            zero_stage=s.zero_stage,
+            offload_param=s.offload_param,
         ),
         notes=tuple(notes),
     )
