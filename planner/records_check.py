@@ -10,7 +10,7 @@ quantity gets its relative error ``predicted / measured - 1``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ class RecordComparison:
     why_not_timed: str = ""
     dominant_time_term: str = ""
     reserved_uncertainty: float = 0.0
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def load_records(path: str | Path) -> dict[str, Any]:
