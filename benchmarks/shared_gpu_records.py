@@ -31,12 +31,15 @@ def main() -> int:
         return 2
     print("| record | scope | peak allocated | peak reserved | time | dominant time term |")
     print("|---|---|---|---|---|---|")
-    for path in args.records:
-        for c in compare_records(path):
-            for scope, q in c.quantities.items():
-                cells = [f"{q[name].error:+.1%}" for name in ("peak_allocated", "peak_reserved")]
-                cells.append(f"{q['time'].error:+.1%}" if c.time_comparable else f"({q['time'].error:+.0%}, unsteady)")
-                print(f"| {c.record_id} | {scope} | " + " | ".join(cells) + f" | {c.dominant_time_term} |")
+    compared = [c for path in args.records for c in compare_records(path)]
+    for c in compared:
+        for scope, q in c.quantities.items():
+            cells = [f"{q[name].error:+.1%}" for name in ("peak_allocated", "peak_reserved")]
+            cells.append(f"{q['time'].error:+.1%}" if c.time_comparable else f"({q['time'].error:+.0%}: not steady)")
+            print(f"| {c.record_id} | {scope} | " + " | ".join(cells) + f" | {c.dominant_time_term} |")
+    for c in compared:
+        if not c.time_comparable:
+            print(f"\n{c.record_id}: times not compared: {c.why_not_timed}")
     return 0
 
 

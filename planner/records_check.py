@@ -17,8 +17,6 @@ from typing import Any
 from store.errors import InputError
 from store.gpus import gpu_for_device
 
-QUANTITIES = ("peak_allocated", "peak_reserved", "time")
-
 
 @dataclass(frozen=True)
 class Compared:
@@ -40,12 +38,10 @@ class RecordComparison:
     record_id: str
     kind: str  # "sft" (user-style loop row) or "probe"
     workload: str
-    gpu: str
     quantities: dict[str, dict[str, Compared]]  # scope ("step" or a phase) -> quantity -> comparison
     time_comparable: bool = True  # False where the record's timing is known not to be steady
     why_not_timed: str = ""
     dominant_time_term: str = ""
-    reserved_uncertainty: float = 0.0
 
 
 def load_records(path: str | Path) -> dict[str, Any]:
@@ -56,10 +52,11 @@ def load_records(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _catalog_gpu(fingerprint: dict[str, Any]) -> str:
-    gpu = gpu_for_device(str(fingerprint.get("name", "")), int(fingerprint.get("total_memory_bytes", 0)))
+def _catalog_gpu(device: dict[str, Any]) -> str:
+    """The catalog name of the GPU a record's device (or fingerprint) names."""
+    gpu = gpu_for_device(str(device.get("name", "")), int(device.get("total_memory_bytes", 0)))
     if gpu is None:
-        raise InputError(f"no catalog GPU for device {fingerprint.get('name')!r}")
+        raise InputError(f"no catalog GPU for device {device.get('name')!r}")
     return gpu.name
 
 
@@ -77,7 +74,7 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
     from planner.api import check
 
     workload, measured, device = row["workload"], row["measured"], row["device"]
-    gpu = _catalog_gpu({"name": device["name"], "total_memory_bytes": device["total_memory_bytes"]})
+    gpu = _catalog_gpu(device)
     lora = (row.get("lora") or {}).get("rank", 0)
     result = check(
         row["ds_config"],
@@ -102,10 +99,8 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
         record_id=row["id"],
         kind="sft",
         workload=workload["kind"],
-        gpu=gpu,
         quantities={"step": step},
         dominant_time_term=predicted.dominant_time_term,
-        reserved_uncertainty=predicted.reserved_uncertainty,
     )
 
 
@@ -172,12 +167,10 @@ def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
         record_id=record["probe_id"],
         kind="probe",
         workload=request["workload"]["kind"],
-        gpu=gpu,
         quantities=scopes,
         time_comparable=steady,
         why_not_timed=why,
         dominant_time_term=predicted.dominant_time_term,
-        reserved_uncertainty=predicted.reserved_uncertainty,
     )
 
 

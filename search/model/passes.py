@@ -30,6 +30,46 @@ from search.model.shapes import linear_shapes, uses_rmsnorm
 from store.records import DTYPE_BYTES, GPUSpec, ModelSpec
 
 
+def _pass(
+    model: ModelSpec,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    gpu: GPUSpec,
+    coef: Coefficients,
+    lora_rank: int,
+    lm_head: bool,
+    *,
+    backward: bool,
+    loss: bool,
+) -> PassSeconds:
+    """A forward, or the backward of one: every product (the backward's are each forward product's input and
+    weight gradients), attention (the backward 2.5 x its forward: FlashAttention-2), the element-wise traffic
+    (twice the forward's in the backward), the loss over the logits, and the kernels to issue (twice the
+    forward's in the backward)."""
+    d, tokens, layers = DTYPE_BYTES[dtype], sequences * seq_len, model.num_layers
+    products = [*layer_gemms(model, tokens, lora_rank)]
+    head = [head_gemm(model, tokens, lora_rank, lm_head)]
+    if backward:
+        products = [b for g in products for b in backward_gemms(g)]
+        head = [b for g in head for b in backward_gemms(g)]
+    repeat = 2 if backward else 1
+    matmul = layers * sum(gemm_seconds(g, dtype, gpu) for g in products)
+    matmul += sum(gemm_seconds(g, dtype, gpu) for g in head)
+    attention_share = 2.5 if backward else 1.0
+    attention = attention_share * layers * attention_flops(model, sequences, seq_len)
+    attention /= matmul_rate(model.head_dim, dtype, gpu)
+    elementwise = repeat * layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
+    loss_s = hbm_seconds(loss_bytes(model, tokens, d)[int(backward)], gpu) if (loss and lm_head) else 0.0
+    kernels = (BACKWARD_KERNELS_PER_FORWARD if backward else 1.0) * (
+        layers * layer_kernels(model, lora_rank) + HEAD_AND_LOSS_KERNELS
+    )
+    return PassSeconds(
+        gpu={"matmul": matmul, "attention": attention, "elementwise": elementwise, "loss": loss_s},
+        host={"host_launch": host_seconds(kernels, coef)},
+    )
+
+
 @lru_cache(maxsize=4096)
 def forward_pass(
     model: ModelSpec,
@@ -45,17 +85,7 @@ def forward_pass(
 ) -> PassSeconds:
     """One forward over ``sequences`` x ``seq_len`` tokens: the layers, the head and (``loss``) HF's loss
     or an RLHF log-softmax over the logits."""
-    d, tokens, layers = DTYPE_BYTES[dtype], sequences * seq_len, model.num_layers
-    matmul = layers * sum(gemm_seconds(g, dtype, gpu) for g in layer_gemms(model, tokens, lora_rank))
-    matmul += gemm_seconds(head_gemm(model, tokens, lora_rank, lm_head), dtype, gpu)
-    attention = layers * attention_flops(model, sequences, seq_len) / matmul_rate(model.head_dim, dtype, gpu)
-    elementwise = layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
-    loss_s = hbm_seconds(loss_bytes(model, tokens, d)[0], gpu) if (loss and lm_head) else 0.0
-    kernels = layers * layer_kernels(model, lora_rank) + HEAD_AND_LOSS_KERNELS
-    return PassSeconds(
-        gpu={"matmul": matmul, "attention": attention, "elementwise": elementwise, "loss": loss_s},
-        host={"host_launch": host_seconds(kernels, coef)},
-    )
+    return _pass(model, sequences, seq_len, dtype, gpu, coef, lora_rank, lm_head, backward=False, loss=loss)
 
 
 @lru_cache(maxsize=4096)
@@ -70,22 +100,8 @@ def backward_pass(
     lora_rank: int = 0,
     lm_head: bool = True,
 ) -> PassSeconds:
-    """One backward (without the recompute of checkpointed layers, without DeepSpeed's hooks): the input
-    and weight gradients of every product, attention's backward (2.5 x its forward: FlashAttention-2), twice
-    the forward's element-wise traffic, the loss's backward, and twice the forward's kernels to issue."""
-    d, tokens, layers = DTYPE_BYTES[dtype], sequences * seq_len, model.num_layers
-    matmul = layers * sum(
-        gemm_seconds(b, dtype, gpu) for g in layer_gemms(model, tokens, lora_rank) for b in backward_gemms(g)
-    )
-    matmul += sum(gemm_seconds(b, dtype, gpu) for b in backward_gemms(head_gemm(model, tokens, lora_rank, lm_head)))
-    attention = 2.5 * layers * attention_flops(model, sequences, seq_len) / matmul_rate(model.head_dim, dtype, gpu)
-    elementwise = 2 * layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
-    loss_s = hbm_seconds(loss_bytes(model, tokens, d)[1], gpu) if lm_head else 0.0
-    kernels = BACKWARD_KERNELS_PER_FORWARD * (layers * layer_kernels(model, lora_rank) + HEAD_AND_LOSS_KERNELS)
-    return PassSeconds(
-        gpu={"matmul": matmul, "attention": attention, "elementwise": elementwise, "loss": loss_s},
-        host={"host_launch": host_seconds(kernels, coef)},
-    )
+    """One backward with the loss's, without the recompute of checkpointed layers and DeepSpeed's hooks."""
+    return _pass(model, sequences, seq_len, dtype, gpu, coef, lora_rank, lm_head, backward=True, loss=True)
 
 
 def trainable_tensors(model: ModelSpec, lora_rank: int, *, lm_head: bool = True) -> int:

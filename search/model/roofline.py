@@ -20,9 +20,6 @@ from search.coefficients import Coefficients
 from search.model.kernels import Gemm
 from store.records import DTYPE_BYTES, GPUSpec
 
-GPU_TERMS = ("matmul", "attention", "elementwise", "loss")
-HOST_TERMS = ("host_launch", "deepspeed_per_tensor")
-
 
 @dataclass(frozen=True)
 class PassSeconds:
@@ -43,27 +40,15 @@ class PassSeconds:
     @property
     def terms(self) -> dict[str, float]:
         """The seconds of the binding clock's terms and the serial ones (they add up to ``seconds``)."""
-        bound = self.host if self.host_bound else self.gpu
-        out = dict(bound)
-        for name, value in self.serial.items():
-            out[name] = out.get(name, 0.0) + value
-        return out
+        return _sum(self.host if self.host_bound else self.gpu, self.serial)
 
     def __add__(self, other: PassSeconds) -> PassSeconds:
         return PassSeconds(_sum(self.gpu, other.gpu), _sum(self.host, other.host), _sum(self.serial, other.serial))
 
-    def scaled(self, factor: float) -> PassSeconds:
-        return PassSeconds(
-            {k: v * factor for k, v in self.gpu.items()},
-            {k: v * factor for k, v in self.host.items()},
-            {k: v * factor for k, v in self.serial.items()},
-        )
-
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     out = dict(a)
-    for name, value in b.items():
-        out[name] = out.get(name, 0.0) + value
+    add_terms(out, b)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Counts derived from a model's shape: trainable parameters under LoRA, FLOPs, dropout, largest module.
+"""Counts derived from a model's shape: trainable parameters under LoRA, linear shapes, dropout, largest module.
 
 Pure functions of ModelSpec; no torch.
 """
@@ -84,13 +84,3 @@ def dropout_probs(model: ModelSpec) -> tuple[float, float]:
 def uses_rmsnorm(model: ModelSpec) -> bool:
     """Llama-style RMSNorm (fp32 upcast inside) rather than LayerNorm."""
     return model.model_type not in ("opt", "gpt2")
-
-
-def forward_flops(model: ModelSpec, sequences: int, seq_len: int, *, lm_head: bool = True) -> float:
-    """Forward FLOPs of ``sequences`` x ``seq_len`` tokens: 2 per weight per token plus attention."""
-    tokens = sequences * seq_len
-    matmul_weights = model.num_layers * model.layer_params
-    if lm_head:
-        matmul_weights += model.vocab_size * model.hidden_size
-    attention = 4 * sequences * seq_len * seq_len * model.num_heads * model.head_dim * model.num_layers
-    return 2.0 * matmul_weights * tokens + attention

@@ -31,7 +31,7 @@ def _gather_seconds(weight_bytes: float, offloaded: bool, hardware: Hardware, co
         ring = (n - 1) / n * weight_bytes
         seconds += ring / (per_gpu_link_gbps(hardware) * 1e9 * coef.network_efficiency)
     if offloaded:
-        seconds += weight_bytes / n / (hardware.gpu.pcie_gbps * 1e9 * hardware.gpu.pcie_efficiency)
+        seconds += pcie_time(weight_bytes / n, hardware, coef)
     return seconds
 
 
@@ -54,14 +54,13 @@ def generation_time(
     context = prompt_len + (gen_len + 1) / 2  # cached tokens a decoding step reads, on average
     decode = gen_len * decode_step(model, sequences, context, dtype, gpu, coef).seconds
     weights = d * actor.resident
-    hbm = gpu.hbm_gbps * 1e9 * gpu.hbm_efficiency
     gathers = 0.0
     if actor.layout.zero_stage == 3:
         offloaded = actor.layout.offload_param != "none"
         once = _gather_seconds(weights, offloaded, hardware, coef)
         # the hybrid engine gathers the whole actor once per call; without it every module is gathered (and
         # copied into place) for the prefill and again for every token
-        gathers = once if hybrid_engine else (gen_len + 1) * (once + 2 * weights / hbm)
+        gathers = once if hybrid_engine else (gen_len + 1) * (once + hbm_seconds(2 * weights, gpu))
     return prefill + decode + gathers
 
 
