@@ -129,6 +129,14 @@ class Coefficients:
     empty_cache_realloc_s_per_gib: float = _coef(
         0.004, "s per GiB", "cudaMalloc of the released segments when the next phase needs them again"
     )
+    cuda_malloc_s: float = _coef(
+        5e-4,
+        "s per segment",
+        "cudaMalloc of a new segment by the caching allocator (driver call and page mapping, 0.1-1 ms)",
+    )
+    cuda_free_s: float = _coef(
+        2e-4, "s per segment", "cudaFree of a cached segment (it synchronizes the device; tens of us to 1 ms)"
+    )
     step_overhead_s: float = _coef(0.002, "s per micro-batch", "the training loop's Python and data")
     # --- RLHF (search.rlhf) -------------------------------------------------------------------------
     frag_inference_carried: float = _coef(

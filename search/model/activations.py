@@ -72,13 +72,15 @@ class Activations:
     forward_working: int  # live while a no-grad forward (inference) runs one layer
 
 
-def layer_activation_bytes(
+def layer_saved_tensors(
     model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
-) -> int:
-    """Bytes one decoder layer saves for backward (Korthikanti et al. 2022, generalised).
+) -> tuple[int, ...]:
+    """Bytes of each tensor one decoder layer saves for backward, in the order its forward makes them.
 
-    With h=hidden, i=intermediate and OPT/GPT shapes in fp16 with eager attention and dropout this is
-    sbh(34 + 5as/h) as in the paper, up to the fp32 softmax that HF's eager attention keeps.
+    Korthikanti et al. 2022, generalised: with h=hidden, i=intermediate and OPT/GPT shapes in fp16 with
+    eager attention and dropout the sum is sbh(34 + 5as/h) as in the paper, up to the fp32 softmax that HF's
+    eager attention keeps. The sizes (not only their sum) are what torch's caching allocator sees
+    (:mod:`search.streams`).
     """
     d = DTYPE_BYTES[dtype]
     bs = sequences * seq_len
@@ -87,25 +89,35 @@ def layer_activation_bytes(
     kv_dim = model.num_kv_heads * model.head_dim
     attn_p, hidden_p = dropout_probs(model)
     norm = (d + coef.rmsnorm_extra_bytes) if uses_rmsnorm(model) else d
-    total = 2 * norm * bs * h  # the two norms' inputs
-    total += d * bs * h  # QKV projection input
+    tensors = [norm * bs * h]  # the attention norm's input
+    tensors.append(d * bs * h)  # QKV projection input
     if attn_impl == "eager":
         # repeat_kv expands K and V to every head before the score matmul
-        total += d * bs * 3 * q_dim
+        tensors += [d * bs * q_dim] * 3
         scores = sequences * model.num_heads * seq_len * seq_len
-        total += coef.eager_softmax_bytes * scores + d * scores
+        tensors += [coef.eager_softmax_bytes * scores, d * scores]
         if attn_p > 0:
-            total += scores  # dropout mask, one byte per element
+            tensors.append(scores)  # dropout mask, one byte per element
     else:
-        total += d * bs * (q_dim + 2 * kv_dim) + d * bs * q_dim  # q, k, v and the kernel's output
-    total += d * bs * q_dim  # output projection input
+        tensors += [d * bs * q_dim, d * bs * kv_dim, d * bs * kv_dim, d * bs * q_dim]  # q, k, v, the output
+    tensors.append(d * bs * q_dim)  # output projection input
     if hidden_p > 0:
-        total += 2 * bs * h  # residual dropout masks after attention and after the MLP
-    total += d * bs * h  # MLP input
+        tensors.append(bs * h)  # residual dropout mask after attention
+    tensors.append(norm * bs * h)  # the MLP norm's input
+    tensors.append(d * bs * h)  # MLP input
     # gated: gate and up outputs, the activation's output and down's input; ReLU saves only its output, which is
     # also fc2's input (the fc1 output is freed); GELU-style activations keep their input as well
-    total += (4 if model.gated_mlp else (1 if _relu(model) else 2)) * d * bs * i
-    return int(total)
+    tensors += [d * bs * i] * (4 if model.gated_mlp else (1 if _relu(model) else 2))
+    if hidden_p > 0:
+        tensors.append(bs * h)  # residual dropout mask after the MLP
+    return tuple(int(t) for t in tensors)
+
+
+def layer_activation_bytes(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> int:
+    """Bytes one decoder layer saves for backward: the sum of :func:`layer_saved_tensors`."""
+    return sum(layer_saved_tensors(model, sequences, seq_len, dtype, attn_impl, coef))
 
 
 def activations(

@@ -109,9 +109,9 @@ def training_moments(
     # A checkpointed layer's forward keeps nothing for backward (non-reentrant checkpoint packs holders):
     # only its working tensors exist beside the checkpoints, as in a no-grad forward.
     layer_forward = acts.forward_working if gradient_checkpointing else 0
-    forward = [
-        plus(base, activations=acts.saved, logits=logits.forward),
+    forward = [  # in step order: the last layer's forward, then the loss
         plus(base, activations=acts.saved + layer_forward, zero3_gathered=gathered_params),
+        plus(base, activations=acts.saved, logits=logits.forward),
     ]
     backward = [
         plus(base, activations=acts.saved, logits=logits.backward),  # the loss's backward

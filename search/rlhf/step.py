@@ -35,6 +35,7 @@ from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, gener
 from search.step.assemble import Step, finish_step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
+from search.streams.sizes import Sizes, inference_sizes, resident_sizes, sizes_of, training_sizes, weight_tensors
 from store.records import Hardware, RLHFStrategy, TrainedModelStrategy, Workload
 
 
@@ -69,6 +70,8 @@ def generation_phase(
         coef.frag_inference_carried,
         calls * seconds,
         calls,
+        sizes=inference_sizes(actor.model, batch, job.prompt_len, w.dtype, w.attn_impl, coef, 1),
+        kv_layers=actor.model.num_layers,
     )
 
 
@@ -116,6 +119,19 @@ def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, genera
         ctx.coef.frag_inference_carried,
         scoring_seconds,
         calls,
+        moment_sizes=tuple(
+            inference_sizes(
+                p.model,
+                generation_batch * job.samples_per_prompt,
+                job.seq_len,
+                ctx.workload.dtype,
+                ctx.workload.attn_impl,
+                ctx.coef,
+                job.seq_len if p.lm_head else 0,
+            )
+            for role, p in roles
+            if p is not None
+        ),
     )
     time = {"generation": generation.time_s, "scoring": scoring_seconds, "overhead": overhead}
     return _half([generation, scoring], time, role_time)
@@ -157,8 +173,11 @@ def training_half(
         role_time[role] = seconds
         live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef)
         factor = trained_factor(p, coef, training=True)
+        sizes = training_sizes(p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef)
         phases.append(
-            StepPhase(f"{role}_training", TRAINING, live, factor, coef.frag_carried, seconds, epochs * grad_accum)
+            StepPhase(
+                f"{role}_training", TRAINING, live, factor, coef.frag_carried, seconds, epochs * grad_accum, sizes=sizes
+            )
         )
     time["overhead"] = role_time["shared"] = coef.step_overhead_s * epochs * grad_accum * len(phases)
     return _half(phases, time, role_time)
@@ -219,6 +238,26 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         time_terms={name: seconds for name, seconds in time.items() if seconds},
         init_cached=models_init_cached(models, ctx.workload.dtype),
         notes=tuple(notes),
+        resident_sizes=models_resident_sizes(ctx, models),
+        init_sizes=weight_tensors(models.actor.model, ctx.workload.dtype, s.actor.lora_rank),
+    )
+
+
+def models_resident_sizes(ctx: RLHFContext, models: Models) -> Sizes:
+    """The tensor sizes of the step's resident parts: the trained models' weights (flat under ZeRO-1/2
+    without LoRA), their fp32 states as flat partitions, the frozen models' weights tensor by tensor."""
+    dtype = ctx.workload.dtype
+    weights: tuple[int, ...] = ()
+    states: tuple[int, ...] = ()
+    for p in models.trained:
+        s = p.layout
+        weights += resident_sizes(p.model, dtype, s.lora_rank, flat=s.zero_stage in (1, 2) and not s.lora_rank)
+        states += (p.states.optimizer_states // 3,) * 3
+    return sizes_of(
+        parameters=weights,
+        optimizer_states=states,
+        reference_model=weight_tensors(models.reference.model, dtype),
+        reward_model=weight_tensors(models.reward.model, dtype),
     )
 
 

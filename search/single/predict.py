@@ -20,6 +20,7 @@ from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.step.assemble import Step, finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
+from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 
 
@@ -94,6 +95,10 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         seconds.terms["reference_forward"] = seconds.forward * s.grad_accum
     # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
     moments, steady = phase_moments(workload, s, placed, coef)
+    lm_head = workload.kind != "reward"
+    trained_sizes = training_sizes(
+        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef
+    )
     phases = []
     for name, options in moments.items():
         inference = name == "reference_forward"
@@ -107,6 +112,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 carry=coef.frag_inference_carried if inference else coef.frag_carried,
                 time_s=seconds.optimizer if in_step else per_micro_step[name] * s.grad_accum,
                 count=1 if in_step else s.grad_accum,
+                sizes=trained_sizes,
             )
         )
     time = {
@@ -140,6 +146,14 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
             offload_param=s.offload_param,
         ),
         notes=tuple(notes),
+        resident_sizes=sizes_of(
+            parameters=resident_sizes(
+                model, workload.dtype, s.lora_rank, flat=s.zero_stage in (1, 2) and not s.lora_rank
+            ),
+            optimizer_states=(states.optimizer_states // 3,),
+            reference_model=weight_tensors(workload.model_for("reference"), workload.dtype),
+        ),
+        init_sizes=weight_tensors(model, workload.dtype, s.lora_rank),
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from search.coefficients import Coefficients
 from search.model.moments import Moment
 from search.model.placement import FrozenPlacement, TrainedPlacement
+from search.streams.sizes import Sizes
 
 LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "kv_cache", "hybrid_engine", "buffers")
 # Groups of phases repeated together within a step: generate/scoring calls; training micro-steps.
@@ -71,6 +72,9 @@ class StepPhase:
     live: int = 0  # the most bytes it adds to the resident ones (derived)
     moment_bytes: tuple[tuple[int, int], ...] = ()  # (live, transient) of each moment (derived)
     moment_activations: tuple[int, ...] = ()  # activation bytes of each moment (derived)
+    sizes: Sizes = ()  # the tensor sizes each live part is requested in (search.streams.sizes)
+    moment_sizes: tuple[Sizes, ...] = ()  # per moment, where the moments are different models' (scoring)
+    kv_layers: int = 0  # generation: layers whose K and V grow token by token in torch's allocator
 
     def __post_init__(self) -> None:
         moment_bytes = tuple((m.total, m.transient) for m in self.moments)

@@ -1,0 +1,124 @@
+"""Reserved memory of a step from the allocator's own rules: build its stream, replay it, read each phase.
+
+:func:`replay_step` builds the step's allocation stream from the cost model's bytes
+(:func:`search.streams.build.step_stream`) under an ``empty_cache`` policy and replays it through the port of
+torch's caching allocator (:mod:`search.allocator`) with the strategy's allocator setting. Each phase's peak
+reserved bytes, its inactive-split bytes (reserved but unusable), its allocation retries and its cudaMalloc
+and cudaFree calls come from the replay of the measured (second) step; the ``empty_cache`` calls cost what
+the replay says they make the allocator do: each released segment's cudaFree now and the cudaMalloc of
+every segment the step then has to map again (:func:`empty_cache_seconds`). Replays are cached on the stream
+(its events are plain tuples), so a search that meets the same step twice replays it once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from search.allocator import AllocatorConfig, replay
+from search.coefficients import Coefficients
+from search.step.phases import LIVE_PARTS, StepPhase
+from search.streams.build import STEP_MARK, step_stream
+from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
+
+HYBRID = LIVE_PARTS.index("hybrid_engine")
+ALLOCATOR_CONFIGS = {
+    "default": AllocatorConfig(),
+    "expandable-segments": AllocatorConfig(expandable_segments=True),
+}
+
+
+@dataclass(frozen=True)
+class PhaseReplayed:
+    """What the replay says of one phase of the measured step (its runs taken together)."""
+
+    reserved: int  # peak reserved bytes in torch's allocator, plus the bytes outside it (hybrid engine)
+    allocated: int  # peak allocated (rounded) bytes in torch's allocator, plus the bytes outside it
+    inactive_split: int  # peak bytes of free blocks inside split segments (unusable for larger requests)
+    alloc_retries: int  # failed cudaMallocs that freed the cache and tried again
+    cuda_mallocs: int
+    cuda_frees: int
+
+
+@dataclass(frozen=True)
+class StepReplayed:
+    """The replayed phases (in the step's phase order) and the seconds the empty_cache calls cost."""
+
+    phases: tuple[PhaseReplayed, ...]
+    cache_seconds: float
+    events: int  # events replayed (the stream's length)
+
+
+def empty_cache_seconds(frees: int, mallocs_after: int, calls: int, coef: Coefficients) -> float:
+    """An ``empty_cache`` policy's cost: its calls (a device synchronize each), the cudaFree of every
+    segment they release and the cudaMalloc of every segment the step must then make again."""
+    return calls * coef.empty_cache_call_s + frees * coef.cuda_free_s + mallocs_after * coef.cuda_malloc_s
+
+
+@lru_cache(maxsize=2048)
+def _replay(stream: AllocStream, allocator: str) -> object:
+    return replay(stream, ALLOCATOR_CONFIGS[allocator])
+
+
+def _outside(phase: StepPhase) -> int:
+    """The most bytes a phase holds outside torch's allocator (the hybrid engine's workspace and KV cache)."""
+    most = 0
+    for m in phase.moments:
+        kv = m.parts[LIVE_PARTS.index("kv_cache")]
+        kv_outside = kv if (kv and m.transient < m.total - m.parts[HYBRID]) else 0
+        most = max(most, m.parts[HYBRID] + kv_outside)
+    return most
+
+
+def _calls_in_last_step(stream: AllocStream) -> int:
+    """The ``empty_cache`` calls of the measured (last) step."""
+    last = stream.phases.index(f"{STEP_MARK}2")
+    calls, inside = 0, False
+    for op, key, _, _, _ in stream.events:
+        if op == PHASE and stream.phases[key].startswith(STEP_MARK):
+            inside = key == last
+        elif op == EMPTY_CACHE and inside:
+            calls += 1
+    return calls
+
+
+def replay_step(step: object, empty_cache: str, allocator: str, coef: Coefficients) -> StepReplayed:
+    """Replay ``step`` (a :class:`search.step.assemble.Step`) under a policy and an allocator setting."""
+    stream = step_stream(
+        step.resident,  # type: ignore[attr-defined]
+        dict(step.resident_sizes),  # type: ignore[attr-defined]
+        step.init_cached,  # type: ignore[attr-defined]
+        step.init_sizes,  # type: ignore[attr-defined]
+        step.phases,  # type: ignore[attr-defined]
+        step.repeats,  # type: ignore[attr-defined]
+        empty_cache,
+    )
+    result = _replay(stream, allocator)
+    phases: tuple[StepPhase, ...] = step.phases  # type: ignore[attr-defined]
+    names = [phase.name for phase in phases]
+    found: dict[str, list[object]] = {name: [] for name in names}
+    last_step = False
+    for window in result.phases:  # type: ignore[attr-defined]
+        if window.name.startswith(STEP_MARK):
+            last_step = window.name == f"{STEP_MARK}2"
+        elif last_step and window.name in found:
+            found[window.name].append(window)
+    out = []
+    frees = mallocs = 0
+    for phase in phases:
+        runs = found[phase.name]
+        outside = _outside(phase)
+        out.append(
+            PhaseReplayed(
+                reserved=max(w.peak_reserved for w in runs) + outside,  # type: ignore[attr-defined]
+                allocated=max(w.peak_allocated for w in runs) + outside,  # type: ignore[attr-defined]
+                inactive_split=max(w.peak_inactive_split for w in runs),  # type: ignore[attr-defined]
+                alloc_retries=sum(w.alloc_retries for w in runs),  # type: ignore[attr-defined]
+                cuda_mallocs=sum(w.cuda_mallocs for w in runs),  # type: ignore[attr-defined]
+                cuda_frees=sum(w.cuda_frees for w in runs),  # type: ignore[attr-defined]
+            )
+        )
+        frees += out[-1].cuda_frees
+        mallocs += out[-1].cuda_mallocs
+    seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
+    return StepReplayed(tuple(out), seconds, len(stream))

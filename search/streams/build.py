@@ -1,0 +1,193 @@
+"""A step's allocation stream, built from the cost model's bytes: what torch's caching allocator is asked for.
+
+The cost model describes a step as resident bytes and phases of moments (:mod:`search.step.phases`): at each
+moment, the bytes each live part holds. The stream makes those moments happen in order, tensor by tensor:
+
+1. **Engine init.** The weights are loaded tensor by tensor; DeepSpeed then makes its own copies (ZeRO-1/2's
+   flat buffer, FP16_Optimizer's flat masters, ZeRO-3's partitions) and frees the originals
+   (``Step.init_cached`` bytes, :func:`search.model.states.init_cached_bytes`): the originals are requested
+   first and freed after the resident parts exist, so their blocks stay cached, as on the device.
+2. **Each phase run**, moment by moment in step order: a part whose bytes fall frees its newest tensors
+   first (last made, first freed, as a backward releases the top layer's activations first); a part whose
+   bytes rise requests its pattern of sizes (:mod:`search.streams.sizes`). All frees of a moment come before
+   its requests. A generate call grows HF's KV cache token by token: every layer's K and V are made one
+   token longer (``torch.cat``: the new tensor is requested, then the old one freed).
+3. **Between phase runs** a phase's transient bytes are freed; what stays is what its group keeps (the
+   activations a forward leaves for its backward; the gradients carried between micro-steps).
+4. ``empty_cache`` calls where the policy puts them (:func:`store.phases.empties_after`).
+
+Two steps are built; the second is the one a probe measures (after a warm-up step). Bytes outside torch's
+allocator (the hybrid engine's workspace, and its KV cache) are not in the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from search.step.phases import LIVE_PARTS, OPTIMIZER, StepPhase
+from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
+from store.phases import END_STEP, empties_after
+
+KV = LIVE_PARTS.index("kv_cache")
+HYBRID = LIVE_PARTS.index("hybrid_engine")
+GRADIENTS = LIVE_PARTS.index("gradients")
+STEP_MARK = "step:"  # a marker phase that opens each step (no events of its own)
+KV_GROWTH_EVENTS = 64  # most KV growth steps built per generate call (each one exact at its token count)
+
+
+def _kind(part: str) -> str:
+    """The stream's kind for a part or resident name (weights of any model count as parameters)."""
+    part = part.removeprefix("resident:")
+    if part in KIND_INDEX:
+        return part
+    return "parameters" if part in ("init", "reference_model") or part.endswith("parameters") else "other"
+
+
+class _Parts:
+    """The tensors each part holds now (newest last), and the stream they are recorded into."""
+
+    def __init__(self, out: StreamBuilder) -> None:
+        self.out = out
+        self.held: dict[str, list[tuple[int, int]]] = {}
+
+    def bytes(self, part: str) -> int:
+        return sum(size for _, size in self.held.get(part, ()))
+
+    def shrink(self, part: str, target: int) -> None:
+        held = self.held.setdefault(part, [])
+        total = self.bytes(part)
+        while held and total > target:
+            key, size = held.pop()
+            self.out.free(key)
+            total -= size
+
+    def grow(self, part: str, target: int, pattern: tuple[int, ...]) -> None:
+        held = self.held.setdefault(part, [])
+        missing = target - self.bytes(part)
+        pattern = pattern or (missing,)
+        i = len(held)
+        while missing > 0:
+            size = min(pattern[i % len(pattern)], missing)
+            held.append((self.out.alloc(size, _kind(part)), size))
+            missing -= size
+            i += 1
+
+    def move(self, targets: dict[str, int], sizes: dict[str, tuple[int, ...]]) -> None:
+        """Frees first, then requests, until every part holds its target bytes."""
+        for part, target in targets.items():
+            self.shrink(part, target)
+        for part, target in targets.items():
+            self.grow(part, target, sizes.get(part, ()))
+
+
+def _torch_parts(phase: StepPhase, k: int) -> dict[str, int]:
+    """The bytes per part of moment ``k`` that go through torch's allocator."""
+    m = phase.moments[k]
+    parts = dict(zip(LIVE_PARTS, m.parts, strict=True))
+    parts.pop("hybrid_engine")
+    # a KV cache inside the hybrid engine's workspace is outside torch too: then the transient bytes miss it
+    if parts["kv_cache"] and m.transient < m.total - m.parts[HYBRID]:
+        parts["kv_cache"] = 0
+    return parts
+
+
+def _grow_kv(parts: _Parts, target: int, layers: int) -> None:
+    """HF's dynamic KV cache from its current bytes to ``target``: each layer's K and V one step longer."""
+    start = parts.bytes("kv_cache")
+    held = parts.held.setdefault("kv_cache", [])
+    if start == 0 or not held:
+        parts.grow("kv_cache", target, (target // max(1, 2 * layers),))
+        return
+    n = len(held)
+    steps = min(KV_GROWTH_EVENTS, max(1, (target - start) // (n * 512)))
+    for j in range(1, steps + 1):
+        per_tensor = (start + (target - start) * j // steps) // n
+        grown = []
+        for key, _ in held:
+            grown.append((parts.out.alloc(per_tensor, "kv_cache"), per_tensor))
+            parts.out.free(key)
+        held[:] = grown
+    parts.shrink("kv_cache", target)
+    parts.grow("kv_cache", target, ())
+
+
+def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int]) -> None:
+    for k in range(len(phase.moments)):
+        sizes = dict(phase.moment_sizes[k] if phase.moment_sizes else phase.sizes)
+        targets = _torch_parts(phase, k)
+        kv = targets.pop("kv_cache")
+        parts.move(targets, sizes)
+        if kv > parts.bytes("kv_cache"):
+            _grow_kv(parts, kv, phase.kv_layers)
+        else:
+            parts.shrink("kv_cache", kv)
+    parts.move(rest, {})
+
+
+def _rest(phase: StepPhase, keeps: bool, ends: bool) -> dict[str, int]:
+    """What a phase run leaves: its group's kept bytes (the smallest moment's non-transient ones, carried
+    gradients; nothing once the group ``ends``) and, when the next phase of the group continues its work
+    (``keeps``), everything."""
+    steady = min(m.total - m.transient - m.parts[HYBRID] for m in phase.moments)
+    targets = {part: 0 for part in LIVE_PARTS if part != "hybrid_engine"}
+    targets["gradients"] = 0 if ends else max(0, steady)
+    return {} if keeps else targets
+
+
+def _optimizer_follows(phases: tuple[StepPhase, ...], j: int) -> bool:
+    return j < len(phases) and phases[j].group == OPTIMIZER
+
+
+def _runs(phases: tuple[StepPhase, ...], repeats: dict[str, int]) -> Iterable[tuple[int, bool, bool]]:
+    """(phase index, whether the group's next phase continues its work, whether the group ends) in the order
+    a step runs them: a group repeated ``n`` times runs its phases in turn ``n`` times (generate calls;
+    micro-steps); what its runs carry (accumulated gradients) is released when the group ends."""
+    i = 0
+    while i < len(phases):
+        group = phases[i].group
+        j = i
+        while j < len(phases) and phases[j].group == group:
+            j += 1
+        members = list(range(i, j))
+        per_run = [phases[p].count // max(1, repeats.get(group, 1)) or 1 for p in members]
+        times = max(1, repeats.get(group, 1))
+        for n in range(times):
+            for p, runs in zip(members, per_run, strict=True):
+                for r in range(runs):
+                    last = r == runs - 1
+                    continues = last and p != members[-1] and phases[p].name == "forward"
+                    # accumulated gradients stay for an optimizer step that follows as its own phase
+                    ends = n == times - 1 and p == members[-1] and last and not _optimizer_follows(phases, j)
+                    yield p, continues, ends
+        i = j
+
+
+def step_stream(
+    resident: dict[str, int],
+    resident_sizes: dict[str, tuple[int, ...]],
+    init_cached: int,
+    init_sizes: tuple[int, ...],
+    phases: tuple[StepPhase, ...],
+    repeats: dict[str, int],
+    empty_cache: str,
+    steps: int = 2,
+) -> AllocStream:
+    """The allocation stream of engine init and ``steps`` steps (see the module docstring)."""
+    out = StreamBuilder()
+    parts = _Parts(out)
+    out.phase("setup")
+    parts.grow("init", init_cached, init_sizes)
+    for name, nbytes in resident.items():  # held apart from the live parts of the same name
+        parts.grow(f"resident:{name}", nbytes, resident_sizes.get(name, ()))
+    parts.shrink("init", 0)
+    for n in range(steps):
+        out.phase(f"{STEP_MARK}{n + 1}")
+        for p, continues, ends in _runs(phases, repeats):
+            phase = phases[p]
+            out.phase(phase.name)
+            _run_phase(parts, phase, _rest(phase, continues, ends))
+            if empties_after(empty_cache, phase.name):
+                out.empty_cache()
+        if empties_after(empty_cache, END_STEP):
+            out.empty_cache()
+    return out.build()

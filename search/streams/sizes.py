@@ -1,0 +1,107 @@
+"""The sizes in which a model's bytes reach torch's caching allocator: one tensor at a time, not one sum.
+
+The cost model counts bytes per part (parameters, gradients, activations, logits, ...); the allocator's
+reserved memory depends on the sizes of the requests that make them up (which pool, which segment, which
+cached block a request can reuse). A :data:`Sizes` maps a part's name to the pattern of tensor sizes it is
+made of, in the order the program makes them: a model's weights as they are loaded (embedding first, then
+every block's matrices and norms), a decoder layer's saved activations as its forward makes them
+(:func:`search.model.activations.layer_saved_tensors`), the loss's logits and their fp32 copies, DeepSpeed's
+buckets. A part's bytes are requested as its pattern repeated (the last request cut to what is left), so a
+stream built from the cost model's bytes (:mod:`search.streams.build`) has exactly those bytes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from search.coefficients import Coefficients
+from search.model.activations import layer_saved_tensors
+from search.model.shapes import linear_shapes, token_embedding_params
+from store.ds_defaults import ZERO12_BUCKET_ELEMENTS
+from store.records import DTYPE_BYTES, ModelSpec
+
+Sizes = tuple[tuple[str, tuple[int, ...]], ...]  # (part or resident name, tensor sizes in bytes) pairs
+
+
+def sizes_of(**patterns: tuple[int, ...]) -> Sizes:
+    """A :data:`Sizes` from keyword patterns (empty patterns dropped)."""
+    return tuple((name, tuple(int(s) for s in sizes if s > 0)) for name, sizes in patterns.items() if sizes)
+
+
+@lru_cache(maxsize=256)
+def weight_tensors(model: ModelSpec, dtype: str, lora_rank: int = 0) -> tuple[int, ...]:
+    """Bytes of each weight tensor in load order: the token embedding, each block's norms and linears
+    (and their LoRA A and B), the final norm and an untied LM head."""
+    d = DTYPE_BYTES[dtype]
+    h = model.hidden_size
+    block: list[int] = [d * h]  # the attention norm
+    for n_in, n_out in linear_shapes(model):
+        block.append(d * n_in * n_out)
+        if lora_rank:
+            block += [d * n_in * lora_rank, d * lora_rank * n_out]
+    block.insert(5 if not lora_rank else 13, d * h)  # the MLP norm, after the attention's four linears
+    tensors = [d * token_embedding_params(model)] + block * model.num_layers + [d * h]
+    if model.lm_head_params:
+        tensors.append(d * model.lm_head_params)
+    return tuple(tensors)
+
+
+@lru_cache(maxsize=1024)
+def activation_tensors(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> tuple[int, ...]:
+    """A decoder layer's saved tensors at this shape (repeated layer after layer)."""
+    return layer_saved_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
+
+
+def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str) -> tuple[int, ...]:
+    """The LM head's 16-bit logits, then the fp32 tensors of the loss (upcast, log-softmax, gradients)."""
+    elements = sequences * seq_len * model.vocab_size
+    return (DTYPE_BYTES[dtype] * elements,) + (4 * elements,) * 3
+
+
+def bucket_tensors(dtype: str) -> tuple[int, ...]:
+    """ZeRO-1/2's reduce bucket (``reduce_bucket_size`` elements of the compute dtype)."""
+    return (DTYPE_BYTES[dtype] * ZERO12_BUCKET_ELEMENTS,)
+
+
+def training_sizes(
+    model: ModelSpec,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    attn_impl: str,
+    lora_rank: int,
+    lm_head: bool,
+    coef: Coefficients,
+) -> Sizes:
+    """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
+    reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors."""
+    weights = weight_tensors(model, dtype, lora_rank)
+    return sizes_of(
+        gradients=tuple(reversed(weights)),
+        zero3_gathered=weights[1:],
+        activations=activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef),
+        logits=logit_tensors(model, sequences, seq_len, dtype) if lm_head else (),
+        buffers=bucket_tensors(dtype),
+    )
+
+
+def inference_sizes(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients, logit_tokens: int
+) -> Sizes:
+    """The live parts of a no-grad forward or a generate call (``logit_tokens`` tokens get logits)."""
+    d = DTYPE_BYTES[dtype]
+    elements = sequences * logit_tokens * model.vocab_size
+    return sizes_of(
+        zero3_gathered=weight_tensors(model, dtype)[1:],
+        activations=activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef),
+        logits=(d * elements, 4 * elements),
+    )
+
+
+def resident_sizes(model: ModelSpec, dtype: str, lora_rank: int, *, flat: bool) -> tuple[int, ...]:
+    """A trained or frozen model's resident weights: tensor by tensor, or one flat buffer (ZeRO-1/2 without
+    LoRA point every ``p.data`` into one flattened buffer per parameter group)."""
+    weights = weight_tensors(model, dtype, lora_rank)
+    return (sum(weights),) if flat else weights
