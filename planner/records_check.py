@@ -95,6 +95,12 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
         "peak_reserved": Compared(measured["peak_reserved_bytes"], predicted.peak_reserved_bytes),
         "time": Compared(measured["step_time_s_median"], predicted.step_time_s),
     }
+    replay = result.report.allocator_replay
+    if replay is not None:
+        step["replay_peak_reserved"] = Compared(measured["peak_reserved_bytes"], replay["peak_reserved_bytes"])
+        if measured.get("after_init_reserved_bytes"):
+            init = Compared(measured["after_init_reserved_bytes"], replay["after_init_reserved_bytes"])
+            step["replay_after_init_reserved"] = init
     return RecordComparison(
         record_id=row["id"],
         kind="sft",

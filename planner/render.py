@@ -90,19 +90,27 @@ def _breakdown_table(predicted: Predicted) -> Table:
     return table
 
 
-def _phases_table(predicted: Predicted) -> Table:
+def _phases_table(predicted: Predicted, replay: dict[str, Any] | None = None) -> Table:
+    """Each phase's peaks and time; with ``replay``, the reserved bytes the allocator replay gives too."""
     table = Table(title="Phases of one optimizer step", title_justify="left")
-    for column in ("phase", "runs", "peak allocated", "peak reserved", "time"):
+    columns = ["phase", "runs", "peak allocated", "peak reserved"]
+    replayed = {p["name"]: p["peak_reserved_bytes"] for p in replay["phases"]} if replay else {}
+    if replayed:
+        columns.append("reserved, allocator replay")
+    for column in (*columns, "time"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for phase in predicted.phases:
         mark = " *" if phase.name == predicted.peak_phase else ""
-        table.add_row(
-            phase.name + mark,
-            str(phase.count),
-            _gib(phase.peak_allocated_bytes),
-            _gib(phase.peak_reserved_bytes),
-            _seconds(phase.time_s),
+        cells = [phase.name + mark, str(phase.count), _gib(phase.peak_allocated_bytes), _gib(phase.peak_reserved_bytes)]
+        if replayed:
+            cells.append(_gib(replayed.get(phase.name, 0)))
+        table.add_row(*cells, _seconds(phase.time_s))
+    if replay:
+        table.caption = (
+            f"allocator replay: the step's stream ({replay['events']:,} events) through the rules of torch's "
+            f"caching allocator; {_gib(replay['after_init_reserved_bytes'])} reserved once the engines are built"
         )
+        table.caption_justify = "left"
     return table
 
 
@@ -123,7 +131,7 @@ def render_prediction(report: PredictionReport) -> None:
         f"host {_gib(p.host_bytes)} of {_gib(p.host_budget_bytes)} · step {_seconds(p.step_time_s)}"
     )
     console.print(_breakdown_table(p))
-    console.print(_phases_table(p))
+    console.print(_phases_table(p, report.allocator_replay))
     _time_line(p)
     for note in p.notes:
         console.print(f"note: {note}")
@@ -170,7 +178,7 @@ def render_plan(plan: Plan) -> None:
             f"{_gib(f.predicted.peak_reserved_bytes)} peak[/dim]"
         )
     console.print(_breakdown_table(plan.predicted))
-    console.print(_phases_table(plan.predicted))
+    console.print(_phases_table(plan.predicted, plan.allocator_replay))
     _time_line(plan.predicted)
     effect = plan.empty_cache_effect
     if effect:

@@ -7,7 +7,7 @@ from typing import Any
 from planner.inputs import ResolvedJob
 from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
-from search import Prediction
+from search import Prediction, replay_memory
 from store.records import RLHFStrategy, Strategy
 
 
@@ -32,6 +32,7 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
         "fits": prediction.fits,
         "predicted": predicted_block(prediction),
         "readings": list(job.readings),
+        "allocator_replay": replay_memory(job.workload, strategy, job.hardware).to_dict(),
     }
     if isinstance(strategy, RLHFStrategy):
         from probes.rlhf_config import (

@@ -72,12 +72,15 @@ class PredictionReport(BaseModel):
     launch: dict[str, list[str]] = {}  # RLHF: ready-to-paste flags per framework (deepspeed_chat, openrlhf)
     launch_gaps: dict[str, list[str]] = {}  # what a framework's flags cannot express of the strategy
     readings: list[str] = []
+    # the step replayed through the port of torch's caching allocator (search.replay_memory): reserved bytes
+    # per phase and after the engines' init, from the stream the cost model's bytes make
+    allocator_replay: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")
     def _one_config_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The document carries ``ds_config`` or ``ds_configs``, never a null one."""
         data = handler(self)
-        for key in ("ds_config", "ds_configs"):
+        for key in ("ds_config", "ds_configs", "allocator_replay"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

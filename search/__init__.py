@@ -18,7 +18,13 @@ from search.choose.optimize import exhaustive, search
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients, describe_coefficients
 from search.prediction import PhasePrediction, Prediction
-from search.predictor import cpu_backend_coefficients, predict, predict_cpu_allocated, predict_cpu_backend
+from search.predictor import (
+    cpu_backend_coefficients,
+    predict,
+    predict_cpu_allocated,
+    predict_cpu_backend,
+    replay_memory,
+)
 from search.rlhf.step import predict_rlhf
 from store.phases import PHASES
 
@@ -40,6 +46,7 @@ __all__ = [
     "predict_cpu_allocated",
     "predict_cpu_backend",
     "predict_rlhf",
+    "replay_memory",
     "search",
     "search_rlhf",
 ]

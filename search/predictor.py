@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.prediction import Prediction
-from search.rlhf.step import predict_rlhf
-from search.single.predict import predict_single_model
+from search.rlhf.step import predict_rlhf, rlhf_step
+from search.single.predict import predict_single_model, single_step
+from search.step.replayed import StepReplayed, replay_step
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS, Hardware, RLHFStrategy, Strategy, Workload
 
@@ -33,6 +34,23 @@ def predict(
         return predict_rlhf(workload, strategy, hardware, coef)
     kinds = ", ".join(SINGLE_MODEL_WORKLOADS + RLHF_WORKLOADS)
     raise InputError(f"workload {workload.kind!r} is not supported; supported: {kinds}")
+
+
+def replay_memory(
+    workload: Workload,
+    strategy: Strategy | RLHFStrategy,
+    hardware: Hardware,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> StepReplayed:
+    """The strategy's step replayed through the port of torch's caching allocator (:mod:`search.allocator`):
+    reserved bytes per phase and after the engines' init, from the allocation stream the cost model's bytes
+    make (:mod:`search.streams`), under the strategy's ``empty_cache`` policy and allocator setting."""
+    predict(workload, strategy, hardware, coef)  # the same validation and errors as a prediction
+    if isinstance(strategy, RLHFStrategy):
+        step = rlhf_step(workload, strategy, hardware, coef)
+    else:
+        step = single_step(workload, strategy, hardware, coef)
+    return replay_step(step, strategy.empty_cache, strategy.allocator, coef)
 
 
 def cpu_backend_coefficients(coef: Coefficients) -> Coefficients:

@@ -35,6 +35,7 @@ from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, gener
 from search.step.assemble import Step, finish_step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
+from search.streams.init import engine_init
 from search.streams.sizes import Sizes, inference_sizes, resident_sizes, sizes_of, training_sizes, weight_tensors
 from store.records import Hardware, RLHFStrategy, TrainedModelStrategy, Workload
 
@@ -173,7 +174,9 @@ def training_half(
         role_time[role] = seconds
         live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef)
         factor = trained_factor(p, coef, training=True)
-        sizes = training_sizes(p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef)
+        sizes = training_sizes(
+            p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef,
+        )  # fmt: skip
         phases.append(
             StepPhase(
                 f"{role}_training", TRAINING, live, factor, coef.frag_carried, seconds, epochs * grad_accum, sizes=sizes
@@ -239,7 +242,17 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         init_cached=models_init_cached(models, ctx.workload.dtype),
         notes=tuple(notes),
         resident_sizes=models_resident_sizes(ctx, models),
-        init_sizes=weight_tensors(models.actor.model, ctx.workload.dtype, s.actor.lora_rank),
+        engines=tuple(
+            (
+                f"{role}_training",
+                p.states.parameters,
+                p.states.optimizer_states,
+                engine_init(p, ctx.workload.dtype),
+                weight_tensors(p.model, ctx.workload.dtype, p.layout.lora_rank),
+            )
+            for role, p in (("actor", models.actor), ("critic", models.critic))
+            if p is not None
+        ),
     )
 
 

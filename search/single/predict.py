@@ -20,6 +20,7 @@ from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.step.assemble import Step, finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
+from search.streams.init import engine_init
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 
@@ -97,8 +98,8 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     moments, steady = phase_moments(workload, s, placed, coef)
     lm_head = workload.kind != "reward"
     trained_sizes = training_sizes(
-        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef
-    )
+        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef,
+    )  # fmt: skip
     phases = []
     for name, options in moments.items():
         inference = name == "reference_forward"
@@ -153,7 +154,15 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
             optimizer_states=(states.optimizer_states // 3,),
             reference_model=weight_tensors(workload.model_for("reference"), workload.dtype),
         ),
-        init_sizes=weight_tensors(model, workload.dtype, s.lora_rank),
+        engines=(
+            (
+                "optimizer_step",
+                states.parameters,
+                states.optimizer_states,
+                engine_init(placed, workload.dtype),
+                weight_tensors(model, workload.dtype, s.lora_rank),
+            ),
+        ),
     )
 
 

@@ -13,6 +13,7 @@ from search.coefficients import Coefficients
 from search.prediction import PhasePrediction, Prediction
 from search.step.fragments import Structure, apply_policy
 from search.step.phases import StepPhase
+from search.streams.build import Engines
 from search.streams.sizes import Sizes
 from store.records import Hardware
 
@@ -45,7 +46,7 @@ class Step:
     time_terms: dict[str, float] = field(default_factory=dict)  # the same seconds by mechanism
     init_cached: int = 0  # bytes DeepSpeed's engine init left cached (search.model.states.init_cached_bytes)
     resident_sizes: Sizes = ()  # the tensor sizes each resident part was requested in (search.streams.sizes)
-    init_sizes: tuple[int, ...] = ()  # the sizes of the originals that init freed (``init_cached`` bytes)
+    engines: Engines = ()  # each trained engine's init and first-step allocations (search.streams.build)
     base_time_s: float = 0.0  # sum of ``time`` (derived)
     resident_bytes: int = 0  # sum of ``resident`` (derived)
     peak_allocated_bytes: int = 0  # resident plus the largest phase's live bytes (derived)

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from search.allocator import AllocatorConfig, replay
 from search.coefficients import Coefficients
+from search.step.assemble import Step
 from search.step.phases import LIVE_PARTS, StepPhase
 from search.streams.build import STEP_MARK, step_stream
 from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
@@ -44,9 +45,38 @@ class PhaseReplayed:
 class StepReplayed:
     """The replayed phases (in the step's phase order) and the seconds the empty_cache calls cost."""
 
+    phase_names: tuple[str, ...]
     phases: tuple[PhaseReplayed, ...]
     cache_seconds: float
     events: int  # events replayed (the stream's length)
+    init_allocated: int  # allocated bytes once the engines are built (torch.cuda.memory_allocated())
+    init_reserved: int  # reserved bytes once the engines are built (torch.cuda.memory_reserved())
+
+    @property
+    def peak_reserved(self) -> int:
+        return max(p.reserved for p in self.phases)
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON shape: bytes as integers, per phase in step order."""
+        return {
+            "peak_reserved_bytes": self.peak_reserved,
+            "after_init_allocated_bytes": self.init_allocated,
+            "after_init_reserved_bytes": self.init_reserved,
+            "empty_cache_s": self.cache_seconds,
+            "events": self.events,
+            "phases": [
+                {
+                    "name": name,
+                    "peak_allocated_bytes": p.allocated,
+                    "peak_reserved_bytes": p.reserved,
+                    "inactive_split_bytes": p.inactive_split,
+                    "alloc_retries": p.alloc_retries,
+                    "cuda_mallocs": p.cuda_mallocs,
+                    "cuda_frees": p.cuda_frees,
+                }
+                for name, p in zip(self.phase_names, self.phases, strict=True)
+            ],
+        }
 
 
 def empty_cache_seconds(frees: int, mallocs_after: int, calls: int, coef: Coefficients) -> float:
@@ -82,23 +112,21 @@ def _calls_in_last_step(stream: AllocStream) -> int:
     return calls
 
 
-def replay_step(step: object, empty_cache: str, allocator: str, coef: Coefficients) -> StepReplayed:
+def stream_of(step: Step, empty_cache: str) -> AllocStream:
+    """The allocation stream of ``step``'s engine init and two steps under ``empty_cache``."""
+    return step_stream(step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache)
+
+
+def replay_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients) -> StepReplayed:
     """Replay ``step`` (a :class:`search.step.assemble.Step`) under a policy and an allocator setting."""
-    stream = step_stream(
-        step.resident,  # type: ignore[attr-defined]
-        dict(step.resident_sizes),  # type: ignore[attr-defined]
-        step.init_cached,  # type: ignore[attr-defined]
-        step.init_sizes,  # type: ignore[attr-defined]
-        step.phases,  # type: ignore[attr-defined]
-        step.repeats,  # type: ignore[attr-defined]
-        empty_cache,
-    )
+    stream = stream_of(step, empty_cache)
     result = _replay(stream, allocator)
-    phases: tuple[StepPhase, ...] = step.phases  # type: ignore[attr-defined]
+    phases = step.phases
     names = [phase.name for phase in phases]
     found: dict[str, list[object]] = {name: [] for name in names}
     last_step = False
-    for window in result.phases:  # type: ignore[attr-defined]
+    setup = result.phases[0]  # the engines' init, up to the first step's marker
+    for window in result.phases:
         if window.name.startswith(STEP_MARK):
             last_step = window.name == f"{STEP_MARK}2"
         elif last_step and window.name in found:
@@ -110,15 +138,15 @@ def replay_step(step: object, empty_cache: str, allocator: str, coef: Coefficien
         outside = _outside(phase)
         out.append(
             PhaseReplayed(
-                reserved=max(w.peak_reserved for w in runs) + outside,  # type: ignore[attr-defined]
-                allocated=max(w.peak_allocated for w in runs) + outside,  # type: ignore[attr-defined]
-                inactive_split=max(w.peak_inactive_split for w in runs),  # type: ignore[attr-defined]
-                alloc_retries=sum(w.alloc_retries for w in runs),  # type: ignore[attr-defined]
-                cuda_mallocs=sum(w.cuda_mallocs for w in runs),  # type: ignore[attr-defined]
-                cuda_frees=sum(w.cuda_frees for w in runs),  # type: ignore[attr-defined]
+                reserved=max(w.peak_reserved for w in runs) + outside,
+                allocated=max(w.peak_allocated for w in runs) + outside,
+                inactive_split=max(w.peak_inactive_split for w in runs),
+                alloc_retries=sum(w.alloc_retries for w in runs),
+                cuda_mallocs=sum(w.cuda_mallocs for w in runs),
+                cuda_frees=sum(w.cuda_frees for w in runs),
             )
         )
         frees += out[-1].cuda_frees
         mallocs += out[-1].cuda_mallocs
     seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
-    return StepReplayed(tuple(out), seconds, len(stream))
+    return StepReplayed(tuple(names), tuple(out), seconds, len(stream), setup.end_allocated, setup.end_reserved)

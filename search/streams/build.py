@@ -3,10 +3,10 @@
 The cost model describes a step as resident bytes and phases of moments (:mod:`search.step.phases`): at each
 moment, the bytes each live part holds. The stream makes those moments happen in order, tensor by tensor:
 
-1. **Engine init.** The weights are loaded tensor by tensor; DeepSpeed then makes its own copies (ZeRO-1/2's
-   flat buffer, FP16_Optimizer's flat masters, ZeRO-3's partitions) and frees the originals
-   (``Step.init_cached`` bytes, :func:`search.model.states.init_cached_bytes`): the originals are requested
-   first and freed after the resident parts exist, so their blocks stay cached, as on the device.
+1. **Engine init**, engine by engine (:mod:`search.streams.init`): the weights are loaded tensor by tensor;
+   DeepSpeed makes its own copies (ZeRO-1/2's flat buffer, the fp32 master through a 16-bit clone, a zero
+   fp32 gradient) and frees the originals and the temporaries, so their blocks stay cached, as on the
+   device. Adam's states are made at each engine's first optimizer step.
 2. **Each phase run**, moment by moment in step order: a part whose bytes fall frees its newest tensors
    first (last made, first freed, as a backward releases the top layer's activations first); a part whose
    bytes rise requests its pattern of sizes (:mod:`search.streams.sizes`). All frees of a moment come before
@@ -25,12 +25,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from search.step.phases import LIVE_PARTS, OPTIMIZER, StepPhase
+from search.streams.init import EngineInit
 from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 
 KV = LIVE_PARTS.index("kv_cache")
 HYBRID = LIVE_PARTS.index("hybrid_engine")
 GRADIENTS = LIVE_PARTS.index("gradients")
+# (phase making its first optimizer step, parameter bytes, optimizer-state bytes, its init allocations, the
+# sizes of its weights as loaded)
+Engines = tuple[tuple[str, int, int, EngineInit, tuple[int, ...]], ...]
 STEP_MARK = "step:"  # a marker phase that opens each step (no events of its own)
 KV_GROWTH_EVENTS = 64  # most KV growth steps built per generate call (each one exact at its token count)
 
@@ -111,7 +115,9 @@ def _grow_kv(parts: _Parts, target: int, layers: int) -> None:
     parts.grow("kv_cache", target, ())
 
 
-def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int]) -> None:
+def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int], lazy: int = 0) -> None:
+    """A phase run, moment by moment, then back to its rest; ``lazy`` bytes of Adam's states are made after
+    its last moment (the first optimizer step of an engine), each half (exp_avg, exp_avg_sq) one tensor."""
     for k in range(len(phase.moments)):
         sizes = dict(phase.moment_sizes[k] if phase.moment_sizes else phase.sizes)
         targets = _torch_parts(phase, k)
@@ -121,6 +127,9 @@ def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int]) -> None:
             _grow_kv(parts, kv, phase.kv_layers)
         else:
             parts.shrink("kv_cache", kv)
+    if lazy:
+        have = parts.bytes("resident:optimizer_states")
+        parts.grow("resident:optimizer_states", have + lazy, (lazy // 2,))
     parts.move(rest, {})
 
 
@@ -162,11 +171,28 @@ def _runs(phases: tuple[StepPhase, ...], repeats: dict[str, int]) -> Iterable[tu
         i = j
 
 
+def _engines_init(parts: _Parts, engines: Engines, resident_sizes: dict[str, tuple[int, ...]]) -> None:
+    """Each trained engine in turn: its weights loaded, DeepSpeed's own copies made, the originals and the
+    temporary copies freed (:mod:`search.streams.init`); Adam's states wait for the first step."""
+    params = masters = 0
+    for _, parameters, optimizer_states, init, loaded in engines:
+        parts.grow("init", init.originals, loaded)
+        params += parameters
+        parts.grow("resident:parameters", params, resident_sizes.get("parameters", ()))
+        parts.shrink("init", 0)
+        clone = parts.out.alloc(init.before_master, "optimizer_states") if init.before_master else 0
+        masters += optimizer_states - init.lazy
+        parts.grow("resident:optimizer_states", masters, resident_sizes.get("optimizer_states", ()))
+        if clone:
+            parts.out.free(clone)
+        for size in init.after_master:
+            parts.out.free(parts.out.alloc(size, "gradients"))
+
+
 def step_stream(
     resident: dict[str, int],
     resident_sizes: dict[str, tuple[int, ...]],
-    init_cached: int,
-    init_sizes: tuple[int, ...],
+    engines: Engines,
     phases: tuple[StepPhase, ...],
     repeats: dict[str, int],
     empty_cache: str,
@@ -176,16 +202,18 @@ def step_stream(
     out = StreamBuilder()
     parts = _Parts(out)
     out.phase("setup")
-    parts.grow("init", init_cached, init_sizes)
+    _engines_init(parts, engines, resident_sizes)
+    lazy = {phase: init.lazy for phase, _, _, init, _ in engines if init.lazy}
+    states = resident.get("optimizer_states", 0) - sum(lazy.values())
     for name, nbytes in resident.items():  # held apart from the live parts of the same name
-        parts.grow(f"resident:{name}", nbytes, resident_sizes.get(name, ()))
-    parts.shrink("init", 0)
+        target = states if name == "optimizer_states" else nbytes
+        parts.grow(f"resident:{name}", target, resident_sizes.get(name, ()))
     for n in range(steps):
         out.phase(f"{STEP_MARK}{n + 1}")
         for p, continues, ends in _runs(phases, repeats):
             phase = phases[p]
             out.phase(phase.name)
-            _run_phase(parts, phase, _rest(phase, continues, ends))
+            _run_phase(parts, phase, _rest(phase, continues, ends), lazy.pop(phase.name, 0))
             if empties_after(empty_cache, phase.name):
                 out.empty_cache()
         if empties_after(empty_cache, END_STEP):

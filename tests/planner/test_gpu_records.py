@@ -124,3 +124,43 @@ def test_empty_cache_effect_within_three_points() -> None:
         measured = peak(a, "measured") / peak(n, "measured") - 1
         predicted = peak(a, "predicted") / peak(n, "predicted") - 1
         assert abs(predicted - measured) <= EMPTY_CACHE_POINTS, (predicted, measured)
+
+
+# The engines' init replayed through the allocator port (search.streams.init, search.allocator) against what
+# the H100 reserved once deepspeed.initialize returned (torch.cuda.memory_reserved()).
+INIT_BOUND = 0.05
+INIT_NOT_YET = {
+    "opt13_z0_mb4_s512": (
+        "ZeRO-0 in bf16 runs DeepSpeed's BF16_Optimizer, whose init (fp32 gradient buffers, states made at "
+        "init) the stream does not model yet: 15.3 GiB replayed against 29.8 GiB measured"
+    ),
+}
+
+
+def _init_cases() -> list[object]:
+    cases = []
+    for c in COMPARISONS:
+        compared = c.quantities.get("step", {}).get("replay_after_init_reserved")
+        if compared is None:
+            continue
+        marks = (
+            [pytest.mark.xfail(strict=True, reason=INIT_NOT_YET[c.record_id])] if c.record_id in INIT_NOT_YET else []
+        )
+        cases.append(pytest.param(compared, id=c.record_id, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("compared", _init_cases())
+def test_replayed_engine_init_reserves_what_the_gpu_reserved(compared) -> None:
+    """The loaded weights, DeepSpeed's flat copies, the 16-bit clone of the fp32 master and the dropped zero
+    gradient leave blocks cached; the replay of those allocations reserves what the device reserved."""
+    assert abs(compared.error) <= INIT_BOUND, (
+        f"replayed {compared.predicted / 2**30:.2f} GiB, measured {compared.measured / 2**30:.2f} GiB: "
+        f"{compared.error:+.1%}"
+    )
+
+
+def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
+    rows = [r for path in RECORDS for r in load_records(path).get("sft", [])]
+    with_init = {r["id"] for r in rows if r["measured"].get("after_init_reserved_bytes")}
+    assert with_init and with_init == {case.id for case in _init_cases()}

@@ -8,7 +8,9 @@ from search.coefficients import Coefficients
 from search.model.activations import layer_activation_bytes, layer_saved_tensors
 from search.rlhf.step import rlhf_step
 from search.single.predict import single_step
-from search.streams.build import STEP_MARK, step_stream
+from search.step.assemble import Step
+from search.step.replayed import stream_of
+from search.streams.build import STEP_MARK
 from search.streams.sizes import weight_tensors
 from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, KIND_INDEX, PHASE, AllocStream
 from store.gpus import get_gpu
@@ -18,16 +20,8 @@ from store.records import Hardware, RLHFStrategy, Strategy, TrainedModelStrategy
 COEF = Coefficients()
 
 
-def _stream(step: object, policy: str = "never") -> AllocStream:
-    return step_stream(
-        step.resident,  # type: ignore[attr-defined]
-        dict(step.resident_sizes),  # type: ignore[attr-defined]
-        step.init_cached,  # type: ignore[attr-defined]
-        step.init_sizes,  # type: ignore[attr-defined]
-        step.phases,  # type: ignore[attr-defined]
-        step.repeats,  # type: ignore[attr-defined]
-        policy,
-    )
+def _stream(step: Step, policy: str = "never") -> AllocStream:
+    return stream_of(step, policy)
 
 
 def _phase_peaks(stream: AllocStream) -> dict[str, int]:
