@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from planner.inputs import JobSpec
     from planner.results import CheckResult, Plan, PredictionReport
     from planner.runtime import EmptyCachePolicy
-    from planner.saved import export, plan, plans, probes
+    from planner.saved import export, memory_plot, plan, plans, probes
+    from planner.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
 
 __all__ = [
     "CheckResult",
@@ -27,24 +28,32 @@ __all__ = [
     "check",
     "coefficients",
     "export",
+    "memory_plot",
     "plan",
     "plans",
     "predict",
     "probe",
+    "probe_snapshot",
+    "probe_stream",
     "probes",
     "recommend",
+    "write_probe_snapshot",
 ]
 
 _HOMES = {
     "check": "planner.api",
     "coefficients": "planner.api",
     "export": "planner.saved",
+    "memory_plot": "planner.saved",
     "plan": "planner.saved",
     "plans": "planner.saved",
     "predict": "planner.api",
     "probe": "planner.api",
+    "probe_snapshot": "planner.snapshots",
+    "probe_stream": "planner.snapshots",
     "probes": "planner.saved",
     "recommend": "planner.api",
+    "write_probe_snapshot": "planner.snapshots",
     "JobSpec": "planner.inputs",
     "CheckResult": "planner.results",
     "EmptyCachePolicy": "planner.runtime",

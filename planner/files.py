@@ -26,6 +26,12 @@ def checked_output(path: str | Path) -> Path:
 
 def write_text_atomic(path: Path, text: str, *, force: bool = False) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename: all or nothing."""
+    return write_bytes_atomic(path, text.encode("utf-8"), force=force)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, force: bool = False) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename: all or nothing; InputError (one
+    line) for an existing file without ``force``, a folder, a missing folder or a failed write."""
     path = checked_output(path)
     if path.is_dir():
         raise InputError(f"{path} is a folder; give a file name such as {path / 'ds_config.json'}")
@@ -39,8 +45,8 @@ def write_text_atomic(path: Path, text: str, *, force: bool = False) -> Path:
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.inputs import JobSpec
 from store.errors import InputError
+from store.gpus import GENERIC_PREFIX
 
 if TYPE_CHECKING:
     from planner.results import Plan
@@ -91,3 +93,49 @@ def export(
     record = plan(plan_id, db)
     paths = write_configs(checked_output(output), record.ds_config, force=force)
     return paths, record.document
+
+
+def plan_job(document: dict[str, Any]) -> JobSpec:
+    """The job a saved plan's document was planned for (its workload and hardware blocks)."""
+    w, h = document["workload"], document["hardware"]
+    fields = {
+        "workload": w["kind"],
+        "gpu": None if h["gpu"].startswith(GENERIC_PREFIX) else h["gpu"],  # a --gpu-mem-only plan
+        "gpu_mem": h["gpu_memory_bytes"],
+        "gpus": h["gpus"],
+        "nodes": h["nodes"],
+        "cpu_mem": h["cpu_memory_bytes"],
+        "nvme_path": h.get("nvme_path"),
+        "safety_margin": h.get("safety_margin", 0.05),
+        "batch": w["global_batch"],
+        "dtype": w["dtype"],
+        "attn_impl": w["attn_impl"],
+    }
+    for name in ("ref_model", "critic_model", "reward_model", "prompt_len", "gen_len", "ppo_epochs"):
+        if w.get(name) is not None:
+            fields[name] = w[name]
+    if "prompt_len" not in w:
+        fields["seq_len"] = w["seq_len"]
+    if w.get("samples_per_prompt", 1) != 1:
+        fields["samples_per_prompt"] = w["samples_per_prompt"]
+    return JobSpec(model=w["model"], **{k: v for k, v in fields.items() if v is not None})
+
+
+def memory_plot(
+    plan_id: str | None, path: str | Path, db: str | None = None, *, force: bool = False
+) -> tuple[Path, list[tuple[str, int, int]]]:
+    """Draw a saved plan's step from the allocator replay (:mod:`planner.step_plot`) into ``path``; returns
+    the file and each phase run's (name, peak allocated, peak reserved) bytes."""
+    from planner.inputs import resolve
+    from planner.step_plot import write_memory_plot
+    from search import replay_timeline
+    from store.records import RLHFStrategy, Strategy
+
+    record = plan(plan_id, db=db)
+    document = record.document
+    job = resolve(plan_job(document))
+    parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
+    strategy = parse(document["strategy"])
+    timeline = replay_timeline(job.workload, strategy, job.hardware)
+    title = f"plan {record.plan_id}: {job.workload.model.name} {job.workload.kind}, {strategy.describe()}"
+    return write_memory_plot(timeline, path, title, force=force)

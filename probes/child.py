@@ -10,6 +10,11 @@ becomes the outcome: ``oom`` for a CUDA out-of-memory, the tracker's cap (ProbeO
 allocator's failure, else ``error`` (type and first line of the message); the phase running then is
 ``failed_phase``. The child writes ``result.json`` and leaves with ``os._exit`` (DeepSpeed's and gloo's
 teardown can hang; nothing is left to flush).
+
+Allocation records (:mod:`probes.artifacts`), kept whatever the outcome: a CPU probe's tracker records the
+allocation stream (``setup`` is marked before the build, the clock marks the phases and steps); a CUDA
+probe records the caching allocator's history from before the build and takes ``_snapshot()`` at the end.
+Each is written to ``DIR/artifact.<name>`` and listed in ``extra["artifacts"]`` for the parent to keep.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from probes.artifacts import Recording, cpu_stream_enabled, start_cuda_history
 from probes.isolation import EVENTS_FILE, REQUEST_FILE, RESULT_FILE
 from store.measurements import ProbeRequest, ProbeResult
 
 FINGERPRINT: list[Any] = []  # the fingerprint taken at startup (reused in the result)
+RECORDING = Recording()  # what this probe records of its allocations (written whatever the outcome)
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -105,10 +112,14 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
     if device == "cpu":
         from probes.tracker import LiveTensorTracker
 
-        tracker = LiveTensorTracker(cap_bytes=request.memory_cap_bytes)
+        tracker = LiveTensorTracker(cap_bytes=request.memory_cap_bytes, record_stream=cpu_stream_enabled())
+        RECORDING.tracker = tracker
+    elif start_cuda_history():
+        RECORDING.cuda = True
     with tracker if tracker is not None else contextlib.nullcontext():
         if tracker is not None:
             extra["bytes_before_setup"] = tracker.track_existing()
+            tracker.mark_phase("setup")
         reporter.enter("setup")
         setup_start = time.perf_counter()
         if device == "cuda":
@@ -129,14 +140,19 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
         warmup, note = warmup_steps(plan.strategy, request.steps)
         if note:
             extra["warmup_note"] = note
-        for index in range(request.steps):
-            if index == warmup:
-                traces = trace_complete(_engines(runner))
-                if traces:
-                    extra["zero3_trace_complete"] = traces
-            clock.start_step()
-            runner.step(clock)
-            clock.finish_step(measured=index >= warmup)
+        try:
+            for index in range(request.steps):
+                if index == warmup:
+                    traces = trace_complete(_engines(runner))
+                    if traces:
+                        extra["zero3_trace_complete"] = traces
+                clock.start_step(measured=index >= warmup)
+                runner.step(clock)
+                clock.finish_step(measured=index >= warmup)
+        finally:
+            if tracker is not None:
+                with contextlib.suppress(Exception):  # best-effort labels, never the outcome
+                    tracker.label_kinds()  # while the engines are alive: parameters, gradients, optimizer states
         extra.update(measured_steps=clock.measured_steps, warmup_steps=warmup, empty_cache_calls=clock.cache_calls)
         extra.update(clock.spread())
         return clock.measurements(), plan.layers
@@ -173,6 +189,7 @@ def main(folder: Path) -> int:
         failed, message = reporter.phase, describe(exc)
         extra["traceback"] = traceback.format_exc()[-4000:]
         layers = extra.get("layers_run")
+    RECORDING.write(folder, extra)
     from probes.fingerprint import host_fingerprint
 
     print_ = FINGERPRINT[-1] if FINGERPRINT else host_fingerprint(request.device)

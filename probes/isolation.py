@@ -2,7 +2,8 @@
 
 The parent writes ``DIR/request.json``; the child appends one JSON line to ``DIR/events.jsonl`` as it
 enters each phase (``{"phase": name, "t": seconds, "rss": bytes}``; also ``{"fingerprint": {...}}``) and
-writes ``DIR/result.json`` (atomically) when it is done, failed or not; its stdout and stderr go to
+writes ``DIR/result.json`` (atomically) when it is done, failed or not, with the allocation records it
+listed there in ``DIR/artifact.<name>`` (:mod:`probes.artifacts`); its stdout and stderr go to
 ``DIR/child.log``. On timeout (or when the parent is interrupted) the whole process group is killed
 with SIGKILL, so no DeepSpeed helper outlives the probe; the last phase event says where it stopped.
 
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from probes.arch_list import arch_list_env
+from probes.artifacts import read_artifacts
+from store.artifacts import ProbeArtifact
 
 __all__ = ["ChildRun", "child_env", "free_port", "run_child", "PROJECT_ROOT"]
 
@@ -52,6 +55,7 @@ class ChildRun:
     events: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] | None = None
     log_tail: str = ""
+    artifacts: tuple[ProbeArtifact, ...] = ()  # the records the child listed in its result
 
     @property
     def last_phase(self) -> str | None:
@@ -104,9 +108,25 @@ def child_env(device: str, allocator: str, base: dict[str, str] | None = None) -
     return arch_list_env(env)[0]
 
 
+GROUP_GONE_S = 30.0  # the most a killed group's members may take to be reaped (their parent is init)
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _wait_group_gone(pgid: int) -> None:
+    """Wait until nothing of a killed process group is left (its leader already reaped): helpers of the
+    child (compiler workers, DeepSpeed's launchers) are reparented to init and exist, as zombies, until it
+    reaps them; a probe that returns leaves none behind."""
+    deadline = time.monotonic() + GROUP_GONE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.02)
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:
@@ -192,14 +212,17 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, mo
                 raise
             finally:
                 _kill_group(proc.pid)  # helpers the child may have left behind
+                _wait_group_gone(proc.pid)
                 release_shared_memory(env.get("MASTER_PORT", ""))
         wall = time.perf_counter() - start
+        result = None if timed_out else _read_result(folder / RESULT_FILE)
         return ChildRun(
             returncode=returncode,
             timed_out=timed_out,
             wall_s=wall,
             pid=proc.pid,
             events=_read_events(folder / EVENTS_FILE),
-            result=None if timed_out else _read_result(folder / RESULT_FILE),
+            result=result,
             log_tail=_tail(folder / LOG_FILE),
+            artifacts=read_artifacts(folder, result),
         )

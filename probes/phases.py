@@ -22,7 +22,11 @@ Measuring (:class:`PhaseClock`): on CUDA ``reset_peak_memory_stats`` at each pha
 ``max_memory_allocated`` / ``max_memory_reserved``, ``memory_stats()["inactive_split_bytes.all.peak"]``,
 the growth of ``num_alloc_retries`` and ``num_ooms``, and the time between two CUDA events. On the CPU
 the :class:`probes.tracker.LiveTensorTracker` peak (reserved = allocated) and ``time.perf_counter``.
-Nothing here imports torch at module level.
+
+A tracker that records its allocation stream gets the markers of :mod:`store.stream_phases`: each phase's
+name where it starts (with the peak reset, in one step), ``step`` or ``warmup-step`` where a step starts
+and where each of its phases ends (with the peak read), and an EMPTY_CACHE event where ``empty_cache``
+runs or, on the CPU, would run. Nothing here imports torch at module level.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from store.measurements import PhaseMeasurement
 from store.phases import ALL_PHASES, EMPTY_CACHE_AFTER, END_STEP, INFERENCE_PHASES, PHASES, empties_after
+from store.stream_phases import STEP_MARK, WARMUP_MARK
 
 __all__ = ["EMPTY_CACHE_AFTER", "INFERENCE_PHASES", "PHASES", "END_STEP", "PhaseClock", "empties_after"]
 
@@ -62,11 +67,18 @@ class PhaseClock:
         self._step: dict[str, dict[str, float]] = {}
         self._steps: list[dict[str, dict[str, float]]] = []
         self._order: list[str] = []
+        self._step_mark = STEP_MARK
+        # a tracker that keeps an allocation stream takes markers (a bare one only resets its peak)
+        self._marks = tracker is not None and hasattr(tracker, "mark_phase")
 
     # --- steps ----------------------------------------------------------------------------------------
 
-    def start_step(self) -> None:
+    def start_step(self, measured: bool = True) -> None:
+        """Open a step; ``measured`` says whether :meth:`finish_step` will keep it (it names its stream markers)."""
         self._step = {}
+        self._step_mark = STEP_MARK if measured else WARMUP_MARK
+        if self._marks:
+            self.tracker.mark_phase(self._step_mark)
 
     def finish_step(self, measured: bool) -> None:
         """Close the step; a measured step's phases enter the result (the warm-up's do not)."""
@@ -105,6 +117,8 @@ class PhaseClock:
         if not empties_after(self.policy, event):
             return
         self.cache_calls += 1
+        if self._marks:
+            self.tracker.mark_empty_cache()
         if self.device == "cuda":
             import torch
 
@@ -121,7 +135,9 @@ class PhaseClock:
             end = torch.cuda.Event(enable_timing=True)
             begin.record()
             return begin, end, stats
-        if self.tracker is not None:
+        if self._marks:
+            self.tracker.mark_phase(self.current, reset_peak=True)
+        elif self.tracker is not None:
             self.tracker.reset_peak()
         return time.perf_counter()
 
@@ -142,7 +158,10 @@ class PhaseClock:
                 "time": begin.elapsed_time(end) / 1000.0,
             }
         elapsed = time.perf_counter() - start
-        peak = self.tracker.peak if self.tracker is not None else 0
+        if self._marks:
+            peak = self.tracker.mark_phase(self._step_mark)  # the phase's peak, read where its window ends
+        else:
+            peak = self.tracker.peak if self.tracker is not None else 0
         return {"allocated": peak, "reserved": peak, "inactive": 0, "retries": 0, "ooms": 0, "time": elapsed}
 
     def _record(self, name: str, sample: dict[str, float]) -> None:

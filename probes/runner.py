@@ -17,6 +17,9 @@ compiled ops) from leaking between probes. Outcomes:
 - ``timeout``: ``request.timeout_s`` of wall time passed; the child's process group is killed and
   ``failed_phase`` is the phase it had entered last.
 
+A child that reported carries its allocation records in ``result.artifacts`` (:mod:`probes.artifacts`);
+the store keeps them with the probe.
+
 Pure Python: importing this module imports no torch.
 """
 
@@ -96,6 +99,7 @@ def _result(run: ChildRun, request: ProbeRequest, layers: int, wall_s: float) ->
             fingerprint=result.fingerprint or _fingerprint(run, request.device),
             layers=result.layers if result.layers is not None else layers,
             extra=extra,
+            artifacts=run.artifacts,
         )
     code = run.returncode
     if code is not None and code < 0:

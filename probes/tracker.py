@@ -30,6 +30,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, KIND_INDEX, PHASE, AllocStream, Event
+
 __all__ = ["LiveTensorTracker", "ProbeOOM"]
 
 
@@ -51,24 +53,44 @@ class _Mode(TorchDispatchMode):
         return out
 
 
+_PARAMETERS, _GRADIENTS, _OPTIMIZER_STATES = (KIND_INDEX[k] for k in ("parameters", "gradients", "optimizer_states"))
+
+
+class _Entry:
+    """One counted storage: a weak reference to it, its bytes, and (when recording) its stream key and the
+    index of its ALLOC event."""
+
+    __slots__ = ("ref", "nbytes", "key", "event")
+
+    def __init__(self, ref: weakref.ref, nbytes: int, key: int = 0, event: int = -1) -> None:
+        self.ref, self.nbytes, self.key, self.event = ref, nbytes, key, event
+
+
 class LiveTensorTracker:
     """Counts live tensor-storage bytes on ``device_types`` while active (``with tracker:``).
 
     ``current`` is what is alive now, ``peak`` the most seen since the last :meth:`reset_peak` (or since
     creation). With ``cap_bytes`` set, an allocation that would take ``current`` above the cap raises
     :class:`ProbeOOM` (the op has run; its output is dropped as the error unwinds, so ``current`` stays
-    consistent). Re-entrant use and nesting are not supported: one tracker, one ``with`` block.
+    consistent). With ``record_stream`` it keeps the allocation stream, :meth:`stream` (see the module
+    docstring). Re-entrant use and nesting are not supported: one tracker, one ``with`` block.
     """
 
-    def __init__(self, cap_bytes: int | None = None, device_types: Iterable[str] = ("cpu",)) -> None:
+    def __init__(
+        self, cap_bytes: int | None = None, device_types: Iterable[str] = ("cpu",), record_stream: bool = False
+    ) -> None:
         self.cap_bytes = cap_bytes
         self.device_types = frozenset(device_types)
         self.current = 0
         self.peak = 0
-        self._live: dict[int, tuple[weakref.ref, int]] = {}
+        self.record_stream = record_stream
+        self._live: dict[int, _Entry] = {}
         self._lock = threading.RLock()
         self._mode: _Mode | None = None
         self._orig_resize: Any = None
+        self._events: list[Event] = []
+        self._phases: list[str] = []
+        self._next_key = 1
 
     # --- the public face -------------------------------------------------------------------------
 
@@ -93,6 +115,31 @@ class LiveTensorTracker:
         with self._lock:
             self.peak = self.current
 
+    def mark_phase(self, name: str, *, reset_peak: bool = False) -> int:
+        """Append a PHASE marker ``name`` to the stream (when recording) and, with ``reset_peak``, start a
+        new peak window there, in one step. Returns the peak of the window that ends here (before any reset).
+        """
+        with self._lock:
+            ended = self.peak
+            if self.record_stream:
+                if name not in self._phases:
+                    self._phases.append(name)
+                self._events.append((PHASE, self._phases.index(name), 0, 0, 0))
+            if reset_peak:
+                self.peak = self.current
+            return ended
+
+    def mark_empty_cache(self) -> None:
+        """Append an EMPTY_CACHE event where ``torch.cuda.empty_cache()`` runs (or would run, on the CPU)."""
+        if self.record_stream:
+            with self._lock:
+                self._events.append((EMPTY_CACHE, 0, 0, 0, 0))
+
+    def stream(self) -> AllocStream:
+        """The allocation stream recorded so far (empty unless ``record_stream``)."""
+        with self._lock:
+            return AllocStream(tuple(self._events), tuple(self._phases))
+
     @property
     def storages(self) -> int:
         """How many storages are counted now."""
@@ -102,16 +149,43 @@ class LiveTensorTracker:
         """Count the storages of tensors that exist already (default: every tensor the GC knows).
 
         Returns the bytes added. Parameters, buffers and optimizer states built before tracking started
-        are found this way; a storage already counted is not counted again.
+        are found this way; a storage already counted is not counted again. When recording, the kinds of
+        what it sees are labelled too (:meth:`label_kinds`).
         """
         before = self.current
+        labels: dict[int, int] = {}
+        roles: dict[type, int] = {}
         for obj in gc.get_objects() if objects is None else objects:
-            if issubclass(type(obj), torch.Tensor):  # type(), not isinstance: no __class__ lookups on proxies
+            kind = type(obj)  # type(), not isinstance: no __class__ lookups on proxies
+            role = roles.get(kind)
+            if role is None:
+                role = roles[kind] = _role(kind)
+            if role in (_IS_TENSOR, _IS_PARAMETER):
                 self.add(obj)
+            if role > _IS_TENSOR and self.record_stream:
+                self._label_object(obj, role, labels)
         return self.current - before
 
-    def add(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor``'s storage if it is new (or re-size it if it changed); may raise ProbeOOM."""
+    def label_kinds(self, objects: Iterable[Any] | None = None) -> int:
+        """Label the ALLOC events of live storages by what holds them (best-effort, see the module docstring):
+        parameters, their gradients, and the tensors in torch optimizers' state. Counts nothing; returns how
+        many events were labelled. ``objects`` defaults to every object the GC knows."""
+        if not self.record_stream:
+            return 0
+        labels: dict[int, int] = {}
+        roles: dict[type, int] = {}
+        for obj in gc.get_objects() if objects is None else objects:
+            kind = type(obj)
+            role = roles.get(kind)
+            if role is None:
+                role = roles[kind] = _role(kind)
+            if role > _IS_TENSOR:
+                self._label_object(obj, role, labels)
+        return sum(labels.values())
+
+    def add(self, tensor: torch.Tensor, kind: int = 0) -> None:
+        """Count ``tensor``'s storage if it is new (or re-size it if it changed); may raise ProbeOOM.
+        ``kind`` (an index of :data:`store.alloc_stream.KINDS`) labels its ALLOC when recording."""
         storage = _storage(tensor)
         if storage is None or storage.device.type not in self.device_types:
             return
@@ -119,15 +193,14 @@ class LiveTensorTracker:
         key = id(storage)
         with self._lock:
             entry = self._live.get(key)
-            if entry is not None and entry[0]() is storage:
-                if entry[1] != nbytes:
-                    self._resize(key, storage, entry, nbytes)
+            if entry is not None and entry.ref() is storage:
+                if entry.nbytes != nbytes:
+                    self._resize(key, entry, nbytes)
                 return
             if nbytes == 0:
                 return
             self._grow(nbytes)
-            ref = weakref.ref(storage, self._make_release(key))
-            self._live[key] = (ref, nbytes)
+            self._live[key] = self._new_entry(key, storage, nbytes, kind)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -142,22 +215,68 @@ class LiveTensorTracker:
         if total > self.peak:
             self.peak = total
 
-    def _resize(self, key: int, storage: Any, entry: tuple[weakref.ref, int], nbytes: int) -> None:
-        self._grow(nbytes - entry[1])
+    def _new_entry(self, key: int, storage: Any, nbytes: int, kind: int = 0) -> _Entry:
+        """The entry of a storage just counted (``_grow`` has run); records its ALLOC. Under the lock."""
+        entry = _Entry(weakref.ref(storage, self._make_release(key)), nbytes)
+        if self.record_stream:
+            entry.key, entry.event = self._next_key, len(self._events)
+            self._next_key += 1
+            self._events.append((ALLOC, entry.key, nbytes, 0, kind))
+        return entry
+
+    def _resize(self, key: int, entry: _Entry, nbytes: int) -> None:
+        """A counted storage changed size: the FREE of the old bytes, the ALLOC of the new. Under the lock."""
+        self._grow(nbytes - entry.nbytes)
+        if self.record_stream:
+            self._events.append((FREE, entry.key, 0, 0, 0))
+            if nbytes:
+                kind = self._events[entry.event][4]
+                entry.key, entry.event = self._next_key, len(self._events)
+                self._next_key += 1
+                self._events.append((ALLOC, entry.key, nbytes, 0, kind))
         if nbytes == 0:
             self._live.pop(key, None)
         else:
-            self._live[key] = (entry[0], nbytes)
+            entry.nbytes = nbytes
 
     def _make_release(self, key: int) -> Any:
         def release(ref: weakref.ref) -> None:
             with self._lock:
                 entry = self._live.get(key)
-                if entry is not None and entry[0] is ref:
+                if entry is not None and entry.ref is ref:
                     del self._live[key]
-                    self.current -= entry[1]
+                    self.current -= entry.nbytes
+                    if self.record_stream:
+                        self._events.append((FREE, entry.key, 0, 0, 0))
 
         return release
+
+    def _label_object(self, obj: Any, role: int, labels: dict[int, int]) -> None:
+        """Label what ``obj`` holds: a parameter and its gradient, or an optimizer's states."""
+        if role == _IS_PARAMETER:
+            self._label(obj, _PARAMETERS, labels)
+            grad = obj.grad
+            if grad is not None:
+                self._label(grad, _GRADIENTS, labels)
+        elif role == _IS_OPTIMIZER:
+            for state in obj.state.values():
+                for value in state.values() if isinstance(state, dict) else ():
+                    if isinstance(value, torch.Tensor):
+                        self._label(value, _OPTIMIZER_STATES, labels)
+
+    def _label(self, tensor: Any, kind: int, labels: dict[int, int]) -> None:
+        """Set ``kind`` on the latest ALLOC of ``tensor``'s storage, if it is counted."""
+        storage = _storage(tensor)
+        if storage is None:
+            return
+        with self._lock:
+            entry = self._live.get(id(storage))
+            if entry is None or entry.ref() is not storage or entry.event < 0:
+                return
+            op, key, size, stream, old = self._events[entry.event]
+            if old != kind:
+                self._events[entry.event] = (op, key, size, stream, kind)
+                labels[kind] = labels.get(kind, 0) + 1
 
     def _patch_resize(self) -> None:
         tracker = self
@@ -168,14 +287,15 @@ class LiveTensorTracker:
             result = original(storage, size)
             if storage.device.type in tracker.device_types:
                 key = id(storage)
+                nbytes = storage.nbytes()
                 with tracker._lock:
                     entry = tracker._live.get(key)
-                    if entry is not None and entry[0]() is storage:
-                        if entry[1] != storage.nbytes():
-                            tracker._resize(key, storage, entry, storage.nbytes())
-                    elif storage.nbytes() > 0:
-                        tracker._grow(storage.nbytes())
-                        tracker._live[key] = (weakref.ref(storage, tracker._make_release(key)), storage.nbytes())
+                    if entry is not None and entry.ref() is storage:
+                        if entry.nbytes != nbytes:
+                            tracker._resize(key, entry, nbytes)
+                    elif nbytes > 0:
+                        tracker._grow(nbytes)
+                        tracker._live[key] = tracker._new_entry(key, storage, nbytes)
             return result
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
@@ -184,6 +304,18 @@ class LiveTensorTracker:
         if self._orig_resize is not None:
             torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
             self._orig_resize = None
+
+
+_IS_OTHER, _IS_TENSOR, _IS_PARAMETER, _IS_OPTIMIZER = 0, 1, 2, 3  # what track_existing and label_kinds see
+
+
+def _role(kind: type) -> int:
+    """What an object of type ``kind`` is to the tracker (asked once per type)."""
+    if issubclass(kind, torch.nn.Parameter):
+        return _IS_PARAMETER
+    if issubclass(kind, torch.Tensor):
+        return _IS_TENSOR
+    return _IS_OPTIMIZER if issubclass(kind, torch.optim.Optimizer) else _IS_OTHER
 
 
 def _storage(tensor: torch.Tensor) -> Any:

@@ -24,6 +24,7 @@ from search.predictor import (
     predict_cpu_allocated,
     predict_cpu_backend,
     replay_memory,
+    replay_timeline,
 )
 from search.rlhf.step import predict_rlhf
 from store.phases import PHASES
@@ -47,6 +48,7 @@ __all__ = [
     "predict_cpu_backend",
     "predict_rlhf",
     "replay_memory",
+    "replay_timeline",
     "search",
     "search_rlhf",
 ]

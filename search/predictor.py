@@ -6,7 +6,8 @@ from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.prediction import Prediction
 from search.rlhf.step import predict_rlhf, rlhf_step
 from search.single.predict import predict_single_model, single_step
-from search.step.replayed import StepReplayed, replay_step
+from search.step.assemble import Step
+from search.step.replayed import StepReplayed, StepTimeline, replay_step, step_timeline
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS, Hardware, RLHFStrategy, Strategy, Workload
 
@@ -36,6 +37,14 @@ def predict(
     raise InputError(f"workload {workload.kind!r} is not supported; supported: {kinds}")
 
 
+def _step(workload: Workload, strategy: Strategy | RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """The strategy's step before its policy is applied, after the same checks as a prediction."""
+    predict(workload, strategy, hardware, coef)
+    if isinstance(strategy, RLHFStrategy):
+        return rlhf_step(workload, strategy, hardware, coef)
+    return single_step(workload, strategy, hardware, coef)
+
+
 def replay_memory(
     workload: Workload,
     strategy: Strategy | RLHFStrategy,
@@ -45,12 +54,17 @@ def replay_memory(
     """The strategy's step replayed through the port of torch's caching allocator (:mod:`search.allocator`):
     reserved bytes per phase and after the engines' init, from the allocation stream the cost model's bytes
     make (:mod:`search.streams`), under the strategy's ``empty_cache`` policy and allocator setting."""
-    predict(workload, strategy, hardware, coef)  # the same validation and errors as a prediction
-    if isinstance(strategy, RLHFStrategy):
-        step = rlhf_step(workload, strategy, hardware, coef)
-    else:
-        step = single_step(workload, strategy, hardware, coef)
-    return replay_step(step, strategy.empty_cache, strategy.allocator, coef)
+    return replay_step(_step(workload, strategy, hardware, coef), strategy.empty_cache, strategy.allocator, coef)
+
+
+def replay_timeline(
+    workload: Workload,
+    strategy: Strategy | RLHFStrategy,
+    hardware: Hardware,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> StepTimeline:
+    """Allocated and reserved bytes over one (the measured) step of the allocator replay, event by event."""
+    return step_timeline(_step(workload, strategy, hardware, coef), strategy.empty_cache, strategy.allocator)
 
 
 def cpu_backend_coefficients(coef: Coefficients) -> Coefficients:

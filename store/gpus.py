@@ -62,10 +62,13 @@ def get_gpu(name: str) -> GPUSpec:
     return found
 
 
+GENERIC_PREFIX = "generic-"  # the name of a GPU known only by its memory
+
+
 def generic_gpu(memory_bytes: int) -> GPUSpec:
     """A GPU known only by its memory: the catalog's A100 rates, the user's memory."""
     gib = memory_bytes / 2**30
-    return replace(GENERIC_RATES, name=f"generic-{gib:g}G", memory_bytes=memory_bytes, aliases=())
+    return replace(GENERIC_RATES, name=f"{GENERIC_PREFIX}{gib:g}G", memory_bytes=memory_bytes, aliases=())
 
 
 def _family(name: str) -> str:

@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from store.artifacts import ProbeArtifact
+
 OUTCOMES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
 
 
@@ -108,7 +110,13 @@ class ProbeRequest:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What happened: the outcome, where it stopped, and what each phase measured."""
+    """What happened: the outcome, where it stopped, and what each phase measured.
+
+    ``artifacts`` are the binary records the probe kept (:mod:`store.artifacts`: its allocation stream or
+    CUDA snapshot). They travel with the result from the probe to the store, which keeps them beside it;
+    they are not part of its JSON (``to_dict``) nor of its equality, and a result read back from the store
+    has none (load them by name from the storage).
+    """
 
     outcome: str  # one of OUTCOMES
     phases: tuple[PhaseMeasurement, ...] = ()
@@ -119,6 +127,7 @@ class ProbeResult:
     fingerprint: DeviceFingerprint | None = None
     layers: int | None = None  # decoder layers of the model that ran
     extra: dict[str, Any] = field(default_factory=dict)
+    artifacts: tuple[ProbeArtifact, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak_allocated_bytes(self) -> int:

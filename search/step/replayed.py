@@ -4,7 +4,7 @@
 (:func:`search.streams.build.step_stream`) under an ``empty_cache`` policy and replays it through the port of
 torch's caching allocator (:mod:`search.allocator`) with the strategy's allocator setting. Each phase's peak
 reserved bytes, its inactive-split bytes (reserved but unusable), its allocation retries and its cudaMalloc
-and cudaFree calls come from the replay of the measured (second) step; the ``empty_cache`` calls cost what
+and cudaFree calls come from the replay of the measured steps; the ``empty_cache`` calls cost what
 the replay says they make the allocator do: each released segment's cudaFree now and the cudaMalloc of
 every segment the step then has to map again (:func:`empty_cache_seconds`). Replays are cached on the stream
 (its events are plain tuples), so a search that meets the same step twice replays it once.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from search.allocator import AllocatorConfig, replay
+from search.allocator import AllocatorConfig, PhaseReplay, ReplayResult, replay
 from search.coefficients import Coefficients
 from search.step.assemble import Step
 from search.step.phases import LIVE_PARTS, StepPhase
@@ -23,6 +23,7 @@ from search.streams.build import STEP_MARK, step_stream
 from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
 
 HYBRID = LIVE_PARTS.index("hybrid_engine")
+STEPS = 3  # built and replayed: one warm-up step, then the measured ones (reserved may still grow in the second)
 ALLOCATOR_CONFIGS = {
     "default": AllocatorConfig(),
     "expandable-segments": AllocatorConfig(expandable_segments=True),
@@ -86,7 +87,7 @@ def empty_cache_seconds(frees: int, mallocs_after: int, calls: int, coef: Coeffi
 
 
 @lru_cache(maxsize=2048)
-def _replay(stream: AllocStream, allocator: str) -> object:
+def _replay(stream: AllocStream, allocator: str) -> ReplayResult:
     return replay(stream, ALLOCATOR_CONFIGS[allocator])
 
 
@@ -101,8 +102,8 @@ def _outside(phase: StepPhase) -> int:
 
 
 def _calls_in_last_step(stream: AllocStream) -> int:
-    """The ``empty_cache`` calls of the measured (last) step."""
-    last = stream.phases.index(f"{STEP_MARK}2")
+    """The ``empty_cache`` calls of the last step."""
+    last = stream.phases.index(f"{STEP_MARK}{STEPS}")
     calls, inside = 0, False
     for op, key, _, _, _ in stream.events:
         if op == PHASE and stream.phases[key].startswith(STEP_MARK):
@@ -113,40 +114,77 @@ def _calls_in_last_step(stream: AllocStream) -> int:
 
 
 def stream_of(step: Step, empty_cache: str) -> AllocStream:
-    """The allocation stream of ``step``'s engine init and two steps under ``empty_cache``."""
-    return step_stream(step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache)
+    """The allocation stream of ``step``'s engine init and :data:`STEPS` steps under ``empty_cache``."""
+    return step_stream(
+        step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache, STEPS
+    )
 
 
 def replay_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients) -> StepReplayed:
-    """Replay ``step`` (a :class:`search.step.assemble.Step`) under a policy and an allocator setting."""
+    """Replay ``step`` (a :class:`search.step.assemble.Step`) under a policy and an allocator setting.
+
+    A phase's peaks are the largest over the measured steps (all but the first, as a probe measures); its
+    counts (cudaMalloc, cudaFree, retries) are those of the last step, the steady cost of every step."""
     stream = stream_of(step, empty_cache)
     result = _replay(stream, allocator)
     phases = step.phases
     names = [phase.name for phase in phases]
-    found: dict[str, list[object]] = {name: [] for name in names}
-    last_step = False
+    measured: dict[str, list[PhaseReplay]] = {name: [] for name in names}
+    last: dict[str, list[PhaseReplay]] = {name: [] for name in names}
+    number = 0
     setup = result.phases[0]  # the engines' init, up to the first step's marker
     for window in result.phases:
         if window.name.startswith(STEP_MARK):
-            last_step = window.name == f"{STEP_MARK}2"
-        elif last_step and window.name in found:
-            found[window.name].append(window)
+            number = int(window.name.removeprefix(STEP_MARK))
+        elif number >= 2 and window.name in measured:
+            measured[window.name].append(window)
+            if number == STEPS:
+                last[window.name].append(window)
     out = []
     frees = mallocs = 0
     for phase in phases:
-        runs = found[phase.name]
+        runs, steady = measured[phase.name], last[phase.name]
         outside = _outside(phase)
         out.append(
             PhaseReplayed(
                 reserved=max(w.peak_reserved for w in runs) + outside,
                 allocated=max(w.peak_allocated for w in runs) + outside,
                 inactive_split=max(w.peak_inactive_split for w in runs),
-                alloc_retries=sum(w.alloc_retries for w in runs),
-                cuda_mallocs=sum(w.cuda_mallocs for w in runs),
-                cuda_frees=sum(w.cuda_frees for w in runs),
+                alloc_retries=sum(w.alloc_retries for w in steady),
+                cuda_mallocs=sum(w.cuda_mallocs for w in steady),
+                cuda_frees=sum(w.cuda_frees for w in steady),
             )
         )
         frees += out[-1].cuda_frees
         mallocs += out[-1].cuda_mallocs
     seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
     return StepReplayed(tuple(names), tuple(out), seconds, len(stream), setup.end_allocated, setup.end_reserved)
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """Allocated and reserved bytes over the measured step, event by event, for a picture."""
+
+    samples: tuple[tuple[int, int, int], ...]  # (event index, allocated, reserved), one per event
+    phases: tuple[tuple[int, str], ...]  # (event index, phase name) where each phase run starts
+    empty_cache: tuple[int, ...]  # event indices of the empty_cache calls
+    outside: int  # bytes held outside torch's allocator at their most (drawn as a constant band)
+
+
+def step_timeline(step: Step, empty_cache: str, allocator: str) -> StepTimeline:
+    """The replay of ``step``'s last step, sample by sample (see :class:`StepTimeline`)."""
+    stream = stream_of(step, empty_cache)
+    result = replay(stream, ALLOCATOR_CONFIGS[allocator], timeline=True)
+    start = next(
+        i
+        for i, (op, key, _, _, _) in enumerate(stream.events)
+        if op == PHASE and stream.phases[key] == f"{STEP_MARK}{STEPS}"
+    )
+    samples = tuple((i, allocated, reserved) for i, _, allocated, reserved in result.timeline if i >= start)
+    marks = tuple(
+        (i, stream.phases[key])
+        for i, (op, key, _, _, _) in enumerate(stream.events)
+        if i > start and op == PHASE and not stream.phases[key].startswith(STEP_MARK)
+    )
+    calls = tuple(i for i, event in enumerate(stream.events) if i > start and event[0] == EMPTY_CACHE)
+    return StepTimeline(samples, marks, calls, max(_outside(phase) for phase in step.phases))

@@ -16,8 +16,9 @@ moment, the bytes each live part holds. The stream makes those moments happen in
    activations a forward leaves for its backward; the gradients carried between micro-steps).
 4. ``empty_cache`` calls where the policy puts them (:func:`store.phases.empties_after`).
 
-Two steps are built; the second is the one a probe measures (after a warm-up step). Bytes outside torch's
-allocator (the hybrid engine's workspace, and its KV cache) are not in the stream.
+Several steps are built (``steps``): a probe measures after a warm-up step, and reserved memory may still
+grow in the second. Bytes outside torch's allocator (the hybrid engine's workspace, and its KV cache) are
+not in the stream.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import abc
 from types import TracebackType
 from typing import Any
 
+from store.artifacts import ProbeArtifact
 from store.db._record import PlanRecord, ProbeRecord, ProbeRunRecord
 from store.measurements import ProbeRequest, ProbeResult
 
@@ -70,6 +71,26 @@ class BaseStorage(abc.ABC):
     ``get_probe(probe_id_or_prefix)``:
         As ``get_plan``, for probe ids: at least 4 characters, case-insensitive, unique; InputError
         with one line otherwise.
+
+    Probe artifacts
+    ---------------
+    A probe keeps named binary records beside its result (``store.artifacts.ProbeArtifact``: its
+    allocation stream, its CUDA snapshot), at most one per name. ``save_probe`` stores
+    ``result.artifacts`` in its own transaction (TypeError for anything but ProbeArtifacts with a plain
+    name, a format and bytes; ValueError for two of one name; nothing is written then). Records read
+    back carry no artifacts in ``result.artifacts``: they are read by name.
+
+    ``save_probe_artifact(probe_id_or_prefix, artifact)``:
+        Stores ``artifact`` with the probe (ids as ``get_probe``: InputError for no such probe), replacing
+        the probe's artifact of the same name; one transaction. Returns the artifact as stored.
+
+    ``load_probe_artifact(probe_id_or_prefix, name)``:
+        The probe's artifact of this name (a fresh value equal to what was saved), or None when it has
+        none. InputError as ``get_probe`` for the id.
+
+    ``list_probe_artifacts(probe_id_or_prefix)``:
+        ``{name: size in bytes}`` of the probe's artifacts, by name (reads no blob). InputError as
+        ``get_probe`` for the id.
 
     Probe runs
     ----------
@@ -153,6 +174,18 @@ class BaseStorage(abc.ABC):
     @abc.abstractmethod
     def get_probe(self, probe_id_or_prefix: str) -> ProbeRecord:
         """The probe with this id or unique id prefix of at least 4 characters; else InputError."""
+
+    @abc.abstractmethod
+    def save_probe_artifact(self, probe_id_or_prefix: str, artifact: ProbeArtifact) -> ProbeArtifact:
+        """Store ``artifact`` with the probe, replacing one of the same name (see the class docstring)."""
+
+    @abc.abstractmethod
+    def load_probe_artifact(self, probe_id_or_prefix: str, name: str) -> ProbeArtifact | None:
+        """The probe's artifact named ``name``, or None; InputError for no such probe."""
+
+    @abc.abstractmethod
+    def list_probe_artifacts(self, probe_id_or_prefix: str) -> dict[str, int]:
+        """``{name: size in bytes}`` of the probe's artifacts, by name; InputError for no such probe."""
 
     @abc.abstractmethod
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Dialect, Float, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Dialect, Float, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -101,3 +101,22 @@ class ProbeRow(Base):
     peak_reserved_bytes: Mapped[int] = mapped_column(BigInteger)
     step_time_s: Mapped[float] = mapped_column(Float)
     wall_s: Mapped[float] = mapped_column(Float)
+
+
+class ProbeArtifactRow(Base):
+    """One row of ``probe_artifacts``: a named binary record kept with a probe (its allocation stream or
+    CUDA snapshot, :mod:`store.artifacts`); at most one per probe and name.
+
+    ``probe_id`` names a ``probes`` row by value, as ``probes.run_id`` names a run; ``size`` is the length
+    of ``data``, so listing a probe's artifacts reads no blob.
+    """
+
+    __tablename__ = "probe_artifacts"
+    __table_args__ = (Index("ix_probe_artifacts_probe_id_name", "probe_id", "name", unique=True),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    probe_id: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(64))
+    format: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,5 +1,5 @@
 """The SQLAlchemy backend of the plan database (SQLite files by default, any SQLAlchemy URL works):
-plans, probes and probe runs, each read and written in one session scope.
+plans, probes (with their artifacts) and probe runs, each read and written in one session scope.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
+from store.artifacts import ProbeArtifact
+from store.db._artifacts import artifact_value, check_artifact, check_artifacts, new_artifact_row
 from store.db._base import BaseStorage
 from store.db._engine import make_engine, prepare_sqlite_file, remove_folders
-from store.db._orm import Base, PlanRow, ProbeRow, ProbeRunRow
+from store.db._orm import Base, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
 from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
 from store.db._record import (
     MIN_PREFIX_LENGTH,
@@ -166,10 +168,12 @@ class SQLAlchemyStorage(BaseStorage):
     ) -> ProbeRecord:
         """Store a new probe under ``key`` in one transaction, keeping older ones (see ``BaseStorage``)."""
         row = new_probe_row(request, result, key, run_id)
+        artifacts = check_artifacts(result.artifacts)
         with self._session_scope() as session:
             if run_id is not None and _run_row(session, run_id) is None:
                 raise InputError(f"no probe run has the id {run_id!r}; start one before saving probes to it")
             session.add(row)
+            session.add_all(new_artifact_row(row.probe_id, artifact) for artifact in artifacts)
             session.flush()
             session.refresh(row)  # what the database kept (its time precision), not what we sent
             return probe_record(row)
@@ -203,6 +207,38 @@ class SQLAlchemyStorage(BaseStorage):
         with self._session_scope() as session:
             row = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
             return probe_record(row)
+
+    def save_probe_artifact(self, probe_id_or_prefix: str, artifact: ProbeArtifact) -> ProbeArtifact:
+        """Store ``artifact`` with the probe, replacing one of the same name (see ``BaseStorage``)."""
+        check_artifact(artifact)
+        with self._session_scope() as session:
+            probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
+            old = _artifact_row(session, probe.probe_id, artifact.name)
+            if old is not None:
+                session.delete(old)
+                session.flush()
+            row = new_artifact_row(probe.probe_id, artifact)
+            session.add(row)
+            session.flush()
+            return artifact_value(row)
+
+    def load_probe_artifact(self, probe_id_or_prefix: str, name: str) -> ProbeArtifact | None:
+        """The probe's artifact named ``name``, or None (see ``BaseStorage``)."""
+        with self._session_scope() as session:
+            probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
+            row = _artifact_row(session, probe.probe_id, name)
+            return artifact_value(row) if row is not None else None
+
+    def list_probe_artifacts(self, probe_id_or_prefix: str) -> dict[str, int]:
+        """``{name: size in bytes}`` of the probe's artifacts, by name (see ``BaseStorage``)."""
+        with self._session_scope() as session:
+            probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
+            stmt = (
+                select(ProbeArtifactRow.name, ProbeArtifactRow.size)
+                .where(ProbeArtifactRow.probe_id == probe.probe_id)
+                .order_by(ProbeArtifactRow.name)
+            )
+            return {name: int(size) for name, size in session.execute(stmt)}
 
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
         """Store a new probe run, status ``"running"``, for these keys (in order) and options."""
@@ -294,6 +330,12 @@ def _by_prefix(
 def _run_row(session: Session, run_id: str) -> ProbeRunRow | None:
     """The run row with exactly this id, or None."""
     return session.scalars(select(ProbeRunRow).where(ProbeRunRow.run_id == run_id)).first()
+
+
+def _artifact_row(session: Session, probe_id: str, name: str) -> ProbeArtifactRow | None:
+    """The artifact row of this probe and name, or None."""
+    stmt = select(ProbeArtifactRow).where(ProbeArtifactRow.probe_id == probe_id, ProbeArtifactRow.name == name)
+    return session.scalars(stmt).first()
 
 
 def _stored_keys(session: Session, run_id: str) -> list[str]:

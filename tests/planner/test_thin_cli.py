@@ -166,9 +166,11 @@ def _readme_use_commands() -> list[list[str]]:
     ]
 
 
-def test_the_readme_use_examples_run(cli: Cli, db: Path) -> None:
+def test_the_readme_use_examples_run(cli: Cli, db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each README example runs with today's defaults (two once broke when the default workload became ppo:
-    ``--seq-len`` and the single-model ``--zero`` flags need ``--workload sft``)."""
+    ``--seq-len`` and the single-model ``--zero`` flags need ``--workload sft``). Files they write land in a
+    temporary folder."""
+    monkeypatch.chdir(tmp_path)
     commands = _readme_use_commands()
     assert {argv[0] for argv in commands} == {"recommend", "predict", "plans", "explain"}
     plan_id = ""

@@ -420,8 +420,8 @@ def test_probes_and_runs_survive_close_and_reopen(reopen: Opener) -> None:
 # The schema --------------------------------------------------------------------------------------
 
 
-def test_head_is_0002_and_matches_the_migration_scripts() -> None:
-    assert HEAD_REVISION == "0002"
+def test_head_is_0003_and_matches_the_migration_scripts() -> None:
+    assert HEAD_REVISION == "0003"  # 0003 added probe artifacts (test_db_artifacts.py)
     assert ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head() == HEAD_REVISION
 
 
@@ -485,7 +485,7 @@ def test_a_0001_database_is_upgraded_on_open_and_keeps_its_plans(tmp_path: Path)
         assert storage.latest_plan() == plan
         saved = save(storage)
         assert storage.find_probe(saved.key) == saved
-    assert stored_versions(path) == ["0002"]
+    assert stored_versions(path) == [HEAD_REVISION]
     assert_schema_is_the_orm(url)
 
 

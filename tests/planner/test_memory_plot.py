@@ -1,0 +1,69 @@
+"""``planner explain PLAN_ID --plot FILE``: one step of the allocator replay, drawn and tabled (issue 10, part 6)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+from planner_helpers import assert_one_error_line
+
+
+def _plan(cli, db: Path, *extra: str) -> str:
+    result = cli("recommend", "--model", "opt-125m", "--gpu-mem", "24G", "--cpu-mem", "64G", "--db", db, *extra)
+    assert result.rc == 0, result.err
+    found = re.search(r"planner export (\w+)", result.out)
+    assert found, result.out
+    return found.group(1)
+
+
+def test_plot_draws_every_phase_and_prints_the_same_as_a_table(cli, db: Path, tmp_path: Path) -> None:
+    plan_id = _plan(cli, db)
+    out = tmp_path / "memory.html"
+    result = cli("explain", plan_id, "--plot", out, "--db", db)
+    assert result.rc == 0, result.err
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "<svg" in page
+    rows = [line.split() for line in result.out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["generation", "scoring", "actor_training", "critic_training"]
+    for row in rows:
+        assert f"<title>{row[0]}</title>" in page
+        allocated, reserved = float(row[1]), float(row[3])
+        assert 0 < allocated <= reserved  # the allocator reserves at least what it hands out
+
+
+def test_plot_marks_the_empty_cache_calls(tmp_path: Path) -> None:
+    """A step that empties the cache after every phase shows one call after each phase run; never, none."""
+    from planner.api import job_spec, resolve
+    from planner.step_plot import write_memory_plot
+    from search import replay_timeline
+    from store.records import Strategy
+
+    job = resolve(job_spec("opt-125m", {"workload": "sft", "gpu_mem": "24G", "batch": 4, "seq_len": 256}))
+    for policy, expected in (("never", 0), ("after-phase", None)):
+        strategy = Strategy(zero_stage=2, micro_batch=2, grad_accum=2, empty_cache=policy)
+        timeline = replay_timeline(job.workload, strategy, job.hardware)
+        written, rows = write_memory_plot(timeline, tmp_path / f"{policy}.svg", policy)
+        calls = written.read_text().count("empty_cache()</title>")
+        assert calls == (len(rows) if expected is None else expected)
+        assert [name for name, _, _ in rows] == ["forward", "backward", "forward", "backward", "optimizer_step"]
+
+
+def test_plot_refuses_what_it_cannot_write(cli, db: Path, tmp_path: Path) -> None:
+    plan_id = _plan(cli, db)
+    existing = tmp_path / "memory.svg"
+    existing.write_text("kept")
+    assert_one_error_line(cli("explain", plan_id, "--plot", existing, "--db", db), "exists", "--force")
+    assert existing.read_text() == "kept"
+    assert_one_error_line(cli("explain", plan_id, "--plot", tmp_path / "m.txt", "--db", db), ".html", ".svg")
+    assert cli("explain", plan_id, "--plot", existing, "--force", "--db", db).rc == 0
+    assert "<svg" in existing.read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed here")
+def test_png_without_matplotlib_says_what_to_install(cli, db: Path, tmp_path: Path) -> None:
+    plan_id = _plan(cli, db)
+    result = cli("explain", plan_id, "--plot", tmp_path / "m.png", "--db", db)
+    assert_one_error_line(result, "matplotlib")
+    assert not (tmp_path / "m.png").exists()
