@@ -165,3 +165,26 @@ def test_snapshot_command_imports_no_torch(run_process: Callable[..., CliResult]
     assert result.rc == 0, result.err
     assert result.out.strip() == "0 []"
     assert isinstance(snapshot_to_stream(pickle.loads((tmp_path / "ppo.pickle").read_bytes())), AllocStream)
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_replaying_the_stream_reproduces_the_tracker_peaks(probed: tuple[str, dict[str, Probed]], name: str) -> None:
+    """Through the allocator port, the recorded stream's requested bytes peak where the tracker's did, phase
+    by phase over the measured steps, and the allocator reserves at least that much."""
+    from search.allocator import replay
+    from store.stream_phases import MARKS, WARMUP_MARK
+
+    db, found = probed
+    stream = probe_stream(found[name].probe_id, db=db)
+    assert stream is not None
+    with SQLAlchemyStorage(db) as storage:
+        record = storage.get_probe(found[name].probe_id)
+    peaks: dict[str, int] = {}
+    warmup = False
+    for window in replay(stream).phases:
+        if window.name in MARKS:
+            warmup = window.name == WARMUP_MARK
+        elif not warmup and window.name != SETUP_MARK:
+            peaks[window.name] = max(peaks.get(window.name, 0), window.peak_requested)
+            assert window.peak_reserved >= window.peak_allocated >= window.peak_requested
+    assert peaks == {p.name: p.peak_allocated_bytes for p in record.result.phases}
