@@ -182,12 +182,16 @@ def _engines_init(parts: _Parts, engines: Engines, resident_sizes: dict[str, tup
         parts.grow("resident:parameters", params, resident_sizes.get("parameters", ()))
         parts.shrink("init", 0)
         clone = parts.out.alloc(init.before_master, "optimizer_states") if init.before_master else 0
-        masters += optimizer_states - init.lazy
+        masters += optimizer_states - init.lazy - init.at_init
         parts.grow("resident:optimizer_states", masters, resident_sizes.get("optimizer_states", ()))
         if clone:
             parts.out.free(clone)
-        for size in init.after_master:
-            parts.out.free(parts.out.alloc(size, "gradients"))
+        zeros = [parts.out.alloc(size, "gradients") for size in init.after_master]
+        if init.at_init:  # Adam's states, made by the optimizer step init runs with the zero gradient
+            masters += init.at_init
+            parts.grow("resident:optimizer_states", masters, (init.at_init // 2,))
+        for key in zeros:
+            parts.out.free(key)
 
 
 def step_stream(

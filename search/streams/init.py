@@ -10,11 +10,14 @@ copies DeepSpeed makes and drops on the way, and those leave blocks cached. From
   ``partition.detach().clone().to(fp32)``: a 16-bit clone (``before_master``) exists while the fp32 copy is
   made. ``initialize_optimizer_states`` then sets a zero fp32 gradient of the partition and drops it
   (``after_master``).
-- ZeRO-0 with a 16-bit dtype: FP16_Optimizer flattens clones of every weight (freed with the originals) and
-  makes the fp32 master as ``flat.clone().float()``: a 16-bit clone again.
+- ZeRO-0 with a 16-bit dtype: FP16_Optimizer (the engine's wrapper for bf16 too, unless the gradient
+  accumulation dtype differs) flattens clones of every weight (freed with the originals), makes the fp32
+  master as ``flat.clone().float()`` (a 16-bit clone again), and its ``initialize_optimizer_states`` sets a
+  zero fp32 gradient and steps the optimizer once: Adam's states are made at init (``at_init``).
 - ZeRO-3: partitioning frees every original weight; the fp32 partition is made from the 16-bit one.
 - Adam's ``exp_avg`` and ``exp_avg_sq`` (8 bytes per trainable parameter of the partition) are made by the
-  first ``optimizer.step()`` (``lazy``), not at init: on the device after that step's gradients.
+  first ``optimizer.step()`` (``lazy``), not at init, except under FP16_Optimizer: on the device after that
+  step's gradients.
 
 With the optimizer offloaded, the fp32 master, its gradient and Adam's states live on the host; ZeRO-1/2 still
 make the 16-bit clone of the partition on the device before the fp32 copy goes to the host.
@@ -37,6 +40,7 @@ class EngineInit:
     before_master: int  # the 16-bit clone alive while the fp32 master copy is made
     after_master: tuple[int, ...]  # made and dropped once the master exists (the zero fp32 gradient)
     lazy: int  # Adam's states, made at the first optimizer step (part of the resident optimizer states)
+    at_init: int = 0  # Adam's states made at init instead, while the zero fp32 gradient exists
 
 
 def engine_init(placed: TrainedPlacement, dtype: str) -> EngineInit:
@@ -54,8 +58,12 @@ def engine_init(placed: TrainedPlacement, dtype: str) -> EngineInit:
         clone = d * partition if s.zero_stage in (1, 2) and s.offload_optimizer != "none" else 0
         return EngineInit(originals, clone, (), 0)
     lazy = 8 * partition
+    if s.zero_stage == 0 and mixed:
+        # FP16_Optimizer (bf16 too): its initialize_optimizer_states sets a zero fp32 gradient and runs the
+        # optimizer once, so Adam's states exist from init
+        return EngineInit(originals, d * partition, (4 * partition,), 0, lazy)
     if s.zero_stage == 0:
-        return EngineInit(originals, d * partition if mixed else 0, (), lazy)
+        return EngineInit(originals, 0, (), lazy)
     if s.zero_stage in (1, 2):
         return EngineInit(originals, d * partition, (4 * partition,), lazy)
     return EngineInit(originals, 0, (), lazy)
