@@ -110,6 +110,8 @@ def _phases_table(predicted: Predicted, replay: dict[str, Any] | None = None) ->
             f"allocator replay: the step's stream ({replay['events']:,} events) through the rules of torch's "
             f"caching allocator; {_gib(replay['after_init_reserved_bytes'])} reserved once the engines are built"
         )
+        if replay.get("oom_phase"):
+            table.caption += f"; it runs out of the GPU's memory in {replay['oom_phase']}"
         table.caption_justify = "left"
     return table
 

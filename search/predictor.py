@@ -53,8 +53,12 @@ def replay_memory(
 ) -> StepReplayed:
     """The strategy's step replayed through the port of torch's caching allocator (:mod:`search.allocator`):
     reserved bytes per phase and after the engines' init, from the allocation stream the cost model's bytes
-    make (:mod:`search.streams`), under the strategy's ``empty_cache`` policy and allocator setting."""
-    return replay_step(_step(workload, strategy, hardware, coef), strategy.empty_cache, strategy.allocator, coef)
+    make (:mod:`search.streams`), under the strategy's ``empty_cache`` policy and allocator setting, on the
+    GPU's memory less the CUDA context: a plan that does not fit meets the allocator's retry and its
+    out-of-memory (``oom_phase``)."""
+    device = hardware.gpu_memory_bytes - int(coef.cuda_context_bytes)  # what torch's allocator can take
+    step = _step(workload, strategy, hardware, coef)
+    return replay_step(step, strategy.empty_cache, strategy.allocator, coef, device)
 
 
 def replay_timeline(

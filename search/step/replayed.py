@@ -52,6 +52,7 @@ class StepReplayed:
     events: int  # events replayed (the stream's length)
     init_allocated: int  # allocated bytes once the engines are built (torch.cuda.memory_allocated())
     init_reserved: int  # reserved bytes once the engines are built (torch.cuda.memory_reserved())
+    oom_phase: str = ""  # where the allocator ran out of the device's memory ("" when it did not)
 
     @property
     def peak_reserved(self) -> int:
@@ -65,6 +66,7 @@ class StepReplayed:
             "after_init_reserved_bytes": self.init_reserved,
             "empty_cache_s": self.cache_seconds,
             "events": self.events,
+            "oom_phase": self.oom_phase,
             "phases": [
                 {
                     "name": name,
@@ -87,8 +89,8 @@ def empty_cache_seconds(frees: int, mallocs_after: int, calls: int, coef: Coeffi
 
 
 @lru_cache(maxsize=2048)
-def _replay(stream: AllocStream, allocator: str) -> ReplayResult:
-    return replay(stream, ALLOCATOR_CONFIGS[allocator])
+def _replay(stream: AllocStream, allocator: str, device_bytes: int | None) -> ReplayResult:
+    return replay(stream, ALLOCATOR_CONFIGS[allocator], device_bytes)
 
 
 def _outside(phase: StepPhase) -> int:
@@ -120,13 +122,20 @@ def stream_of(step: Step, empty_cache: str) -> AllocStream:
     )
 
 
-def replay_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients) -> StepReplayed:
+def replay_step(
+    step: Step, empty_cache: str, allocator: str, coef: Coefficients, device_bytes: int | None = None
+) -> StepReplayed:
     """Replay ``step`` (a :class:`search.step.assemble.Step`) under a policy and an allocator setting.
 
     A phase's peaks are the largest over the measured steps (all but the first, as a probe measures); its
-    counts (cudaMalloc, cudaFree, retries) are those of the last step, the steady cost of every step."""
+    counts (cudaMalloc, cudaFree, retries) are those of the last step, the steady cost of every step. With
+    ``device_bytes`` (what torch's allocator may take: the GPU less the CUDA context and the bytes outside
+    it) a cudaMalloc beyond it frees the cache and retries, as torch does, and one that still fails ends the
+    replay: ``oom_phase`` names where, and the phases not reached count the whole device as reserved."""
+    outside = max(_outside(phase) for phase in step.phases)
+    limit = None if device_bytes is None else max(0, device_bytes - outside)
     stream = stream_of(step, empty_cache)
-    result = _replay(stream, allocator)
+    result = _replay(stream, allocator, limit)
     phases = step.phases
     names = [phase.name for phase in phases]
     measured: dict[str, list[PhaseReplay]] = {name: [] for name in names}
@@ -142,9 +151,14 @@ def replay_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients
                 last[window.name].append(window)
     out = []
     frees = mallocs = 0
+    oom_phase = result.phases[-1].name if result.oom else ""
     for phase in phases:
         runs, steady = measured[phase.name], last[phase.name]
         outside = _outside(phase)
+        if not runs:  # never reached: the replay ran out of memory before
+            full = (limit or 0) + outside
+            out.append(PhaseReplayed(full, full, 0, 0, 0, 0))
+            continue
         out.append(
             PhaseReplayed(
                 reserved=max(w.peak_reserved for w in runs) + outside,
@@ -158,7 +172,9 @@ def replay_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients
         frees += out[-1].cuda_frees
         mallocs += out[-1].cuda_mallocs
     seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
-    return StepReplayed(tuple(names), tuple(out), seconds, len(stream), setup.end_allocated, setup.end_reserved)
+    return StepReplayed(
+        tuple(names), tuple(out), seconds, len(stream), setup.end_allocated, setup.end_reserved, oom_phase
+    )
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,24 @@ def test_emptying_the_cache_never_raises_the_peak() -> None:
     never = replay_step(step, "never", "default", COEF)
     each = replay_step(step, "after-phase", "default", COEF)
     assert max(p.reserved for p in each.phases) <= max(p.reserved for p in never.phases)
+
+
+def test_a_device_too_small_for_the_cache_makes_the_allocator_retry_then_run_out() -> None:
+    """torch frees its cache and retries a failed cudaMalloc (CUDACachingAllocator.cpp ``malloc``): on a device
+    between the step's allocated and reserved peaks the replay retries and fits; below the allocated peak it
+    runs out, and the report names the phase."""
+    step = _step(0)
+    free = replay_step(step, "never", "default", COEF)
+    allocated = max(p.allocated for p in free.phases)
+    reserved = max(p.reserved for p in free.phases)
+    assert reserved > allocated + 4 * 2**20  # room for a device in between
+    device = (allocated + reserved) // 2 + 2**21
+    squeezed = replay_step(step, "never", "default", COEF, device_bytes=device)
+    assert squeezed.oom_phase == ""
+    assert max(p.reserved for p in squeezed.phases) <= device
+    assert sum(p.alloc_retries for p in squeezed.phases) >= 1  # every step, once the cache fills the device
+    frees = sum(p.cuda_frees for p in squeezed.phases)
+    assert frees > 0 and squeezed.cache_seconds >= frees * COEF.cuda_free_s  # the retries' cudaFrees cost time
+    small = replay_step(step, "never", "default", COEF, device_bytes=allocated // 2)
+    assert small.oom_phase in ("setup", "forward", "backward", "optimizer_step")
+    assert small.to_dict()["oom_phase"] == small.oom_phase
