@@ -18,11 +18,10 @@ from functools import lru_cache
 from search.allocator import AllocatorConfig, PhaseReplay, ReplayResult, replay
 from search.coefficients import Coefficients
 from search.step.assemble import Step
-from search.step.phases import LIVE_PARTS, StepPhase
-from search.streams.build import STEP_MARK, step_stream
+from search.step.phases import StepPhase
+from search.streams.build import STEP_MARK, outside_torch, step_stream
 from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
 
-HYBRID = LIVE_PARTS.index("hybrid_engine")
 STEPS = 3  # built and replayed: one warm-up step, then the measured ones (reserved may still grow in the second)
 ALLOCATOR_CONFIGS = {
     "default": AllocatorConfig(),
@@ -95,12 +94,7 @@ def _replay(stream: AllocStream, allocator: str, device_bytes: int | None) -> Re
 
 def _outside(phase: StepPhase) -> int:
     """The most bytes a phase holds outside torch's allocator (the hybrid engine's workspace and KV cache)."""
-    most = 0
-    for m in phase.moments:
-        kv = m.parts[LIVE_PARTS.index("kv_cache")]
-        kv_outside = kv if (kv and m.transient < m.total - m.parts[HYBRID]) else 0
-        most = max(most, m.parts[HYBRID] + kv_outside)
-    return most
+    return max(outside_torch(m) for m in phase.moments)
 
 
 def _calls_in_last_step(stream: AllocStream) -> int:

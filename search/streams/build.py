@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from search.step.phases import LIVE_PARTS, OPTIMIZER, StepPhase
+from search.step.phases import LIVE_PARTS, OPTIMIZER, Live, StepPhase
 from search.streams.init import EngineInit
 from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
@@ -85,13 +85,20 @@ class _Parts:
             self.grow(part, target, sizes.get(part, ()))
 
 
+def outside_torch(moment: Live) -> int:
+    """The bytes of a moment that torch's allocator never sees: the hybrid engine's workspace, and a KV cache
+    inside it (then the moment's transient bytes, those through torch, leave the cache out)."""
+    kv = moment.parts[KV]
+    kv_outside = kv if kv and moment.transient < moment.total - moment.parts[HYBRID] else 0
+    return moment.parts[HYBRID] + kv_outside
+
+
 def _torch_parts(phase: StepPhase, k: int) -> dict[str, int]:
     """The bytes per part of moment ``k`` that go through torch's allocator."""
     m = phase.moments[k]
     parts = dict(zip(LIVE_PARTS, m.parts, strict=True))
     parts.pop("hybrid_engine")
-    # a KV cache inside the hybrid engine's workspace is outside torch too: then the transient bytes miss it
-    if parts["kv_cache"] and m.transient < m.total - m.parts[HYBRID]:
+    if outside_torch(m) > m.parts[HYBRID]:
         parts["kv_cache"] = 0
     return parts
 
