@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from store.errors import InputError
-from store.gpus import generic_gpu, get_gpu
+from store.gpus import GENERIC_PREFIX, generic_gpu, get_gpu
 from store.models import get_model
 from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, parse_size
@@ -231,3 +231,30 @@ def resolve(spec: JobSpec) -> ResolvedJob:
     hardware = resolve_hardware(spec, readings)
     workload = resolve_workload(spec, hardware, readings)
     return ResolvedJob(workload=workload, hardware=hardware, readings=tuple(readings))
+
+
+def job_fields(workload: dict[str, Any], hardware: dict[str, Any]) -> dict[str, Any]:
+    """JobSpec fields (all but the model) from a document's ``workload`` and ``hardware`` blocks, as
+    ``Workload.to_dict`` and ``Hardware.to_dict`` write them (a saved plan, a stored probe's request)."""
+    w, h = workload, hardware
+    fields = {
+        "workload": w["kind"],
+        "gpu": None if h["gpu"].startswith(GENERIC_PREFIX) else h["gpu"],  # a --gpu-mem-only job
+        "gpu_mem": h["gpu_memory_bytes"],
+        "gpus": h.get("gpus", 1),
+        "nodes": h.get("nodes", 1),
+        "cpu_mem": h["cpu_memory_bytes"],
+        "nvme_path": h.get("nvme_path"),
+        "safety_margin": h.get("safety_margin", 0.05),
+        "batch": w["global_batch"],
+        "dtype": w["dtype"],
+        "attn_impl": w["attn_impl"],
+    }
+    for name in ("ref_model", "critic_model", "reward_model", "prompt_len", "gen_len", "ppo_epochs"):
+        if w.get(name) is not None:
+            fields[name] = w[name]
+    if "prompt_len" not in w:
+        fields["seq_len"] = w["seq_len"]
+    if w.get("samples_per_prompt", 1) != 1:
+        fields["samples_per_prompt"] = w["samples_per_prompt"]
+    return {k: v for k, v in fields.items() if v is not None}

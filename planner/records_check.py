@@ -111,25 +111,10 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
 
 
 def _probe_job(request: dict[str, Any], gpu: str) -> dict[str, Any]:
-    w, hw = request["workload"], request["hardware"]
-    job: dict[str, Any] = {
-        "workload": w["kind"],
-        "gpu": gpu,
-        "gpu_mem": str(hw["gpu_memory_bytes"]),
-        "cpu_mem": str(hw["cpu_memory_bytes"]),
-        "gpus": hw.get("gpus", 1),
-        "nodes": hw.get("nodes", 1),
-        "batch": w["global_batch"],
-        "dtype": w["dtype"],
-        "attn_impl": w["attn_impl"],
-    }
-    if w["kind"] in ("ppo", "remax", "grpo"):
-        job.update(prompt_len=w["prompt_len"], gen_len=w["gen_len"], ppo_epochs=w.get("ppo_epochs", 1))
-        if w["kind"] == "grpo":
-            job["samples_per_prompt"] = w.get("samples_per_prompt")
-    else:
-        job["seq_len"] = w["seq_len"]
-    return job
+    """The probe request's job on the catalog GPU its fingerprint names."""
+    from planner.inputs import job_fields
+
+    return {**job_fields(request["workload"], request["hardware"]), "gpu": gpu}
 
 
 def probe_timing_is_steady(request: dict[str, Any], result: dict[str, Any]) -> tuple[bool, str]:

@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.inputs import JobSpec
+from planner.inputs import JobSpec, job_fields
 from store.errors import InputError
-from store.gpus import GENERIC_PREFIX
 
 if TYPE_CHECKING:
     from planner.results import Plan
@@ -97,28 +96,7 @@ def export(
 
 def plan_job(document: dict[str, Any]) -> JobSpec:
     """The job a saved plan's document was planned for (its workload and hardware blocks)."""
-    w, h = document["workload"], document["hardware"]
-    fields = {
-        "workload": w["kind"],
-        "gpu": None if h["gpu"].startswith(GENERIC_PREFIX) else h["gpu"],  # a --gpu-mem-only plan
-        "gpu_mem": h["gpu_memory_bytes"],
-        "gpus": h["gpus"],
-        "nodes": h["nodes"],
-        "cpu_mem": h["cpu_memory_bytes"],
-        "nvme_path": h.get("nvme_path"),
-        "safety_margin": h.get("safety_margin", 0.05),
-        "batch": w["global_batch"],
-        "dtype": w["dtype"],
-        "attn_impl": w["attn_impl"],
-    }
-    for name in ("ref_model", "critic_model", "reward_model", "prompt_len", "gen_len", "ppo_epochs"):
-        if w.get(name) is not None:
-            fields[name] = w[name]
-    if "prompt_len" not in w:
-        fields["seq_len"] = w["seq_len"]
-    if w.get("samples_per_prompt", 1) != 1:
-        fields["samples_per_prompt"] = w["samples_per_prompt"]
-    return JobSpec(model=w["model"], **{k: v for k, v in fields.items() if v is not None})
+    return JobSpec(model=document["workload"]["model"], **job_fields(document["workload"], document["hardware"]))
 
 
 def memory_plot(
