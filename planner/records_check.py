@@ -143,6 +143,7 @@ def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
     report = predict(request["workload"]["model"], request["strategy"], **_probe_job(request, gpu))
     predicted = report.predicted
     by_name = {phase.name: phase for phase in predicted.phases}
+    replayed = {p["name"]: p for p in (report.allocator_replay or {}).get("phases", [])}
     scopes: dict[str, dict[str, Compared]] = {}
     for phase in result["phases"]:
         mine = by_name.get(phase["name"])
@@ -153,6 +154,9 @@ def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
             "peak_reserved": Compared(phase["peak_reserved_bytes"], mine.peak_reserved_bytes),
             "time": Compared(phase["time_s"], mine.time_s * mine.count),
         }
+        if phase["name"] in replayed:
+            replay = replayed[phase["name"]]["peak_reserved_bytes"]
+            scopes[phase["name"]]["replay_peak_reserved"] = Compared(phase["peak_reserved_bytes"], replay)
     steady, why = probe_timing_is_steady(request, result)
     return RecordComparison(
         record_id=record["probe_id"],
