@@ -45,7 +45,8 @@ def _kind(part: str) -> str:
     part = part.removeprefix("resident:")
     if part in KIND_INDEX:
         return part
-    return "parameters" if part in ("init", "reference_model") or part.endswith("parameters") else "other"
+    weights = part in ("init", "ema") or part.endswith(("parameters", "_model"))  # reference_model, reward_model
+    return "parameters" if weights else "other"
 
 
 class _Parts:
