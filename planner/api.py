@@ -53,8 +53,8 @@ def job_spec(model: str | JobSpec, job: dict[str, Any]) -> JobSpec:
     return JobSpec(model=model, **job)
 
 
-def _job(model: str | JobSpec, job: dict[str, Any]) -> ResolvedJob:
-    return resolve(job_spec(model, job))
+def _job(model: str | JobSpec, job: dict[str, Any], db: str | None = None) -> ResolvedJob:
+    return resolve(job_spec(model, job), db)
 
 
 def _lora_ranks(lora_rank: int | str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -89,7 +89,7 @@ def recommend(
     """
     if not isinstance(top, int) or top < 0:
         raise InputError(f"--top must be a whole number >= 0, not {top!r}")
-    resolved = _job(model, job)
+    resolved = _job(model, job, db)
     workload, hardware = resolved.workload, resolved.hardware
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         shown = str(seed) if len(str(seed)) <= 24 else str(seed)[:21] + "..."

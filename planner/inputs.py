@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from planner.model_shapes import resolve_model
 from store.errors import InputError
 from store.gpus import GENERIC_PREFIX, generic_gpu, get_gpu
-from store.models import get_model
 from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, parse_size
 
@@ -137,14 +137,15 @@ def resolve_hardware(spec: JobSpec, readings: list[str]) -> Hardware:
     )
 
 
-def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> Workload:
-    """The Workload record of ``spec``: models from the catalog or local configs, lengths, batch, dtype."""
+def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db: str | None = None) -> Workload:
+    """The Workload record of ``spec``: models from the catalog or local configs (an architecture without a
+    formula is traced once and its shape cached in the database ``db``), lengths, batch, dtype."""
     if spec.workload not in WORKLOAD_KINDS:
         raise InputError(f"--workload must be one of {', '.join(WORKLOAD_KINDS)}, not {spec.workload!r}")
     if spec.attn_impl not in ATTN_IMPLS:
         raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {spec.attn_impl!r}")
     rlhf = spec.workload in RLHF_WORKLOADS
-    model = get_model(spec.model)
+    model = resolve_model(spec.model, readings, db)
     dtype = spec.dtype
     if dtype is None:
         dtype = "fp16" if hardware.gpu.name in NO_BF16_GPUS else "bf16"
@@ -172,7 +173,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str]) -> 
             raise InputError(f"{', '.join(extra) or '--ref-model'} only applies to RLHF workloads (ppo, remax, grpo)")
     if spec.workload in ("remax", "grpo") and others["critic_model"]:
         raise InputError(f"--critic-model: {spec.workload} trains no critic (only ppo does)")
-    specs = {role: get_model(name) if name else None for role, name in others.items()}
+    specs = {role: resolve_model(name, readings, db) if name else None for role, name in others.items()}
     for role, spec_model in [("--model", model)] + [(f"--{r.replace('_', '-')}", m) for r, m in specs.items() if m]:
         if seq_len > spec_model.max_positions:
             what = f"prompt {prompt_len} + generation {gen_len}" if rlhf else "sequence length"
@@ -225,11 +226,12 @@ def _sequence_length(spec: JobSpec) -> int:
     return _positive_int(spec.seq_len, "--seq-len")
 
 
-def resolve(spec: JobSpec) -> ResolvedJob:
-    """Check and resolve every input of ``spec``; raises InputError with one clear line."""
+def resolve(spec: JobSpec, db: str | None = None) -> ResolvedJob:
+    """Check and resolve every input of ``spec``; raises InputError with one clear line. ``db`` holds the
+    shape cache of traced model configs (default: ``$PLANNER_DB`` or the user's data folder)."""
     readings: list[str] = []
     hardware = resolve_hardware(spec, readings)
-    workload = resolve_workload(spec, hardware, readings)
+    workload = resolve_workload(spec, hardware, readings, db)
     return ResolvedJob(workload=workload, hardware=hardware, readings=tuple(readings))
 
 

@@ -35,17 +35,20 @@ def _seconds(s: float) -> str:
 def _header(report: PredictionReport) -> None:
     w, h = report.workload, report.hardware
     params = w.get("params", 0) / 1e9
+    actor = w.get("shapes", {}).get("actor", {})
+    active = f", {actor['active_params'] / 1e9:.2f} B active" if "active_params" in actor else ""
+    size = f"{params:.2f} B params{active}"
     if "prompt_len" in w and w["kind"] in ("ppo", "remax", "grpo"):
         roles = [f"{role} {name}" for role, name in w.get("roles", {}).items() if role != "actor"]
         per = f" x {w['samples_per_prompt']} samples" if w.get("samples_per_prompt", 1) > 1 else ""
         console.print(
-            f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · {w['global_batch']} prompts{per} "
+            f"[bold]{w['model']}[/bold] ({size}) · {w['kind']} · {w['global_batch']} prompts{per} "
             f"per step · prompt {w['prompt_len']} + generation {w['gen_len']} tokens · {w['dtype']}"
             + (f" · {', '.join(roles)}" if roles else "")
         )
     else:
         console.print(
-            f"[bold]{w['model']}[/bold] ({params:.2f} B params) · {w['kind']} · global batch {w['global_batch']} x "
+            f"[bold]{w['model']}[/bold] ({size}) · {w['kind']} · global batch {w['global_batch']} x "
             f"{w['seq_len']} tokens · {w['dtype']} · {w['attn_impl']}"
         )
     console.print(

@@ -25,6 +25,8 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
     workload = job.workload.to_dict()
     workload["params"] = job.workload.model.total_params
     workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
+    # where each model's counts come from (traced module tree or formula), and its experts if it has any
+    workload["shapes"] = {role: spec.to_dict() for role, spec in job.workload.role_models().items()}
     common: dict[str, Any] = {
         "workload": workload,
         "hardware": job.hardware.to_dict(),

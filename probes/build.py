@@ -20,10 +20,11 @@ import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
+from probes.model_shape import spec_of_config
 from store.errors import InputError
 from store.gpus import generic_gpu, get_gpu
 from store.measurements import ProbeRequest
-from store.models import get_model, spec_from_hf_config
+from store.models import get_model, with_layers
 from store.records import (
     RLHF_WORKLOADS,
     WORKLOAD_KINDS,
@@ -46,7 +47,6 @@ __all__ = [
 ]
 
 ROLES: tuple[str, ...] = ("model", "ref_model", "critic_model", "reward_model")
-_LAYER_KEYS = {"gpt2": "n_layer"}
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
@@ -70,13 +70,9 @@ def cut_spec(spec: ModelSpec, layers: int) -> ModelSpec:
         raise InputError(f"layers must be a whole number >= 1, not {layers!r}")
     if layers >= spec.num_layers:
         return spec
-    config = copy.deepcopy(spec.hf_config)
-    config.setdefault("model_type", spec.model_type)
-    key = _LAYER_KEYS.get(spec.model_type, "num_hidden_layers")
-    if spec.model_type == "gpt2" and "num_hidden_layers" in config and "n_layer" not in config:
-        key = "num_hidden_layers"
-    config[key] = layers
-    return spec_from_hf_config(spec.name, config)
+    if "model_type" not in spec.hf_config:
+        spec = replace(spec, hf_config={**spec.hf_config, "model_type": spec.model_type})
+    return with_layers(spec, layers)
 
 
 def _spec(workload: dict[str, Any], role: str) -> ModelSpec | None:
@@ -90,7 +86,7 @@ def _spec(workload: dict[str, Any], role: str) -> ModelSpec | None:
             raise InputError(f"probe request: hf_configs.{role} must be an HF config object")
         if name is None:
             raise InputError(f"probe request: hf_configs.{role} is given but workload.{role} (its name) is not")
-        return spec_from_hf_config(str(name), copy.deepcopy(config))
+        return spec_of_config(str(name), copy.deepcopy(config))
     if name is None:
         return None
     if not isinstance(name, str):

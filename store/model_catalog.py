@@ -128,6 +128,61 @@ def _qwen25(
     )  # fmt: skip
 
 
+def _qwen3(hidden: int, inter: int, layers: int, heads: int, tie: bool) -> dict[str, Any]:
+    # Qwen/Qwen3-* dense: q/k RMSNorm, 128-wide heads, 8 kv heads, 40960 positions; <= 4B tie the head.
+    return _decoder(
+        "qwen3", hidden, inter, layers, heads, 8,
+        head_dim=128, vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, attention_bias=False, tie_word_embeddings=tie,
+        bos_token_id=151643, eos_token_id=151645,
+    )  # fmt: skip
+
+
+def _qwen3_moe(hidden: int, expert_inter: int, layers: int, heads: int) -> dict[str, Any]:
+    # Qwen/Qwen3-*-A*B: every layer is sparse, 128 routed experts, 8 per token, 4 kv heads, no shared expert.
+    return _decoder(
+        "qwen3_moe", hidden, 3 * expert_inter * 2, layers, heads, 4,
+        head_dim=128, moe_intermediate_size=expert_inter, num_experts=128, num_experts_per_tok=8,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        bos_token_id=151643, eos_token_id=151645,
+    )  # fmt: skip
+
+
+def _gemma(model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int,
+           **more: Any) -> dict[str, Any]:  # fmt: skip
+    # google/gemma-2-* and the text models of gemma-3-*: tied head, GeGLU (tanh GELU), sandwich norms.
+    return _decoder(
+        model_type, hidden, inter, layers, heads, kv, head_dim=head_dim, hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1, pad_token_id=0, **more,
+    )  # fmt: skip
+
+
+def _gemma3(hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int) -> dict[str, Any]:
+    return _gemma(
+        "gemma3_text", hidden, inter, layers, heads, kv, head_dim,
+        vocab_size=262144 if hidden <= 1152 else 262208, max_position_embeddings=131072 if hidden > 1152 else 32768,
+        sliding_window=512 if hidden <= 1152 else 1024, query_pre_attn_scalar=256 if head_dim == 256 else 168,
+    )  # fmt: skip
+
+
+def _phi3(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, positions: int,
+          **more: Any) -> dict[str, Any]:  # fmt: skip
+    # microsoft/Phi-3.5 and Phi-4: fused qkv_proj and gate_up_proj linears, untied head unless said.
+    return _decoder(
+        "phi3", hidden, inter, layers, heads, kv, vocab_size=vocab, max_position_embeddings=positions,
+        rms_norm_eps=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, **more,
+    )  # fmt: skip
+
+
+def _smollm2(hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[str, Any]:
+    # HuggingFaceTB/SmolLM2-*: Llama blocks, 49152 vocab, tied head, 8k context.
+    return _decoder(
+        "llama", hidden, inter, layers, heads, kv, vocab_size=49152, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
 CATALOG: tuple[Entry, ...] = (
     ("opt-125m", ("facebook/opt-125m",), _opt(768, 12, 12)),
     # opt-350m: post-LN (no final layer norm) and 512-wide token embeddings projected to 1024.
@@ -207,4 +262,125 @@ CATALOG: tuple[Entry, ...] = (
     ("qwen2.5-14b", ("Qwen/Qwen2.5-14B",), _qwen25(5120, 13824, 48, 40, 8, 131072)),
     ("qwen2.5-32b", ("Qwen/Qwen2.5-32B",), _qwen25(5120, 27648, 64, 40, 8, 131072)),
     ("qwen2.5-72b", ("Qwen/Qwen2.5-72B",), _qwen25(8192, 29568, 80, 64, 8, 131072)),
+    # Llama 3.3 70B has the 3.1 70B shape.
+    (
+        "llama-3.3-70b",
+        ("llama3.3-70b", "meta-llama/Llama-3.3-70B-Instruct"),
+        _llama3(8192, 28672, 80, 64, 8.0, tie_word_embeddings=False),
+    ),
+    ("qwen3-0.6b", ("Qwen/Qwen3-0.6B",), _qwen3(1024, 3072, 28, 16, True)),
+    ("qwen3-1.7b", ("Qwen/Qwen3-1.7B",), _qwen3(2048, 6144, 28, 16, True)),
+    ("qwen3-4b", ("Qwen/Qwen3-4B",), _qwen3(2560, 9728, 36, 32, True)),
+    ("qwen3-8b", ("Qwen/Qwen3-8B",), _qwen3(4096, 12288, 36, 32, False)),
+    ("qwen3-14b", ("Qwen/Qwen3-14B",), _qwen3(5120, 17408, 40, 40, False)),
+    ("qwen3-32b", ("Qwen/Qwen3-32B",), _qwen3(5120, 25600, 64, 64, False)),
+    ("qwen3-30b-a3b", ("Qwen/Qwen3-30B-A3B",), _qwen3_moe(2048, 768, 48, 32)),
+    ("qwen3-235b-a22b", ("Qwen/Qwen3-235B-A22B",), _qwen3_moe(4096, 1536, 94, 64)),
+    (
+        "gemma-2-2b",
+        ("google/gemma-2-2b",),
+        _gemma("gemma2", 2304, 9216, 26, 8, 4, 256, vocab_size=256000, max_position_embeddings=8192),
+    ),
+    (
+        "gemma-2-9b",
+        ("google/gemma-2-9b",),
+        _gemma("gemma2", 3584, 14336, 42, 16, 8, 256, vocab_size=256000, max_position_embeddings=8192),
+    ),
+    (
+        "gemma-2-27b",
+        ("google/gemma-2-27b",),
+        _gemma("gemma2", 4608, 36864, 46, 32, 16, 128, vocab_size=256000, max_position_embeddings=8192),
+    ),
+    # Gemma 3: the 1B is text only; 4B and up are the text model of the multimodal checkpoint.
+    ("gemma-3-1b", ("google/gemma-3-1b-pt",), _gemma3(1152, 6912, 26, 4, 1, 256)),
+    ("gemma-3-4b", ("google/gemma-3-4b-pt",), _gemma3(2560, 10240, 34, 8, 4, 256)),
+    ("gemma-3-12b", ("google/gemma-3-12b-pt",), _gemma3(3840, 15360, 48, 16, 8, 256)),
+    ("gemma-3-27b", ("google/gemma-3-27b-pt",), _gemma3(5376, 21504, 62, 32, 16, 128)),
+    (
+        "phi-3.5-mini",
+        ("microsoft/Phi-3.5-mini-instruct",),
+        _phi3(3072, 8192, 32, 32, 32, 32064, 131072, tie_word_embeddings=False),
+    ),
+    ("phi-4", ("microsoft/phi-4",), _phi3(5120, 17920, 40, 40, 10, 100352, 16384, tie_word_embeddings=False)),
+    (
+        "phi-4-mini",
+        ("microsoft/Phi-4-mini-instruct",),
+        _phi3(3072, 8192, 32, 24, 8, 200064, 131072, tie_word_embeddings=True, partial_rotary_factor=0.75),
+    ),
+    (
+        "mixtral-8x7b",
+        ("mistralai/Mixtral-8x7B-v0.1",),
+        _decoder(
+            "mixtral",
+            4096,
+            14336,
+            32,
+            32,
+            8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            vocab_size=32000,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            sliding_window=None,
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),  # fmt: skip
+    # DeepSeek-R1 distills: Qwen2.5-Math / Qwen2.5 and Llama 3.1 / 3.3 shapes.
+    (
+        "deepseek-r1-distill-qwen-1.5b",
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",),
+        _qwen25(1536, 8960, 28, 12, 2, 131072) | {"tie_word_embeddings": False},
+    ),
+    (
+        "deepseek-r1-distill-qwen-7b",
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",),
+        _qwen25(3584, 18944, 28, 28, 4, 131072),
+    ),
+    (
+        "deepseek-r1-distill-qwen-14b",
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",),
+        _qwen25(5120, 13824, 48, 40, 8, 131072),
+    ),
+    (
+        "deepseek-r1-distill-qwen-32b",
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",),
+        _qwen25(5120, 27648, 64, 40, 8, 131072),
+    ),
+    (
+        "deepseek-r1-distill-llama-8b",
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B",),
+        _llama3(4096, 14336, 32, 32, 8.0, tie_word_embeddings=False),
+    ),
+    (
+        "deepseek-r1-distill-llama-70b",
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B",),
+        _llama3(8192, 28672, 80, 64, 8.0, tie_word_embeddings=False),
+    ),
+    ("smollm2-135m", ("HuggingFaceTB/SmolLM2-135M",), _smollm2(576, 1536, 30, 9, 3)),
+    ("smollm2-360m", ("HuggingFaceTB/SmolLM2-360M",), _smollm2(960, 2560, 32, 15, 5)),
+    ("smollm2-1.7b", ("HuggingFaceTB/SmolLM2-1.7B",), _smollm2(2048, 8192, 24, 32, 32)),
+    (
+        "smollm3-3b",
+        ("HuggingFaceTB/SmolLM3-3B",),
+        _decoder(
+            "smollm3",
+            2048,
+            11008,
+            36,
+            16,
+            4,
+            vocab_size=128256,
+            max_position_embeddings=65536,
+            rms_norm_eps=1e-6,
+            rope_theta=5000000.0,
+            tie_word_embeddings=True,
+            no_rope_layer_interval=4,
+            bos_token_id=128000,
+            eos_token_id=128012,
+        ),
+    ),  # fmt: skip
 )

@@ -1,8 +1,11 @@
 """The model catalog: built-in names and local ``config.json`` files turned into ModelSpec records.
 
-Nothing is downloaded and nothing heavy is imported: specs come from HF config dicts (the catalog's,
-in ``store.model_catalog``, or a local file) through the pure-Python parameter formulas of
-``store.model_params``, which match what transformers instantiates exactly.
+Nothing is downloaded and nothing heavy is imported. A catalog model's spec is its traced shape, shipped as
+package data (``store/catalog_shapes.json``, read from transformers' module tree by ``probes.model_shape``
+and re-derived by a test). A local ``config.json`` of the families with a pure-Python formula
+(``store.model_params``: opt, gpt2, llama, mistral, qwen2) is counted by it, which equals the trace exactly;
+any other architecture raises :class:`~store.model_shape.UntracedModelError`, which the planner answers by
+tracing the config once and keeping the shape in the store's cache.
 
     >>> get_model("facebook/opt-1.3b").total_params
     1315758080
@@ -19,9 +22,19 @@ from store.documents import parse_json
 from store.errors import InputError
 from store.model_catalog import CATALOG
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
+from store.model_shape import UntracedModelError, catalog_shapes, cut_traced, spec_from_shape
 from store.records import ModelSpec
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "get_model", "model_names", "spec_from_hf_config", "with_layers"]
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "catalog_configs",
+    "cut_config",
+    "get_model",
+    "model_names",
+    "spec_for_config",
+    "spec_from_hf_config",
+    "with_layers",
+]
 
 
 def _key(name: str) -> str:
@@ -42,6 +55,27 @@ def model_names() -> list[str]:
     return [name for name, _, _ in CATALOG]
 
 
+def catalog_configs() -> dict[str, dict[str, Any]]:
+    """The HF config of every catalog model (fresh copies), by canonical name."""
+    return {name: copy.deepcopy(config) for name, _, config in CATALOG}
+
+
+def _catalog_spec(name: str, config: dict[str, Any]) -> ModelSpec:
+    shape = catalog_shapes().get(name)
+    if shape is None:  # a catalog entry added without re-running `python -m probes.model_shape --write-catalog`
+        return spec_from_hf_config(name, copy.deepcopy(config))
+    return spec_from_shape(name, copy.deepcopy(config), shape)
+
+
+def spec_for_config(name: str, config: dict[str, Any], source: str | None = None) -> ModelSpec:
+    """The spec of an HF config dict: by formula for opt, gpt2, llama, mistral and qwen2; for any other
+    ``model_type`` UntracedModelError (the planner traces it with transformers and caches the shape)."""
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(model_type, str) and model_type not in SUPPORTED_MODEL_TYPES:
+        raise UntracedModelError(name, copy.deepcopy(config), source or name)
+    return spec_from_hf_config(name, config, source=source)
+
+
 def get_model(name_or_path: str) -> ModelSpec:
     """The ModelSpec for a catalog name or alias (case-insensitive; HF repo ids such as
     ``meta-llama/Llama-2-7b-hf`` work) or for a local ``config.json`` / a folder holding one.
@@ -59,8 +93,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     if path.is_file() or (path / "config.json").is_file():
         return _from_path(name_or_path, path)
     if found is not None:
-        name, config = found
-        return spec_from_hf_config(name, copy.deepcopy(config))
+        return _catalog_spec(*found)
     if path.is_dir():
         raise InputError(f"{name_or_path}: folder has no config.json (expected a Hugging Face model folder)")
     raise InputError(_unknown_message(name_or_path))
@@ -88,7 +121,7 @@ def _from_path(given: str, path: Path) -> ModelSpec:
     config = parse_json(text, str(file))
     if not isinstance(config, dict):
         raise InputError(f"{file}: a model config must be a JSON object, not {type(config).__name__}")
-    return spec_from_hf_config(given, config, source=str(file))
+    return spec_for_config(given, config, source=str(file))
 
 
 def _unknown_message(name: str) -> str:
@@ -105,12 +138,27 @@ def _unknown_message(name: str) -> str:
 _LAYER_KEYS = {"gpt2": "n_layer"}
 
 
+def cut_config(config: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """A copy of an HF config with ``layers`` decoder layers (GPT-2's ``n_layer``; a multimodal config's
+    text model, whose ``text_config`` holds the count)."""
+    cut = copy.deepcopy(config)
+    target = cut["text_config"] if isinstance(cut.get("text_config"), dict) else cut
+    key = _LAYER_KEYS.get(model_type, "num_hidden_layers")
+    if model_type == "gpt2" and "num_hidden_layers" in target and "n_layer" not in target:
+        key = "num_hidden_layers"
+    target[key] = layers
+    return cut
+
+
 def with_layers(spec: ModelSpec, layers: int) -> ModelSpec:
     """The same model cut to ``layers`` decoder layers (what a layer-cut probe builds and runs)."""
     if not isinstance(layers, int) or layers < 1:
         raise InputError(f"layers must be a whole number >= 1, not {layers!r}")
-    config = copy.deepcopy(spec.hf_config)
-    config[_LAYER_KEYS.get(spec.model_type, "num_hidden_layers")] = layers
+    config = cut_config(spec.hf_config, spec.model_type, layers)
+    if spec.shape_source == "traced":
+        if layers > spec.num_layers:
+            raise InputError(f"{spec.name} has {spec.num_layers} decoder layers; cannot grow it to {layers}")
+        return cut_traced(spec, layers, config)
     cut = spec_from_hf_config(spec.name, config)
     assert cut.num_layers == layers, (spec.model_type, layers)
     return cut

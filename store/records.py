@@ -61,14 +61,46 @@ class ModelSpec:
     embedding_params: int  # token (and learned position) embeddings plus any projections around them
     lm_head_params: int  # 0 when the head is tied to the token embedding
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # Where the counts come from: "formula" (store.model_params) or "traced" (transformers' own module tree,
+    # built on the meta device: the catalog's package data and the shape cache of the store).
+    shape_source: str = "formula"
+    # Read from the traced module tree (0 or empty: not traced; search.model.shapes then uses the formulas).
+    layer_param_counts: tuple[int, ...] = ()  # parameters of each decoder layer, in order
+    largest_module: int = 0  # the most parameters one module holds directly (DeepSpeed's largest_layer_params)
+    lora_in_out: int = 0  # the sum of (in + out) over every nn.Linear of every decoder layer
+    lora_widest: int = 0  # the widest side of any decoder-layer nn.Linear
+    num_linears: int = 0  # nn.Linear modules in one decoder layer (the largest)
+    # Mixture of experts: routed experts per MoE layer, experts each token runs, and the parameters of all
+    # routed experts of all layers (``total_params`` includes them; a token's compute uses experts_per_token).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_params: int = 0
+    expert_param_counts: tuple[int, ...] = ()  # routed-expert parameters of each decoder layer, in order
 
     @property
     def backbone_params(self) -> int:
         """Parameters without the LM head: what a reward or critic model shares with the LM."""
         return self.total_params - self.lm_head_params
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: all but the routed experts it does not run."""
+        if not self.num_experts:
+            return self.total_params
+        idle = self.expert_params * (self.num_experts - self.experts_per_token) // self.num_experts
+        return self.total_params - idle
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "model_type": self.model_type, "params": self.total_params}
+        shown: dict[str, Any] = {
+            "name": self.name,
+            "model_type": self.model_type,
+            "params": self.total_params,
+            "shape_source": self.shape_source,
+        }
+        if self.num_experts:
+            shown["active_params"] = self.active_params
+            shown["experts"] = {"routed": self.num_experts, "per_token": self.experts_per_token}
+        return shown
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ def lora_params(model: ModelSpec, rank: int) -> int:
     """Parameters of rank-``rank`` LoRA adapters (A: in x r, B: r x out) on every block linear."""
     if rank <= 0:
         return 0
+    if model.lora_in_out:  # traced: every nn.Linear of every decoder layer (fused experts take no adapters)
+        return rank * model.lora_in_out
     return model.num_layers * sum(rank * (n_in + n_out) for n_in, n_out in linear_shapes(model))
 
 
@@ -42,8 +44,11 @@ def largest_module_params(model: ModelSpec) -> int:
     """Parameters of the largest single module (DeepSpeed's ``largest_layer_params``).
 
     DeepSpeed's ZeRO-3 estimator walks ``model.modules()`` and takes the largest direct parameter count,
-    which for language models is the token embedding (or an untied LM head).
+    which for language models is the token embedding (or an untied LM head), and for mixture-of-experts
+    models with fused expert weights the experts of one layer. A traced shape holds the walk's own answer.
     """
+    if model.largest_module:
+        return model.largest_module
     embed_dim = int(model.hf_config.get("word_embed_proj_dim") or model.hidden_size)
     candidates = [model.vocab_size * embed_dim, model.hidden_size * model.intermediate_size]
     if model.lm_head_params:
@@ -64,7 +69,8 @@ def largest_trainable_tensor(model: ModelSpec, lora_rank: int, *, lm_head: bool 
     matrix (rank x the wider side of a block linear).
     """
     if lora_rank > 0:
-        return lora_rank * max(max(n_in, n_out) for n_in, n_out in linear_shapes(model))
+        widest = model.lora_widest or max(max(n_in, n_out) for n_in, n_out in linear_shapes(model))
+        return lora_rank * widest
     candidates = [token_embedding_params(model), model.hidden_size * model.intermediate_size]
     if lm_head and model.lm_head_params:
         candidates.append(model.lm_head_params)

@@ -117,6 +117,16 @@ class BaseStorage(abc.ABC):
     Every run record carries ``done_keys``: the keys of the probes stored with its ``run_id``, each once,
     in the order they were first stored (``pending_keys`` is what remains).
 
+    Model shapes
+    ------------
+    ``save_model_shape(key, shape)``:
+        Stores a traced model shape (a JSON dict with a str ``model_type``) under ``key`` (1 to 64
+        characters), replacing one stored under the same key. TypeError for a bad key or shape; nothing
+        is written then.
+
+    ``load_model_shape(key)``:
+        The shape stored under ``key`` (a fresh copy), or None.
+
     Both
     ----
     ``close()``:
@@ -186,6 +196,14 @@ class BaseStorage(abc.ABC):
     @abc.abstractmethod
     def list_probe_artifacts(self, probe_id_or_prefix: str) -> dict[str, int]:
         """``{name: size in bytes}`` of the probe's artifacts, by name; InputError for no such probe."""
+
+    @abc.abstractmethod
+    def save_model_shape(self, key: str, shape: dict[str, Any]) -> None:
+        """Store a traced model shape under ``key``, replacing an older one (see the class docstring)."""
+
+    @abc.abstractmethod
+    def load_model_shape(self, key: str) -> dict[str, Any] | None:
+        """The model shape stored under ``key``, or None (see the class docstring)."""
 
     @abc.abstractmethod
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:

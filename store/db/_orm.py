@@ -120,3 +120,16 @@ class ProbeArtifactRow(Base):
     format: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ModelShapeRow(Base):
+    """One row of ``model_shapes``: a traced model shape (:mod:`store.model_shape`) under its cache key."""
+
+    __tablename__ = "model_shapes"
+    __table_args__ = (Index("ix_model_shapes_key", "key", unique=True),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64))
+    model_type: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    shape: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -19,7 +19,7 @@ from store.artifacts import ProbeArtifact
 from store.db._artifacts import artifact_value, check_artifact, check_artifacts, new_artifact_row
 from store.db._base import BaseStorage
 from store.db._engine import make_engine, prepare_sqlite_file, remove_folders
-from store.db._orm import Base, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
+from store.db._orm import Base, ModelShapeRow, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
 from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
 from store.db._record import (
     MIN_PREFIX_LENGTH,
@@ -239,6 +239,27 @@ class SQLAlchemyStorage(BaseStorage):
                 .order_by(ProbeArtifactRow.name)
             )
             return {name: int(size) for name, size in session.execute(stmt)}
+
+    def save_model_shape(self, key: str, shape: dict[str, Any]) -> None:
+        """Store a traced model shape under ``key``, replacing an older one (see ``BaseStorage``)."""
+        if not isinstance(key, str) or not 0 < len(key) <= 64:
+            raise TypeError(f"model shape key must be a str of 1 to 64 characters, got {key!r}")
+        if not isinstance(shape, dict) or not isinstance(shape.get("model_type"), str):
+            raise TypeError("model shape must be a dict with a str model_type")
+        stored = json_copy("shape", shape, "model shape")
+        with self._session_scope() as session:
+            old = session.execute(select(ModelShapeRow).where(ModelShapeRow.key == key)).scalar_one_or_none()
+            if old is not None:
+                session.delete(old)
+                session.flush()
+            created = datetime.now(timezone.utc)
+            session.add(ModelShapeRow(key=key, model_type=shape["model_type"][:64], created_at=created, shape=stored))
+
+    def load_model_shape(self, key: str) -> dict[str, Any] | None:
+        """The model shape stored under ``key``, or None (see ``BaseStorage``)."""
+        with self._session_scope() as session:
+            row = session.execute(select(ModelShapeRow).where(ModelShapeRow.key == key)).scalar_one_or_none()
+            return copy.deepcopy(row.shape) if row is not None else None
 
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
         """Store a new probe run, status ``"running"``, for these keys (in order) and options."""

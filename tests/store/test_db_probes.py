@@ -420,8 +420,8 @@ def test_probes_and_runs_survive_close_and_reopen(reopen: Opener) -> None:
 # The schema --------------------------------------------------------------------------------------
 
 
-def test_head_is_0003_and_matches_the_migration_scripts() -> None:
-    assert HEAD_REVISION == "0003"  # 0003 added probe artifacts (test_db_artifacts.py)
+def test_head_is_0004_and_matches_the_migration_scripts() -> None:
+    assert HEAD_REVISION == "0004"  # 0003 added probe artifacts, 0004 the model shape cache
     assert ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head() == HEAD_REVISION
 
 

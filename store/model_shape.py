@@ -1,0 +1,106 @@
+"""Traced model shapes as records: the catalog's package data, the cache key of a local config, and the spec.
+
+A shape is the dict that ``probes.model_shape.trace_model_shape`` reads from transformers' module tree: every
+:class:`~store.records.ModelSpec` field but ``name`` and ``hf_config``, plus the versions it was read with.
+The catalog's shapes are traced once and shipped as ``catalog_shapes.json`` (a test re-derives them); a local
+config of an architecture without a formula is traced on first use and kept in the store's shape cache under
+:func:`shape_key`. Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from store.errors import InputError
+from store.records import ModelSpec
+
+SHAPE_VERSION = 1  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
+CATALOG_SHAPES_PATH = Path(__file__).resolve().parent / "catalog_shapes.json"
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name not in ("name", "hf_config"))
+_TUPLE_FIELDS = ("layer_param_counts", "expert_param_counts")
+
+
+class UntracedModelError(InputError):
+    """A local config whose architecture has no formula and no cached trace: transformers must read it first."""
+
+    def __init__(self, name: str, config: dict[str, Any], source: str) -> None:
+        super().__init__(
+            f"{source}: model_type {config.get('model_type')!r} has to be traced with transformers first"
+            " (the planner does this on first use)"
+        )
+        self.name = name
+        self.config = config
+        self.source = source
+
+
+def shape_key(hf_config: dict[str, Any], versions: dict[str, str]) -> str:
+    """The cache key of a config's shape: a hash of the config, the library versions and SHAPE_VERSION."""
+    text = json.dumps(
+        {"config": hf_config, "versions": versions, "shape_version": SHAPE_VERSION}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def spec_from_shape(name: str, hf_config: dict[str, Any], shape: dict[str, Any]) -> ModelSpec:
+    """The ModelSpec of a traced shape; ValueError when the shape lacks a field (a damaged cache entry)."""
+    missing = [key for key in _SPEC_FIELDS if key not in shape]
+    if missing:
+        raise ValueError(f"traced shape of {name!r} lacks {', '.join(missing)}")
+    values: dict[str, Any] = {key: tuple(shape[key]) if key in _TUPLE_FIELDS else shape[key] for key in _SPEC_FIELDS}
+    return ModelSpec(name=name, hf_config=dict(hf_config), **values)
+
+
+def cut_traced(spec: ModelSpec, layers: int, hf_config: dict[str, Any]) -> ModelSpec:
+    """A traced ``spec`` cut to its first ``layers`` decoder layers (what a layer-cut probe builds)."""
+    kept, experts = spec.layer_param_counts[:layers], spec.expert_param_counts[:layers]
+    dropped = sum(spec.layer_param_counts) - sum(kept)
+    return dataclasses.replace(
+        spec,
+        num_layers=layers,
+        total_params=spec.total_params - dropped,
+        layer_params=round(sum(kept) / layers),
+        layer_param_counts=kept,
+        expert_param_counts=experts,
+        expert_params=sum(experts),
+        lora_in_out=spec.lora_in_out * layers // spec.num_layers,
+        hf_config=hf_config,
+    )
+
+
+def shape_of(spec: ModelSpec) -> dict[str, Any]:
+    """The shape dict of a spec (its fields but name and hf_config), JSON-ready."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in _spec_values(spec).items()}
+
+
+def _spec_values(spec: ModelSpec) -> dict[str, Any]:
+    return {key: getattr(spec, key) for key in _SPEC_FIELDS}
+
+
+@cache
+def catalog_shapes() -> dict[str, dict[str, Any]]:
+    """The traced shapes of the catalog models, by canonical name (package data)."""
+    loaded: dict[str, dict[str, Any]] = json.loads(CATALOG_SHAPES_PATH.read_text(encoding="utf-8"))
+    return loaded
+
+
+def write_catalog_shapes(shapes: dict[str, dict[str, Any]], path: Path = CATALOG_SHAPES_PATH) -> None:
+    """Write the catalog's traced shapes to ``path`` atomically (a temp file renamed over it)."""
+    lines = [f"{json.dumps(name)}: {json.dumps(shapes[name], sort_keys=True)}" for name in sorted(shapes)]
+    text = "{\n" + ",\n".join(lines) + "\n}\n"  # one model a line: diffs show which model changed
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    catalog_shapes.cache_clear()

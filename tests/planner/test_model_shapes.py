@@ -1,0 +1,111 @@
+"""Any architecture transformers knows plans: a local config without a formula is traced once, then cached.
+
+Real pieces throughout: the config is read by transformers on the meta device, the shape goes into a real
+SQLite database, and a later plan in a fresh interpreter reads it without importing torch or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planner_helpers import REPO, subprocess_env
+
+import probes.model_shape
+from planner.model_shapes import installed_versions, resolve_model
+from store.db import open_storage
+from store.model_shape import shape_key
+
+# A small Qwen3-MoE (every layer sparse, 8 experts, 2 per token): the family the formulas never knew.
+QWEN3_MOE = {
+    "model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 4096, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+@pytest.fixture
+def moe_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "qwen3-moe-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_MOE))
+    return folder
+
+
+def _no_trace(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    raise AssertionError("traced again although the shape is cached")
+
+
+def test_first_use_traces_and_says_so_then_the_cache_answers(
+    moe_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = str(tmp_path / "shapes.db")
+    readings: list[str] = []
+    first = resolve_model(str(moe_dir), readings, db)
+    assert "on the meta device" in capsys.readouterr().err
+    assert "traced now" in readings[-1]
+    h, experts, width = 256, 8, 128
+    assert first.expert_params == 4 * experts * 3 * h * width
+    assert first.num_experts == experts and first.experts_per_token == 2
+
+    monkeypatch.setattr(probes.model_shape, "trace_model_shape", _no_trace)
+    again: list[str] = []
+    assert resolve_model(str(moe_dir), again, db) == first
+    assert "cached shape" in again[-1] and capsys.readouterr().err == ""
+
+
+def test_the_cache_key_follows_the_library_versions(moe_dir: Path, tmp_path: Path) -> None:
+    db = str(tmp_path / "shapes.db")
+    resolve_model(str(moe_dir), None, db)
+    newer = {**installed_versions(), "transformers": "99.0.0"}
+    with open_storage(db) as storage:
+        assert storage.load_model_shape(shape_key(QWEN3_MOE, installed_versions())) is not None
+        assert storage.load_model_shape(shape_key(QWEN3_MOE, newer)) is None
+
+
+def test_a_damaged_cache_entry_is_traced_again(moe_dir: Path, tmp_path: Path) -> None:
+    db = str(tmp_path / "shapes.db")
+    with open_storage(db) as storage:
+        storage.save_model_shape(shape_key(QWEN3_MOE, installed_versions()), {"model_type": "qwen3_moe"})
+    spec = resolve_model(str(moe_dir), None, db)
+    assert spec.shape_source == "traced" and spec.num_experts == 8
+
+
+def test_a_cached_config_plans_in_a_fresh_interpreter_without_torch_or_transformers(
+    moe_dir: Path, tmp_path: Path
+) -> None:
+    db = str(tmp_path / "shapes.db")
+    resolve_model(str(moe_dir), None, db)
+    script = (
+        "import sys, json, planner\n"
+        f"plan = planner.recommend({str(moe_dir)!r}, gpu_mem='24G', cpu_mem='64G', workload='sft', db={db!r})\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules)\n"
+        "print(json.dumps({'heavy': heavy, 'fits': plan.fits, 'workload': plan.model_dump()['workload']}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == []
+    assert result["fits"] is True
+    model = result["workload"]["shapes"]["actor"]
+    assert model["shape_source"] == "traced" and model["experts"] == {"routed": 8, "per_token": 2}
+
+
+def test_the_cli_plans_a_local_moe_config(moe_dir: Path, tmp_path: Path) -> None:
+    db = tmp_path / "plans.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "planner", "recommend", "--model", str(moe_dir), "--gpu-mem", "80G",
+         "--cpu-mem", "64G", "--workload", "sft", "--db", str(db), "--json"],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["fits"] is True and plan["workload"]["shapes"]["actor"]["shape_source"] == "traced"
+    assert "on the meta device" in done.stderr
