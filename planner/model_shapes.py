@@ -72,4 +72,9 @@ def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> 
         file=sys.stderr,
         flush=True,
     )
-    return trace_model_shape(config, source)
+    from probes.activation_trace import trace_all_terms
+
+    shape = trace_model_shape(config, source)
+    terms = trace_all_terms(config)
+    unfitted = terms.pop("unfitted", {})
+    return {**shape, "activation_terms": terms, "activation_unfitted": unfitted}

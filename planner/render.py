@@ -51,6 +51,11 @@ def _header(report: PredictionReport) -> None:
             f"[bold]{w['model']}[/bold] ({size}) · {w['kind']} · global batch {w['global_batch']} x "
             f"{w['seq_len']} tokens · {w['dtype']} · {w['attn_impl']}"
         )
+    sources = {shape.get("activations") for shape in w.get("shapes", {}).values()}
+    if sources == {"traced"}:
+        console.print("activation and loss bytes traced from the model's own code (transformers, meta device)")
+    elif "formula" in sources:
+        console.print("activation and loss bytes from formulas (no trace of this model for this dtype and attention)")
     console.print(
         f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s) · GPU {format_bytes(h['gpu_memory_bytes'])}, "
         f"usable {format_bytes(report.predicted.gpu_budget_bytes)} · host {format_bytes(h['cpu_memory_bytes'])}"

@@ -8,6 +8,7 @@ from planner.inputs import ResolvedJob
 from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
 from search import Prediction, replay_memory
+from search.model.activations import source as activation_source
 from store.records import RLHFStrategy, Strategy
 
 
@@ -26,7 +27,11 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
     workload["params"] = job.workload.model.total_params
     workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
     # where each model's counts come from (traced module tree or formula), and its experts if it has any
-    workload["shapes"] = {role: spec.to_dict() for role, spec in job.workload.role_models().items()}
+    w = job.workload
+    workload["shapes"] = {
+        role: {**spec.to_dict(), "activations": activation_source(spec, w.dtype, w.attn_impl)}
+        for role, spec in w.role_models().items()
+    }
     common: dict[str, Any] = {
         "workload": workload,
         "hardware": job.hardware.to_dict(),

@@ -220,16 +220,25 @@ def spec_of_config(name: str, hf_config: dict[str, Any], source: str | None = No
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m probes.model_shape --write-catalog``: trace every catalog model into the package data."""
-    from store.model_shape import CATALOG_SHAPES_PATH, write_catalog_shapes
+    from probes.activation_trace import trace_all_terms
+    from store.model_shape import CATALOG_ACTIVATIONS_PATH, CATALOG_SHAPES_PATH, CATALOG_TERM_KEYS, write_catalog_shapes
     from store.models import catalog_configs
 
     args = sys.argv[1:] if argv is None else argv
-    if args != ["--write-catalog"]:
-        print("usage: python -m probes.model_shape --write-catalog", file=sys.stderr)
+    if args not in (["--write-catalog"], ["--write-catalog", "--shapes-only"]):
+        print("usage: python -m probes.model_shape --write-catalog [--shapes-only]", file=sys.stderr)
         return 2
-    shapes = {name: trace_model_shape(config, name) for name, config in catalog_configs().items()}
+    configs = catalog_configs()
+    shapes = {name: trace_model_shape(config, name) for name, config in configs.items()}
     write_catalog_shapes(shapes)
     print(f"wrote {len(shapes)} traced shapes to {CATALOG_SHAPES_PATH}")
+    if "--shapes-only" not in args:
+        terms = {}
+        for name, config in configs.items():
+            terms[name] = trace_all_terms(config, CATALOG_TERM_KEYS)
+            print(f"traced {name}: {', '.join(k for k in terms[name] if k != 'unfitted') or 'nothing'}", flush=True)
+        write_catalog_shapes(terms, CATALOG_ACTIVATIONS_PATH)
+        print(f"wrote the activation terms of {len(terms)} models to {CATALOG_ACTIVATIONS_PATH}")
     return 0
 
 

@@ -186,7 +186,7 @@ class LiveTensorTracker:
     def add(self, tensor: torch.Tensor, kind: int = 0) -> None:
         """Count ``tensor``'s storage if it is new (or re-size it if it changed); may raise ProbeOOM.
         ``kind`` (an index of :data:`store.alloc_stream.KINDS`) labels its ALLOC when recording."""
-        storage = _storage(tensor)
+        storage = _storage(tensor, "meta" in self.device_types)
         if storage is None or storage.device.type not in self.device_types:
             return
         nbytes = storage.nbytes()
@@ -318,9 +318,10 @@ def _role(kind: type) -> int:
     return _IS_OPTIMIZER if issubclass(kind, torch.optim.Optimizer) else _IS_OTHER
 
 
-def _storage(tensor: torch.Tensor) -> Any:
-    """The untyped storage behind ``tensor``, or None for tensors without one (meta, sparse, nested)."""
-    if tensor.is_meta or tensor.is_sparse or tensor.is_nested:
+def _storage(tensor: torch.Tensor, meta: bool = False) -> Any:
+    """The untyped storage behind ``tensor``, or None for tensors without one (sparse, nested; meta tensors
+    unless ``meta``: a tracker of ``device_types=("meta",)`` counts the bytes a traced step would hold)."""
+    if (tensor.is_meta and not meta) or tensor.is_sparse or tensor.is_nested:
         return None
     try:
         return tensor.untyped_storage()

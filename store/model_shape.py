@@ -23,7 +23,13 @@ from store.records import ModelSpec
 
 SHAPE_VERSION = 1  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
 CATALOG_SHAPES_PATH = Path(__file__).resolve().parent / "catalog_shapes.json"
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name not in ("name", "hf_config"))
+CATALOG_ACTIVATIONS_PATH = Path(__file__).resolve().parent / "catalog_activations.json"
+CATALOG_TERM_KEYS = ("2-eager", "2-sdpa")  # the catalog ships 16-bit terms; fp32 training uses the formulas
+_SPEC_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(ModelSpec)
+    if f.name not in ("name", "hf_config", "activation_terms", "activation_digest")
+)
 _TUPLE_FIELDS = ("layer_param_counts", "expert_param_counts")
 
 
@@ -54,7 +60,8 @@ def spec_from_shape(name: str, hf_config: dict[str, Any], shape: dict[str, Any])
     if missing:
         raise ValueError(f"traced shape of {name!r} lacks {', '.join(missing)}")
     values: dict[str, Any] = {key: tuple(shape[key]) if key in _TUPLE_FIELDS else shape[key] for key in _SPEC_FIELDS}
-    return ModelSpec(name=name, hf_config=dict(hf_config), **values)
+    terms = shape.get("activation_terms") or {}
+    return ModelSpec(name=name, hf_config=dict(hf_config), activation_terms=terms, **values)
 
 
 def cut_traced(spec: ModelSpec, layers: int, hf_config: dict[str, Any]) -> ModelSpec:
@@ -85,13 +92,21 @@ def _spec_values(spec: ModelSpec) -> dict[str, Any]:
 
 @cache
 def catalog_shapes() -> dict[str, dict[str, Any]]:
-    """The traced shapes of the catalog models, by canonical name (package data)."""
+    """The traced shapes of the catalog models, by canonical name (package data), each with its traced
+    activation terms (``activation_terms``) where ``catalog_activations.json`` has them."""
     loaded: dict[str, dict[str, Any]] = json.loads(CATALOG_SHAPES_PATH.read_text(encoding="utf-8"))
+    if CATALOG_ACTIVATIONS_PATH.is_file():
+        terms = json.loads(CATALOG_ACTIVATIONS_PATH.read_text(encoding="utf-8"))
+        for name, shape in loaded.items():
+            traced = dict(terms.get(name, {}))
+            shape["activation_unfitted"] = traced.pop("unfitted", {})  # settings the trace could not fit, and why
+            shape["activation_terms"] = traced
     return loaded
 
 
 def write_catalog_shapes(shapes: dict[str, dict[str, Any]], path: Path = CATALOG_SHAPES_PATH) -> None:
-    """Write the catalog's traced shapes to ``path`` atomically (a temp file renamed over it)."""
+    """Write the catalog's traced shapes (or, to CATALOG_ACTIVATIONS_PATH, their activation terms) to ``path``
+    atomically (a temp file renamed over it), one model a line."""
     lines = [f"{json.dumps(name)}: {json.dumps(shapes[name], sort_keys=True)}" for name in sorted(shapes)]
     text = "{\n" + ",\n".join(lines) + "\n}\n"  # one model a line: diffs show which model changed
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

@@ -6,6 +6,8 @@ These are plain data (no torch, no ORM rows). Each record converts to and from t
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -76,6 +78,16 @@ class ModelSpec:
     experts_per_token: int = 0
     expert_params: int = 0
     expert_param_counts: tuple[int, ...] = ()  # routed-expert parameters of each decoder layer, in order
+    # Activation and loss bytes traced from the model's code (store.activation_terms), by terms_key; empty:
+    # the cost model uses its formulas (search.model.activations).
+    activation_terms: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # What makes two specs with different terms unequal (predictions are cached by spec): their digest.
+    activation_digest: str = field(init=False, default="", repr=False)
+
+    def __post_init__(self) -> None:
+        if self.activation_terms:
+            text = json.dumps(self.activation_terms, sort_keys=True).encode()
+            object.__setattr__(self, "activation_digest", hashlib.sha256(text).hexdigest()[:16])
 
     @property
     def backbone_params(self) -> int:

@@ -1,16 +1,31 @@
 """Bytes per GPU of one micro-batch's activations, logits and loss, as transformers' model code keeps them.
 
-Pure functions: Korthikanti et al. 2022 generalised per decoder layer (attention implementation, dropout,
-RMSNorm, gated MLPs), the LM head's logits with the fp32 upcast of the loss, and the tied-embedding sum.
+Traced where the model carries traced terms for the dtype and attention (``ModelSpec.activation_terms``, read
+from the model's own code on the meta device by ``probes.activation_trace``: the catalog's package data and
+the store's cache); otherwise pure formulas: Korthikanti et al. 2022 generalised per decoder layer (attention
+implementation, dropout, RMSNorm, gated MLPs), the LM head's logits with the fp32 upcast of the loss, and the
+tied-embedding sum. :func:`source` says which one a prediction used.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from search.coefficients import Coefficients
 from search.model.shapes import dropout_probs, token_embedding_params, uses_rmsnorm
+from store.activation_terms import evaluate, left_by, peak_of, terms_key
 from store.records import DTYPE_BYTES, ModelSpec
+
+
+def traced_terms(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, Any] | None:
+    """The model's traced activation and loss terms for this dtype and attention, or None (formulas)."""
+    return model.activation_terms.get(terms_key(dtype, attn_impl))
+
+
+def source(model: ModelSpec, dtype: str, attn_impl: str) -> str:
+    """Where a prediction's activation and loss bytes come from: ``"traced"`` or ``"formula"``."""
+    return "traced" if traced_terms(model, dtype, attn_impl) else "formula"
 
 
 @dataclass(frozen=True)
@@ -23,7 +38,14 @@ class LossLogits:
 
 
 def loss_logits(
-    model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients, *, holds_output: bool = True
+    model: ModelSpec,
+    sequences: int,
+    seq_len: int,
+    dtype: str,
+    coef: Coefficients,
+    *,
+    holds_output: bool = True,
+    attn_impl: str = "sdpa",
 ) -> LossLogits:
     """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
 
@@ -38,6 +60,15 @@ def loss_logits(
     d = DTYPE_BYTES[dtype]
     upcast = 4 if d != 4 else 0
     held = d * elements if holds_output else 0
+    traced = traced_terms(model, dtype, attn_impl)
+    if traced is not None:  # the head and loss as traced: the output dropped once the loss is computed
+        head = traced["windows"]
+        kept = left_by(head["head_forward"], sequences, seq_len)
+        return LossLogits(
+            forward=peak_of(head["head_forward"], sequences, seq_len),
+            backward=held + kept + peak_of(head["head_backward"], sequences, seq_len),
+            held=int(held),
+        )
     return LossLogits(
         forward=int((d + upcast + 4) * elements),
         backward=int(held + coef.logits_peak_bytes * elements),
@@ -70,6 +101,7 @@ class Activations:
     saved: int  # all layers, as kept for backward (or the checkpoints under recompute)
     layer: int  # one layer without checkpointing: the recompute and backward working set
     forward_working: int  # live while a no-grad forward (inference) runs one layer
+    backward_working: int = 0  # activation gradients of the layer being differentiated, beside the saved ones
 
 
 def layer_saved_tensors(
@@ -82,6 +114,9 @@ def layer_saved_tensors(
     eager attention keeps. The sizes (not only their sum) are what torch's caching allocator sees
     (:mod:`search.streams`).
     """
+    traced = traced_terms(model, dtype, attn_impl)
+    if traced is not None:
+        return tuple(max(0, evaluate(c, sequences, seq_len)) for c in traced["layer_saved"])
     d = DTYPE_BYTES[dtype]
     bs = sequences * seq_len
     h, i = model.hidden_size, model.intermediate_size
@@ -133,11 +168,21 @@ def activations(
     d = DTYPE_BYTES[dtype]
     bs_h = sequences * seq_len * model.hidden_size
     layer = layer_activation_bytes(model, sequences, seq_len, dtype, attn_impl, coef)
+    traced = traced_terms(model, dtype, attn_impl)
     outside_layers = 3 * d * bs_h  # embedding output, final norm input, LM head input
+    backward_working = coef.backward_working_layers * layer
+    if traced is not None:
+        outside_layers = evaluate(traced["outside_saved"], sequences, seq_len)
+        backward_working = peak_of(traced["windows"]["layer_backward"], sequences, seq_len)
     per_layer = d * bs_h if checkpointing else layer  # under recompute each layer keeps only its input
     saved = model.num_layers * per_layer + outside_layers
     forward_working = 2 * d * bs_h + layer // 2
-    return Activations(saved=int(saved), layer=int(layer), forward_working=int(forward_working))
+    return Activations(
+        saved=int(saved),
+        layer=int(layer),
+        forward_working=int(forward_working),
+        backward_working=int(backward_working),
+    )
 
 
 def logits_bytes(model: ModelSpec, sequences: int, seq_len: int, dtype: str, coef: Coefficients) -> tuple[int, int]:

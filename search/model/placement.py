@@ -114,7 +114,7 @@ def micro_step(
     s, model = placed.layout, placed.model
     acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
     logits = (
-        loss_logits(model, sequences, seq_len, dtype, coef, holds_output=holds_output)
+        loss_logits(model, sequences, seq_len, dtype, coef, holds_output=holds_output, attn_impl=attn_impl)
         if placed.lm_head
         else LossLogits(0, 0, 0)
     )
@@ -131,7 +131,7 @@ def micro_step(
         work=placed.work,
         acts=acts,
         logits=logits,
-        backward_working=int(coef.backward_working_layers * acts.layer),
+        backward_working=acts.backward_working,
     )
     return MicroStep(acts, logits, moments)
 

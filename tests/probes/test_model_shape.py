@@ -8,18 +8,20 @@ model classes build them; a layer cut of a traced spec equals a trace of the cut
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
 
+from probes.activation_trace import trace_all_terms
 from probes.model_shape import spec_of_config, trace_model_shape
 from store.errors import InputError
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
-from store.model_shape import SHAPE_VERSION, catalog_shapes, spec_from_shape
+from store.model_shape import CATALOG_TERM_KEYS, SHAPE_VERSION, catalog_shapes, spec_from_shape
 from store.models import catalog_configs, get_model, with_layers
 
 CATALOG = catalog_configs()
-_VOLATILE = ("versions",)  # the library versions a shape was read with: a newer transformers may differ
+_VOLATILE = ("versions", "activation_terms", "activation_unfitted")  # library versions; the terms are checked below
 
 
 def _stable(shape: dict[str, Any]) -> dict[str, Any]:
@@ -30,6 +32,18 @@ def _stable(shape: dict[str, Any]) -> dict[str, Any]:
 def test_the_packaged_catalog_shape_is_what_transformers_builds_today(name: str) -> None:
     """Re-derive the package data (``python -m probes.model_shape --write-catalog`` rewrites it)."""
     assert _stable(trace_model_shape(CATALOG[name], name)) == _stable(catalog_shapes()[name])
+
+
+# One model of each family (the whole catalog takes a minute: `python -m probes.model_shape --write-catalog`).
+TERM_SAMPLE = ["opt-350m", "gpt2", "llama-3.2-1b", "mistral-7b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen3-30b-a3b",
+               "gemma-2-2b", "gemma-3-1b", "phi-4-mini", "mixtral-8x7b", "smollm3-3b"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TERM_SAMPLE)
+def test_the_packaged_activation_terms_are_what_the_model_code_does_today(name: str) -> None:
+    traced = trace_all_terms(CATALOG[name], CATALOG_TERM_KEYS)
+    traced.pop("unfitted", None)
+    assert traced == catalog_shapes()[name]["activation_terms"]
 
 
 @pytest.mark.parametrize("name", list(CATALOG))
@@ -105,7 +119,8 @@ def test_a_multimodal_config_is_read_as_its_text_model() -> None:
 def test_a_cut_of_a_traced_spec_equals_a_trace_of_the_cut_config(name: str) -> None:
     cut = with_layers(get_model(name), 2)
     traced = spec_from_shape(name, cut.hf_config, trace_model_shape(cut.hf_config, name))
-    assert cut == traced
+    assert cut.activation_terms == get_model(name).activation_terms  # per layer: a cut keeps them
+    assert dataclasses.replace(cut, activation_terms={}) == traced
 
 
 def test_a_local_config_of_a_new_family_is_traced_and_keeps_its_config() -> None:

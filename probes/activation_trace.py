@@ -1,0 +1,284 @@
+"""Activation and loss bytes of a training step, traced from the model's own code on the meta device.
+
+The model is cut to two decoder layers and built on the meta device (no weights, no compute, any size); one
+forward with labels (the loss inside the model, as HF Trainer and TRL call it) and one backward run under the
+live-tensor tracker of :mod:`probes.tracker` counting meta storages, with markers from module hooks. From the
+recorded stream come, per traced shape:
+
+- the tensors the second decoder layer's forward makes and that are still alive when the decoder ends (what
+  a layer saves for backward), in the order they were made, and that layer's transient peaks in its forward
+  and in its backward;
+- what is saved outside the layers (embedding output, masks, rotary tables, the final norm's input);
+- the LM head and loss: their forward peak above the decoder's end, what they hold into the backward, and the
+  backward's peak until the gradient reaches the decoder layers.
+
+Each size is fitted exactly as ``c0 + c1 b + c2 s + c3 b s + c4 s^2 + c5 b s^2`` from six shapes (b sequences of
+s tokens; the label shift pads one token per sequence, the eager causal mask is s x s) and checked on a
+seventh one not used for the fit (:func:`trace_terms`). Attention: ``eager`` runs transformers' eager code as is;
+``sdpa`` (and ``flash_attention_2``, whose kernel keeps the same tensors) routes
+``torch.nn.functional.scaled_dot_product_attention`` to the CUDA flash kernel's aten op (16-bit, no mask)
+or memory-efficient one (fp32 or with a mask), whose meta functions and autograd formulas say what the GPU
+kernel allocates and saves; on the meta device the dispatcher would otherwise pick the math fallback that
+materialises the scores, which no GPU run does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS, WINDOWS, Polynomial, basis, compact, evaluate
+from store.alloc_stream import ALLOC, FREE, PHASE
+
+# (sequences, tokens) of the fit: six shapes for the six terms 1, b, s, b*s, s^2, b*s^2 (b >= 2: at b = 1 some
+# reshapes are views and the step makes fewer tensors), and one more where the fit must hold exactly.
+FIT_SHAPES: tuple[tuple[int, int], ...] = ((2, 64), (3, 64), (2, 96), (4, 96), (2, 128), (4, 128))
+# A multiple of 32 tokens: the memory-efficient kernel (fp32 sdpa) pads its log-sum-exp to 32 rows, which
+# no polynomial follows between multiples (at most 32 rows per head of fp32 more than the fit says there).
+CHECK_SHAPE: tuple[int, int] = (3, 160)
+TRACED_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Bytes of one traced forward and backward at one (sequences, tokens) shape.
+
+    A window is the ordered list of changes of live bytes (+ an allocation, - a free) between two markers:
+    ``layer_forward`` and ``layer_backward`` of the second decoder layer, ``head_forward`` from the decoder's
+    end (the LM head's input) until the forward returns the loss, ``head_backward`` from the backward's start
+    until the gradient reaches the decoder layers.
+    """
+
+    layer_saved: tuple[int, ...]  # the second layer's forward tensors alive when the decoder ends, in order
+    outside_saved: int  # alive when the decoder ends, made outside the layers (embeddings, masks, final norm)
+    windows: dict[str, tuple[int, ...]]
+
+
+@contextlib.contextmanager
+def gpu_kernels(attention: bool = True, target: str = "cuda") -> Iterator[None]:
+    """Route ``F.scaled_dot_product_attention`` to the aten op of the CUDA kernel a GPU would pick, and
+    ``F.dropout`` to the fused kernel CUDA runs (ATen's ``dropout`` takes it only for CUDA inputs).
+    ``target="cpu"`` picks the CPU's flash kernel instead, so that a real CPU run can check a meta trace."""
+    import torch
+    import torch.nn.functional as functional
+
+    original = functional.scaled_dot_product_attention
+
+    def routed(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+               scale: float | None = None, enable_gqa: bool = False) -> Any:  # fmt: skip
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: the kernels take every head's K and V
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        if target == "cpu":  # the CPU's flash kernel, which keeps what CUDA's does (but the RNG seeds)
+            out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+            )
+        elif attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+            out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)
+        else:
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale
+            )
+        return out[0]
+
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if training and 0 < p < 1:  # CUDA's fused kernel: a one-byte mask, not a noise tensor of the input's type
+            return torch.ops.aten.native_dropout(input, p, True)[0]
+        return original_dropout(input, p, training, inplace)
+
+    original_dropout = functional.dropout
+    if attention:
+        functional.scaled_dot_product_attention = routed
+    functional.dropout = dropout
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
+        functional.dropout = original_dropout
+
+
+def cut_model(hf_config: dict[str, Any], dtype: str, attn_impl: str, device: str = "meta") -> Any:
+    """The model of ``hf_config`` cut to two decoder layers, in training mode, on ``device`` (random weights
+    off the meta device)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from probes.model_shape import config_object
+    from store.models import cut_config
+
+    config = config_object(cut_config(hf_config, str(hf_config.get("model_type")), TRACED_LAYERS), "trace")
+    config._attn_implementation = "eager" if attn_impl == "eager" else "sdpa"
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch_dtype)
+    model.train()
+    return model
+
+
+def _decoder_layers(model: Any) -> Any:
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == TRACED_LAYERS]
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
+    """Trace one forward (with labels) and backward of a two-layer ``model`` at one shape, on the device its
+    parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace)."""
+    import torch
+
+    from probes.tracker import LiveTensorTracker
+
+    layers = _decoder_layers(model)
+    device = next(model.parameters()).device
+    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True)
+
+    def marker(name: str) -> Any:
+        return lambda *args: tracker.mark_phase(name) and None
+
+    handles = []
+    for index, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(marker(f"layer{index}.fwd")))
+        handles.append(layer.register_forward_hook(marker(f"layer{index}.fwd.end")))
+    handles.append(layers[-1].register_full_backward_pre_hook(marker("layers.bwd")))
+    handles.append(layers[1].register_full_backward_hook(marker("layer1.bwd.end")))
+    handles.append(model.get_output_embeddings().register_forward_pre_hook(marker("head")))
+    ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
+    try:
+        with tracker:
+            tracker.track_existing(model.parameters())  # weights are there before the step: not its allocations
+            tracker.mark_phase("start")
+            loss = model(input_ids=ids, labels=ids).loss
+            tracker.mark_phase("fwd.end")
+            loss.backward()
+            tracker.mark_phase("bwd.end")
+            del loss
+    finally:
+        for handle in handles:
+            handle.remove()
+        for param in model.parameters():
+            param.grad = None
+    return _read(tracker.stream())
+
+
+def _read(stream: Any) -> StepTrace:
+    """The StepTrace of a recorded stream: live bytes walked event by event, windows cut at the markers."""
+    live, live_after, deltas = 0, [], []
+    index_at: dict[str, int] = {}
+    sizes: dict[int, int] = {}
+    made_at: dict[int, int] = {}
+    freed_at: dict[int, int] = {}
+    for i, (op, key, size, _, _) in enumerate(stream.events):
+        delta = 0
+        if op == ALLOC:
+            sizes[key], made_at[key], delta = size, i, size
+        elif op == FREE:
+            delta = -sizes.get(key, 0)
+            freed_at[key] = i
+        elif op == PHASE:
+            index_at.setdefault(stream.phases[key], i)  # the first time a marker fires
+        live += delta
+        live_after.append(live)
+        deltas.append(delta)
+    at = {name: live_after[i] for name, i in index_at.items()}
+
+    def window(first: str, last: str, leaving: bool = True) -> tuple[int, ...]:
+        """The changes between two markers; without ``leaving``, not the allocations still alive at the
+        backward's end (weight gradients, which the cost model counts as gradients)."""
+        keep = range(index_at[first], index_at[last])
+        if not leaving:
+            end = index_at["bwd.end"]
+            kept = {made_at[k] for k in made_at if made_at[k] in keep and not alive_at(k, end)}
+            return tuple(deltas[i] for i in keep if deltas[i] < 0 or i in kept)
+        return tuple(deltas[i] for i in keep if deltas[i])
+
+    def alive_at(key: int, moment: int) -> bool:
+        return made_at[key] < moment < freed_at.get(key, len(stream.events))
+
+    def made_between(first: str, last: str) -> list[int]:
+        return sorted((k for k in made_at if index_at[first] < made_at[k] < index_at[last]), key=made_at.__getitem__)
+
+    head = index_at["head"]
+    saved = tuple(sizes[k] for k in made_between("layer1.fwd", "layer1.fwd.end") if alive_at(k, head))
+    in_layers = sum(sizes[k] for k in made_between("layer0.fwd", "layer1.fwd.end") if alive_at(k, head))
+    return StepTrace(
+        layer_saved=saved,
+        outside_saved=at["head"] - at["start"] - in_layers,
+        windows={
+            "layer_forward": window("layer1.fwd", "layer1.fwd.end"),
+            "layer_backward": window("layers.bwd", "layer1.bwd.end", leaving=False),
+            "head_forward": window("head", "fwd.end"),
+            "head_backward": window("fwd.end", "layers.bwd", leaving=False),
+        },
+    )
+
+
+class FitError(ValueError):
+    """Traced bytes that do not follow one polynomial of ``store.activation_terms.TERM_BASIS`` over the shapes."""
+
+
+def _solve(values: list[int]) -> list[Fraction]:
+    """Exact coefficients with values[i] = sum(c_j * term_j) at FIT_SHAPES[i] (Gauss-Jordan on fractions)."""
+    rows = [[Fraction(t) for t in basis(*shape)] + [Fraction(v)] for shape, v in zip(FIT_SHAPES, values, strict=True)]
+    n = len(rows)
+    for col in range(n):
+        pivot = next(r for r in range(col, n) if rows[r][col] != 0)
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        rows[col] = [x / rows[col][col] for x in rows[col]]
+        for r in range(n):
+            if r != col and rows[r][col] != 0:
+                rows[r] = [a - rows[r][col] * b for a, b in zip(rows[r], rows[col], strict=True)]
+    return [row[-1] for row in rows]
+
+
+def _fit(name: str, traced: list[tuple[int, ...]], check: tuple[int, ...]) -> list[Polynomial]:
+    """Each position of same-length integer lists fitted exactly over FIT_SHAPES and checked at CHECK_SHAPE."""
+    lengths = {len(values) for values in [*traced, check]}
+    if len(lengths) != 1:
+        raise FitError(f"{name}: the step makes a different number of tensors at different shapes: {sorted(lengths)}")
+    fitted = []
+    for i, checked in enumerate(check):
+        coefficients = [int(c) if c.denominator == 1 else float(c) for c in _solve([values[i] for values in traced])]
+        if evaluate(coefficients, *CHECK_SHAPE) != checked:
+            raise FitError(f"{name}[{i}]: {evaluate(coefficients, *CHECK_SHAPE)} fitted, {checked} traced")
+        fitted.append(coefficients)
+    return fitted
+
+
+def fit_terms(traces: list[StepTrace], check: StepTrace) -> dict[str, Any]:
+    """The exact fit of every traced size over FIT_SHAPES, checked on CHECK_SHAPE; FitError where it fails."""
+    return {
+        "layer_saved": _fit("layer_saved", [t.layer_saved for t in traces], check.layer_saved),
+        "outside_saved": _fit("outside_saved", [(t.outside_saved,) for t in traces], (check.outside_saved,))[0],
+        "windows": {w: compact(_fit(w, [t.windows[w] for t in traces], check.windows[w])) for w in WINDOWS},
+        "fit_shapes": [list(shape) for shape in FIT_SHAPES],
+        "check_shape": list(CHECK_SHAPE),
+    }
+
+
+def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KEYS) -> dict[str, Any]:
+    """The terms of every traced setting (``store.activation_terms.TRACED_KEYS``); a setting that cannot be
+    traced on the meta device (an op without a meta kernel there: MoE grouped GEMMs take 16-bit inputs only)
+    or whose fit fails is left out (the cost model then uses its formulas) and named under ``"unfitted"``."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        dtype, attn_impl = TRACED_SETTINGS[key]
+        try:
+            out[key] = trace_terms(hf_config, dtype, attn_impl)
+        except (FitError, RuntimeError, NotImplementedError, ValueError) as err:  # no meta kernel, no fit, no sdpa
+            out.setdefault("unfitted", {})[key] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    return out
+
+
+def trace_terms(hf_config: dict[str, Any], dtype: str, attn_impl: str, target: str = "cuda") -> dict[str, Any]:
+    """The fitted activation and loss terms of a model config for one dtype and attention implementation, with
+    the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`)."""
+    model = cut_model(hf_config, dtype, attn_impl)
+    with gpu_kernels(attention=attn_impl != "eager", target=target):
+        traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
+        check = trace_step(model, *CHECK_SHAPE)
+    return fit_terms(traces, check)

@@ -1,0 +1,90 @@
+"""Traced activation and loss terms: how their bytes follow the micro-batch shape, read without torch.
+
+``probes.activation_trace`` traces a model's training step on the meta device at a few shapes and fits every
+size it sees exactly as a polynomial in b (sequences) and s (tokens per sequence) over :data:`TERM_BASIS`.
+The terms of one model are kept per dtype width and attention kernel (:func:`terms_key`) with its shape
+(catalog package data, or the store's shape cache). Here they are evaluated at any shape:
+
+- ``layer_saved``: the sizes one decoder layer saves for backward, in the order its forward makes them;
+- ``outside_saved``: what the step saves outside the decoder layers (embedding output, masks, rotary tables,
+  the final norm's input);
+- ``windows``: ordered changes of live bytes (+ allocation, - free) of ``layer_forward``, ``layer_backward``
+  (without the weight gradients it leaves behind), ``head_forward`` (LM head and loss, from the decoder's end
+  until the loss is returned) and ``head_backward`` (from the backward's start until the gradient reaches the
+  decoder layers). A window's peak is its highest running sum; what it leaves is its sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Polynomial = list[float]  # coefficients over TERM_BASIS
+TERM_BASIS = ("1", "b", "s", "b*s", "s^2", "b*s^2")
+WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward")
+
+
+def basis(sequences: int, tokens: int) -> tuple[int, ...]:
+    """The values of TERM_BASIS at ``sequences`` x ``tokens``."""
+    b, s = sequences, tokens
+    return 1, b, s, b * s, s * s, b * s * s
+
+
+def evaluate(coefficients: Polynomial, sequences: int, tokens: int) -> int:
+    """Bytes of one fitted size at ``sequences`` x ``tokens``."""
+    return round(sum(c * t for c, t in zip(coefficients, basis(sequences, tokens), strict=True)))
+
+
+def peak_of(window: list[Polynomial], sequences: int, tokens: int) -> int:
+    """The most bytes a fitted window holds above its start at ``sequences`` x ``tokens`` (0 at least)."""
+    live = peak = 0
+    for coefficients in window:
+        live += evaluate(coefficients, sequences, tokens)
+        peak = max(peak, live)
+    return peak
+
+
+def left_by(window: list[Polynomial], sequences: int, tokens: int) -> int:
+    """What a fitted window leaves alive at its end beyond its start."""
+    return sum(evaluate(coefficients, sequences, tokens) for coefficients in window)
+
+
+def terms_key(dtype: str, attn_impl: str) -> str:
+    """The key of a model's terms for a training dtype and attention implementation: the dtype width and the
+    kernel (``flash_attention_2`` keeps what sdpa's flash kernel keeps, so both read the ``sdpa`` trace)."""
+    width = 4 if dtype == "fp32" else 2
+    return f"{width}-{'eager' if attn_impl == 'eager' else 'sdpa'}"
+
+
+TRACED_KEYS = ("2-eager", "2-sdpa", "4-eager", "4-sdpa")
+TRACED_SETTINGS: dict[str, tuple[str, str]] = {  # the dtype and attention each key is traced with
+    "2-eager": ("bf16", "eager"),
+    "2-sdpa": ("bf16", "sdpa"),
+    "4-eager": ("fp32", "eager"),
+    "4-sdpa": ("fp32", "sdpa"),
+}
+
+
+def compact(window: list[Polynomial]) -> list[Polynomial]:
+    """A window with each run of allocations (and each run of frees) summed into one change: the same
+    running-sum peaks and end at every shape, fewer numbers to keep. A change whose coefficients differ in
+    sign (growing at some shapes, shrinking at others) is kept on its own."""
+    out: list[Polynomial] = []
+    last = 0
+    for coefficients in window:
+        sign = 1 if min(coefficients) >= 0 else -1 if max(coefficients) <= 0 else 0
+        if out and sign and sign == last:
+            out[-1] = [a + b for a, b in zip(out[-1], coefficients, strict=True)]
+        else:
+            out.append(list(coefficients))
+        last = sign
+    return out
+
+
+def valid_terms(terms: Any) -> bool:
+    """Whether ``terms`` has the shape of one traced entry (a damaged or older cache entry has not)."""
+    if not isinstance(terms, dict) or not isinstance(terms.get("windows"), dict):
+        return False
+    width = len(TERM_BASIS)
+    polys = [*terms.get("layer_saved", [None]), terms.get("outside_saved")]
+    polys += [p for w in WINDOWS for p in terms["windows"].get(w, [None])]
+    return all(isinstance(p, list) and len(p) == width for p in polys)

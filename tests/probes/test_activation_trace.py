@@ -1,0 +1,118 @@
+"""Activation and loss bytes traced on the meta device equal what a real CPU run of the same code holds.
+
+Every family is cut to two decoder layers; one forward with labels and one backward run for real on the CPU
+(random weights, tiny widths) under the same live-tensor tracker as the meta trace. The meta trace must say
+the same bytes (within 2%: most are exact) at a shape the fit never saw, per quantity: what a layer saves for
+backward, what the step saves outside the layers, the layer's forward and backward peaks, and the LM head and
+loss's forward peak, what they hold into the backward and their backward peak. The fits themselves must hold
+exactly on a shape not used to make them (``CHECK_SHAPE``), or the trace is refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from probes.activation_trace import (
+    CHECK_SHAPE,
+    FIT_SHAPES,
+    FitError,
+    StepTrace,
+    cut_model,
+    fit_terms,
+    gpu_kernels,
+    trace_all_terms,
+    trace_step,
+    trace_terms,
+)
+from store.activation_terms import WINDOWS, evaluate, left_by, peak_of
+from store.models import catalog_configs
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 512,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+FAMILIES = {
+    "opt": {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 512, "word_embed_proj_dim": 64, "dropout": 0.1, "pad_token_id": 0},
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 512,
+             "bos_token_id": 1, "eos_token_id": 2},
+    "llama": {"model_type": "llama", **TINY},
+    "qwen2": {"model_type": "qwen2", **TINY},
+    "qwen3": {"model_type": "qwen3", **TINY},
+    "gemma3_text": {"model_type": "gemma3_text", **TINY},
+    "phi3": {"model_type": "phi3", **TINY},
+    "qwen3_moe": {"model_type": "qwen3_moe", "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                  **TINY},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, **TINY},
+}  # fmt: skip
+MOE = ("qwen3_moe", "mixtral")  # transformers' grouped expert GEMMs take 16-bit inputs only
+SHAPE = (3, 96)  # not a fit shape, not the check shape
+assert SHAPE not in FIT_SHAPES and SHAPE != CHECK_SHAPE
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    cases = []
+    for family, config in FAMILIES.items():
+        for dtype in ("fp32", "bf16"):
+            for attn in ("eager", "sdpa"):
+                dropout = any(config.get(k) for k in ("dropout", "attn_pdrop")) or family == "gpt2"
+                if (family in MOE and dtype == "fp32") or (attn == "sdpa" and dropout):
+                    continue  # the CPU's flash kernel has no dropout: a real CPU run cannot check this one
+                cases.append((family, dtype, attn))
+    return cases
+
+
+def _real_cpu_run(config: dict, dtype: str, attn: str) -> StepTrace:
+    torch.manual_seed(0)
+    model = cut_model(config, dtype, attn, device="cpu")
+    with gpu_kernels(attention=attn != "eager", target="cpu"):
+        return trace_step(model, *SHAPE)
+
+
+def _close(traced: int, measured: int) -> bool:
+    return abs(traced - measured) <= 0.02 * max(abs(measured), 1)
+
+
+@pytest.mark.parametrize(("family", "dtype", "attn"), _cases(), ids=lambda v: str(v))
+def test_the_meta_trace_says_what_a_real_cpu_step_holds(family: str, dtype: str, attn: str) -> None:
+    config = FAMILIES[family]
+    terms = trace_terms(config, dtype, attn, target="cpu")
+    real = _real_cpu_run(config, dtype, attn)
+    b, s = SHAPE
+    pairs = {
+        "layer saved": (sum(evaluate(c, b, s) for c in terms["layer_saved"]), sum(real.layer_saved)),
+        "outside saved": (evaluate(terms["outside_saved"], b, s), real.outside_saved),
+        "head held": (left_by(terms["windows"]["head_forward"], b, s), sum(real.windows["head_forward"])),
+    }
+    for window in WINDOWS:
+        measured = max([0] + [sum(real.windows[window][: i + 1]) for i in range(len(real.windows[window]))])
+        pairs[f"{window} peak"] = (peak_of(terms["windows"][window], b, s), measured)
+    off = {name: pair for name, pair in pairs.items() if not _close(*pair)}
+    assert not off, f"traced vs real CPU run, {family} {dtype} {attn}: {off}"
+
+
+def test_a_fit_that_misses_the_check_shape_is_refused() -> None:
+    model = cut_model(FAMILIES["llama"], "bf16", "eager")
+    traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
+    check = trace_step(model, *CHECK_SHAPE)
+    bent = StepTrace(check.layer_saved, check.outside_saved + 512, check.windows)
+    fit_terms(traces, check)  # the real one holds
+    with pytest.raises(FitError, match="outside_saved"):
+        fit_terms(traces, bent)
+
+
+def test_eager_attention_keeps_the_scores_and_sdpa_does_not() -> None:
+    """The s^2 terms: eager attention's softmax output is b x heads x s x s; flash keeps none."""
+    config = catalog_configs()["llama-3.2-1b"]
+    eager, sdpa = (trace_terms(config, "bf16", attn) for attn in ("eager", "sdpa"))
+    heads = config["num_attention_heads"]
+    quadratic = {name: sum(c[5] for c in terms["layer_saved"]) for name, terms in (("eager", eager), ("sdpa", sdpa))}
+    assert quadratic["sdpa"] == 0
+    assert quadratic["eager"] >= heads * 2  # at least the bf16 probabilities of every head
+
+
+def test_a_setting_that_cannot_be_traced_is_named_not_guessed() -> None:
+    terms = trace_all_terms(FAMILIES["qwen3_moe"])
+    assert set(terms) == {"2-eager", "2-sdpa", "unfitted"}
+    assert set(terms["unfitted"]) == {"4-eager", "4-sdpa"}
+    assert "BF16" in terms["unfitted"]["4-eager"]
