@@ -40,7 +40,30 @@ from store.phases import EMPTY_CACHE_AFTER, END_STEP
 from store.phases import PHASES as STEP_PHASES
 from store.records import EMPTY_CACHE_POLICIES
 
-__all__ = ["PHASES", "POLICY_TABLE", "CacheDecision", "EmptyCachePolicy"]
+__all__ = [
+    "PHASES",
+    "POLICY_TABLE",
+    "CacheDecision",
+    "EmptyCachePolicy",
+    "causal_lm_hidden_states",
+    "chunked_causal_lm_loss",
+]
+
+
+def chunked_causal_lm_loss(hidden_states: Any, lm_head: Any, labels: Any, vocab_size: int) -> Any:
+    """A plan's ``loss: "chunked"`` in your own loop: HF's causal-LM loss over chunks of tokens, never the
+    whole logits (see ``probes.chunked_loss``; imports torch on first use)."""
+    from probes.chunked_loss import chunked_causal_lm_loss as chunked
+
+    return chunked(hidden_states, lm_head, labels, vocab_size)
+
+
+def causal_lm_hidden_states(model: Any, input_ids: Any) -> Any:
+    """The final hidden states of a transformers causal LM, the input of :func:`chunked_causal_lm_loss`."""
+    from probes.chunked_loss import causal_lm_hidden_states as hidden
+
+    return hidden(model, input_ids)
+
 
 PHASES: tuple[str, ...] = STEP_PHASES["ppo"]
 # Events (phase ends, and the end of the step) after which each policy calls torch.cuda.empty_cache():

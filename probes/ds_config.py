@@ -144,7 +144,8 @@ def outside_settings(strategy: Strategy) -> dict[str, str]:
     """The settings that live outside the DeepSpeed config, as copyable text.
 
     Keys: ``gradient_checkpointing``, ``empty_cache``, ``PYTORCH_CUDA_ALLOC_CONF`` (empty string means
-    leave it unset) and, only when ``strategy.lora_rank > 0``, ``lora``.
+    leave it unset), only when ``strategy.loss == "chunked"`` ``loss``, and only when ``strategy.lora_rank > 0``
+    ``lora``.
     """
     if strategy.gradient_checkpointing:
         checkpointing = (
@@ -161,6 +162,14 @@ def outside_settings(strategy: Strategy) -> dict[str, str]:
         "empty_cache": EMPTY_CACHE_PLACEMENT[strategy.empty_cache],
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True" if strategy.allocator == "expandable-segments" else "",
     }
+    if strategy.loss == "chunked":
+        settings["loss"] = (
+            "chunked: the LM head and cross-entropy over chunks of tokens, never the whole logits. transformers "
+            "Trainer / TRL: TrainingArguments(use_liger_kernel=True) (pip install liger-kernel: its fused linear "
+            "cross-entropy); torchtune: loss=CEWithChunkedOutputLoss; your own loop: "
+            "planner.runtime.chunked_causal_lm_loss(planner.runtime.causal_lm_hidden_states(model, input_ids), "
+            "model.get_output_embeddings(), labels, model.config.vocab_size)"
+        )
     if strategy.lora_rank > 0:
         rank = strategy.lora_rank
         settings["lora"] = (

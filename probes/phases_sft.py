@@ -126,6 +126,12 @@ class SingleModelRun:
         import torch.nn.functional as F
 
         kind, pairs = self.workload.kind, self.strategy.micro_batch
+        if kind == "sft" and self.strategy.loss == "chunked":
+            from probes.chunked_loss import causal_lm_hidden_states, chunked_causal_lm_loss, output_head
+
+            module = self.engine.module
+            hidden = causal_lm_hidden_states(module, ids)
+            return None, chunked_causal_lm_loss(hidden, output_head(module), ids, self.workload.model.vocab_size)
         if kind == "sft":
             # as HF Trainer's training_step and TRL's SFTTrainer: only the loss outlives the forward
             loss = self.engine(input_ids=ids, labels=ids, use_cache=False).loss

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from store.errors import InputError
+from store.loss_chunks import LOSSES
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
@@ -273,6 +274,9 @@ class Strategy:
     grad_accum: int = 1
     empty_cache: str = "never"
     allocator: str = "default"
+    # "hf": transformers' loss over the whole logits; "chunked": the LM head and cross-entropy over chunks of
+    # tokens (store.loss_chunks), never the whole logits (Liger-Kernel's fused linear cross-entropy)
+    loss: str = "hf"
 
     def __post_init__(self) -> None:
         problems = strategy_problems(self)
@@ -280,7 +284,11 @@ class Strategy:
             raise InputError("strategy: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON shape; ``loss`` only when it is not the default ``"hf"`` (older documents stay as they are)."""
+        shape = asdict(self)
+        if self.loss == "hf":
+            del shape["loss"]
+        return shape
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Strategy:
@@ -312,6 +320,8 @@ class Strategy:
             parts.append(f"empty_cache {self.empty_cache}")
         if self.allocator != "default":
             parts.append(self.allocator)
+        if self.loss != "hf":
+            parts.append(f"{self.loss} loss")
         return ", ".join(parts)
 
 
@@ -361,6 +371,8 @@ def strategy_problems(strategy: Strategy) -> list[str]:
         problems.append(f"empty_cache must be one of {', '.join(EMPTY_CACHE_POLICIES)}, not {s.empty_cache!r}")
     if s.allocator not in ALLOCATORS:
         problems.append(f"allocator must be one of {', '.join(ALLOCATORS)}, not {s.allocator!r}")
+    if s.loss not in LOSSES:
+        problems.append(f"loss must be one of {', '.join(LOSSES)}, not {_shown(s.loss)}")
     return problems
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from search.batches import micro_batches, per_gpu_batch
+from store.loss_chunks import LOSSES
 from store.records import Hardware, Strategy, Workload
 
 
@@ -31,14 +32,21 @@ def offload_targets(hardware: Hardware) -> tuple[str, ...]:
     return ("none", "cpu", "nvme") if hardware.nvme_path else ("none", "cpu")
 
 
-def inner_choices(workload: Workload, hardware: Hardware) -> list[tuple[int, int, str, str]]:
-    """(micro_batch, grad_accum, empty_cache, allocator) worth distinguishing, simplest first."""
+Inner = tuple[int, int, str, str, str]  # micro_batch, grad_accum, empty_cache, allocator, loss
+
+
+def inner_choices(workload: Workload, hardware: Hardware) -> list[Inner]:
+    """(micro_batch, grad_accum, empty_cache, allocator, loss) worth distinguishing, simplest first. A chunked
+    loss is offered for sft (its loss is the causal LM's cross-entropy over the logits; the preference losses
+    of dpo read log-probabilities through other code, and a reward model has no vocabulary head)."""
     per_gpu = per_gpu_batch(workload, hardware)
     policies = ["never", "every-step", "after-phase"]
     if workload.kind == "dpo":
         policies.insert(1, "after-inference")  # the reference forward is an inference phase
+    losses = LOSSES if workload.kind == "sft" else ("hf",)
     return [
-        (micro, per_gpu // micro, policy, allocator)
+        (micro, per_gpu // micro, policy, allocator, loss)
+        for loss in losses
         for micro in reversed(micro_batches(workload, hardware))
         for allocator in ("default", "expandable-segments")
         for policy in policies
@@ -58,9 +66,9 @@ def outer_points(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, 
                         yield OuterPoint(zero_stage, offload_optimizer, offload_param, checkpointing, lora_rank)
 
 
-def strategy_at(point: OuterPoint, inner: tuple[int, int, str, str]) -> Strategy:
+def strategy_at(point: OuterPoint, inner: Inner) -> Strategy:
     """The full strategy of an outer point with one inner choice."""
-    micro_batch, grad_accum, empty_cache, allocator = inner
+    micro_batch, grad_accum, empty_cache, allocator, loss = inner
     return Strategy(
         zero_stage=point.zero_stage,
         offload_optimizer=point.offload_optimizer,
@@ -71,6 +79,7 @@ def strategy_at(point: OuterPoint, inner: tuple[int, int, str, str]) -> Strategy
         grad_accum=grad_accum,
         empty_cache=empty_cache,
         allocator=allocator,
+        loss=loss,
     )
 
 

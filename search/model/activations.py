@@ -15,6 +15,7 @@ from typing import Any
 from search.coefficients import Coefficients
 from search.model.shapes import dropout_probs, token_embedding_params, uses_rmsnorm
 from store.activation_terms import evaluate, left_by, peak_of, terms_key
+from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
 
 
@@ -46,6 +47,7 @@ def loss_logits(
     *,
     holds_output: bool = True,
     attn_impl: str = "sdpa",
+    loss: str = "hf",
 ) -> LossLogits:
     """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
 
@@ -58,6 +60,8 @@ def loss_logits(
     """
     elements = sequences * seq_len * model.vocab_size
     d = DTYPE_BYTES[dtype]
+    if loss == "chunked":
+        return chunked_loss_logits(model, sequences * seq_len, d)
     upcast = 4 if d != 4 else 0
     held = d * elements if holds_output else 0
     traced = traced_terms(model, dtype, attn_impl)
@@ -73,6 +77,21 @@ def loss_logits(
         forward=int((d + upcast + 4) * elements),
         backward=int(held + coef.logits_peak_bytes * elements),
         held=int(held),
+    )
+
+
+def chunked_loss_logits(model: ModelSpec, tokens: int, d: int) -> LossLogits:
+    """Logit bytes of a chunked loss (``probes.chunked_loss``): one chunk of ``store.loss_chunks.chunk_tokens``
+    tokens at a time, nothing held. Forward: the chunk's 16-bit logits, their fp32 upcast and the fp32
+    log-softmax. Backward (the chunk recomputed): those, the fp32 gradients of the log-softmax's output and
+    input, the 16-bit gradient of the logits, and the gradient of the hidden states, which fills as chunks go.
+    """
+    elements = chunk_tokens(tokens, model.vocab_size, model.hidden_size) * model.vocab_size
+    upcast = 4 if d != 4 else 0
+    return LossLogits(
+        forward=(d + upcast + 4) * elements,
+        backward=(2 * d + upcast + 12) * elements + d * tokens * model.hidden_size,
+        held=0,
     )
 
 

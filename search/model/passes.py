@@ -27,6 +27,7 @@ from search.model.roofline import (
     matmul_rate,
 )
 from search.model.shapes import linear_shapes, uses_rmsnorm
+from store.loss_chunks import chunk_count
 from store.records import DTYPE_BYTES, GPUSpec, ModelSpec
 
 
@@ -86,6 +87,23 @@ def forward_pass(
     """One forward over ``sequences`` x ``seq_len`` tokens: the layers, the head and (``loss``) HF's loss
     or an RLHF log-softmax over the logits."""
     return _pass(model, sequences, seq_len, dtype, gpu, coef, lora_rank, lm_head, backward=False, loss=loss)
+
+
+@lru_cache(maxsize=4096)
+def chunked_loss_extra(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, gpu: GPUSpec, coef: Coefficients, lora_rank: int
+) -> PassSeconds:
+    """What a chunked loss (``loss: "chunked"``, ``probes.chunked_loss``) adds to a micro-step's backward: the
+    LM head's product and the loss's forward traffic once more (each chunk's logits are recomputed in the
+    backward), and the head-and-loss kernels of every chunk beyond the first, forward and backward."""
+    tokens = sequences * seq_len
+    chunks = chunk_count(tokens, model.vocab_size, model.hidden_size)
+    recompute = gemm_seconds(head_gemm(model, tokens, lora_rank, True), dtype, gpu)
+    traffic = hbm_seconds(loss_bytes(model, tokens, DTYPE_BYTES[dtype])[0], gpu)
+    kernels = (chunks - 1) * HEAD_AND_LOSS_KERNELS * (1 + BACKWARD_KERNELS_PER_FORWARD) + HEAD_AND_LOSS_KERNELS
+    return PassSeconds(
+        gpu={"matmul": recompute, "loss": traffic}, host={"host_launch": host_seconds(int(kernels), coef)}
+    )
 
 
 @lru_cache(maxsize=4096)

@@ -107,14 +107,25 @@ def micro_step(
     attn_impl: str,
     coef: Coefficients,
     holds_output: bool = True,
+    loss: str = "hf",
 ) -> MicroStep:
     """Forward, backward and optimizer-step moments of ``sequences`` sequences through ``placed``
     (:func:`search.model.moments.training_moments`); a model without an LM head has no logits.
-    ``holds_output``: the training loop keeps the model output (its logits) alive through the backward."""
+    ``holds_output``: the training loop keeps the model output (its logits) alive through the backward;
+    ``loss``: ``"hf"`` or ``"chunked"`` (the strategy's loss knob)."""
     s, model = placed.layout, placed.model
     acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
     logits = (
-        loss_logits(model, sequences, seq_len, dtype, coef, holds_output=holds_output, attn_impl=attn_impl)
+        loss_logits(
+            model,
+            sequences,
+            seq_len,
+            dtype,
+            coef,
+            holds_output=holds_output,
+            attn_impl=attn_impl,
+            loss=loss,
+        )
         if placed.lm_head
         else LossLogits(0, 0, 0)
     )

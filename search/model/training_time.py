@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.model.passes import backward_pass, forward_pass, trainable_tensors
+from search.model.passes import backward_pass, chunked_loss_extra, forward_pass, trainable_tensors
 from search.model.placement import TrainedPlacement
 from search.model.roofline import PassSeconds, add_terms, hbm_seconds, host_seconds
 from search.model.timing import collective_time, nvme_time, pcie_time, zero_comm_bytes
@@ -52,8 +52,10 @@ def training_time(
     dtype: str,
     hardware: Hardware,
     coef: Coefficients,
+    loss: str = "hf",
 ) -> TrainingSeconds:
-    """Seconds of one optimizer step of ``grad_accum`` micro-steps of ``micro_batch`` sequences each."""
+    """Seconds of one optimizer step of ``grad_accum`` micro-steps of ``micro_batch`` sequences each
+    (``loss``: the strategy's loss knob, ``"hf"`` or ``"chunked"``)."""
     s, model, gpu = trained.layout, trained.model, hardware.gpu
     n, d = hardware.world_size, DTYPE_BYTES[dtype]
     t = trained.trainable
@@ -68,6 +70,8 @@ def training_time(
         issue = fwd.host["host_launch"]
         fwd = fwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_forward_overhead * issue})
         bwd = bwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_backward_overhead * issue})
+    if loss == "chunked" and trained.lm_head:
+        bwd = bwd + chunked_loss_extra(model, micro_batch, seq_len, dtype, gpu, coef, rank)
     tensors = trainable_tensors(model, rank, lm_head=trained.lm_head)
     bwd = bwd + PassSeconds(host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_hook_kernels_per_grad, coef)})
     offload_opt = s.offload_optimizer != "none"

@@ -22,6 +22,7 @@ from search.step.assemble import Step, finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.init import engine_init
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
+from store.errors import InputError
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 
 
@@ -59,7 +60,9 @@ def phase_moments(
     # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
     # DPO and reward losses here keep it (their log-probs and values come from it)
     holds_output = workload.kind != "sft"
-    micro = micro_step(placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output)
+    micro = micro_step(
+        placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output, strategy.loss
+    )
     training = micro.moments
     moments: dict[str, list[Moment]] = {}
     if workload.kind == "dpo":
@@ -89,7 +92,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     }
     # --- time --------------------------------------------------------------------------------------------
     sequences = s.micro_batch * workload.sequences_per_sample
-    seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef)
+    seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef, s.loss)
     per_micro_step = {"forward": seconds.forward, "backward": seconds.backward}
     if workload.kind == "dpo":
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
@@ -98,7 +101,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     moments, steady = phase_moments(workload, s, placed, coef)
     lm_head = workload.kind != "reward"
     trained_sizes = training_sizes(
-        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef,
+        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, s.loss,
     )  # fmt: skip
     phases = []
     for name, options in moments.items():
@@ -168,5 +171,10 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
 
 def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
     """Predicted peak memory per GPU, host memory per node and step time of one strategy."""
+    if strategy.loss != "hf" and workload.kind != "sft":
+        raise InputError(
+            f"strategy: loss {strategy.loss!r} applies to sft (the causal LM's cross-entropy); "
+            f'{workload.kind} computes its loss otherwise: use loss "hf"'
+        )
     step = single_step(workload, strategy, hardware, coef)
     return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)

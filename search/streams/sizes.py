@@ -18,6 +18,7 @@ from search.coefficients import Coefficients
 from search.model.activations import layer_saved_tensors
 from search.model.shapes import linear_shapes, token_embedding_params
 from store.ds_defaults import ZERO12_BUCKET_ELEMENTS
+from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
 
 Sizes = tuple[tuple[str, tuple[int, ...]], ...]  # (part or resident name, tensor sizes in bytes) pairs
@@ -54,9 +55,13 @@ def activation_tensors(
     return layer_saved_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
 
 
-def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str) -> tuple[int, ...]:
-    """The LM head's 16-bit logits, then the fp32 tensors of the loss (upcast, log-softmax, gradients)."""
-    elements = sequences * seq_len * model.vocab_size
+def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, loss: str = "hf") -> tuple[int, ...]:
+    """The LM head's 16-bit logits, then the fp32 tensors of the loss (upcast, log-softmax, gradients): of the
+    whole micro-batch, or of one chunk of tokens for a chunked loss (``store.loss_chunks``)."""
+    tokens = sequences * seq_len
+    if loss == "chunked":
+        tokens = chunk_tokens(tokens, model.vocab_size, model.hidden_size)
+    elements = tokens * model.vocab_size
     return (DTYPE_BYTES[dtype] * elements,) + (4 * elements,) * 3
 
 
@@ -74,6 +79,7 @@ def training_sizes(
     lora_rank: int,
     lm_head: bool,
     coef: Coefficients,
+    loss: str = "hf",
 ) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
     reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors."""
@@ -82,7 +88,7 @@ def training_sizes(
         gradients=tuple(reversed(weights)),
         zero3_gathered=weights[1:],
         activations=activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef),
-        logits=logit_tensors(model, sequences, seq_len, dtype) if lm_head else (),
+        logits=logit_tensors(model, sequences, seq_len, dtype, loss) if lm_head else (),
         buffers=bucket_tensors(dtype),
     )
 

@@ -13,8 +13,9 @@ named differences only (``search.predict_cpu_backend``): no CUDA context or cuBL
 host-resident states of optimizer offload live in the same memory as the "device" tensors.
 
 Models: opt-125m cut to 2 decoder layers (tied 50k-vocabulary embedding: the model states, the logits
-and DeepSpeed's buffers dominate) and a tiny Llama (hidden 64, 2 layers, untied: the activations are
-about a third of the step). Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two
+and DeepSpeed's buffers dominate; also with the chunked loss), a tiny Llama (hidden 64, 2 layers, untied:
+the activations are about a third of the step), and tiny Qwen3-MoE and Gemma 3 models, which have no
+formula: their counts are read from transformers and their activations traced on the meta device. Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two
 run at a time.
 
 Why every phase can be held to 10% here: each phase's peak is one moment whose live tensors the model
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import pytest
@@ -37,6 +39,8 @@ from planner.inputs import ResolvedJob
 from planner.probing import PlannedProbe, plan_probes
 from planner.results import ProbeRow
 from probes import run_probe
+from probes.activation_trace import trace_all_terms
+from probes.model_shape import trace_model_shape
 from search import (
     DEFAULT_COEFFICIENTS,
     cpu_backend_coefficients,
@@ -46,8 +50,29 @@ from search import (
 )
 from store.measurements import ProbeResult
 from store.model_params import spec_from_hf_config
+from store.model_shape import spec_from_shape
 from store.models import get_model, with_layers
-from store.records import FrozenModelStrategy, RLHFStrategy, Strategy, TrainedModelStrategy, Workload
+from store.records import FrozenModelStrategy, ModelSpec, RLHFStrategy, Strategy, TrainedModelStrategy, Workload
+
+# Tiny models of families without a formula (their counts read from transformers, their activations traced).
+_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 64,
+         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+TRACED_TINY = {
+    "qwen3_moe": {"model_type": "qwen3_moe", "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                  **_TINY},
+    "gemma3_text": {"model_type": "gemma3_text", "sliding_window": 32, **_TINY},
+}  # fmt: skip
+
+
+@cache
+def traced_tiny_spec(family: str) -> ModelSpec:
+    """The spec the planner would make of a local config of ``family``: traced shape and activation terms."""
+    config = TRACED_TINY[family]
+    terms = trace_all_terms(config)
+    terms.pop("unfitted", None)
+    return spec_from_shape(f"tiny-{family}", config, {**trace_model_shape(config), "activation_terms": terms})
+
 
 TOLERANCE = 0.10
 PHASES = {
@@ -62,7 +87,8 @@ PARALLEL = 2  # probes at a time (each child uses the cores it gets)
 
 @dataclass(frozen=True)
 class Case:
-    """One named probe: a model ("opt" or "llama"), the workload, and the strategy's knobs beside micro_batch
+    """One named probe: a model ("opt", "llama" or a TRACED_TINY family), the workload, and the strategy's knobs
+    beside micro_batch
     (for ppo: the actor's and the critic's layout; reference and reward whole, hybrid engine on)."""
 
     name: str
@@ -107,6 +133,9 @@ CASES = [
     _case("opt2L-zero2-offload", "opt", zero_stage=2, offload_optimizer="cpu"),
     _case("opt2L-zero3-offload", "opt", zero_stage=3, offload_optimizer="cpu"),
     _case("opt2L-zero1-ga2", "opt", zero_stage=1, grad_accum=2),
+    # loss "chunked": the LM head and cross-entropy over chunks of tokens (probes.chunked_loss)
+    _case("opt2L-zero0-chunked", "opt", zero_stage=0, loss="chunked"),
+    _case("opt2L-zero2-chunked", "opt", zero_stage=2, loss="chunked"),
     _case("llama-zero0", "llama", zero_stage=0),
     _case("llama-zero0-ckpt", "llama", zero_stage=0, gradient_checkpointing=True),
     _case("llama-zero1-ga2", "llama", zero_stage=1, grad_accum=2),
@@ -115,6 +144,12 @@ CASES = [
     _case("llama-zero3-ckpt", "llama", zero_stage=3, gradient_checkpointing=True),
     _case("llama-zero2-offload", "llama", zero_stage=2, offload_optimizer="cpu"),
     _case("llama-zero3-offload", "llama", zero_stage=3, offload_optimizer="cpu"),
+    # architectures without a formula: read from transformers' module tree, activations traced (meta device)
+    _case("qwen3moe-zero0", "qwen3_moe", zero_stage=0),
+    _case("qwen3moe-zero2", "qwen3_moe", zero_stage=2),
+    _case("qwen3moe-zero3-ckpt", "qwen3_moe", zero_stage=3, gradient_checkpointing=True),
+    _case("gemma3-zero0", "gemma3_text", zero_stage=0),
+    _case("gemma3-zero1-ga2", "gemma3_text", zero_stage=1, grad_accum=2),
     # PPO: generation with the hybrid engine, scoring by four models, actor and critic training
     _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),
     _case("opt2L-ppo-zero3", "opt", "ppo", zero_stage=3),
@@ -126,6 +161,8 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
     """The job and the layer cut the planner would probe it with."""
     if case.model == "opt":
         model, layers = get_model("opt-125m"), (2,)
+    elif case.model in TRACED_TINY:
+        model, layers = traced_tiny_spec(case.model), None
     else:
         model, layers = spec_from_hf_config("tiny-llama", {"model_type": "llama", **tiny_llama_hf_config()}), None
     global_batch = MICRO_BATCH * case.grad_accum

@@ -279,3 +279,12 @@ def test_nvme_optimizer_offload_below_stage_3_is_refused() -> None:
     device != none), so the planner refuses the setting rather than promise NVMe it would not get."""
     with pytest.raises(InputError, match="nvme needs zero_stage 3"):
         make_strategy(zero_stage=2, offload_optimizer="nvme")
+
+
+def test_a_chunked_loss_says_how_to_turn_it_on_outside_the_config() -> None:
+    from probes.ds_config import outside_settings
+    from store.records import Strategy
+
+    assert "loss" not in outside_settings(Strategy())
+    said = outside_settings(Strategy(loss="chunked"))["loss"]
+    assert "use_liger_kernel=True" in said and "planner.runtime.chunked_causal_lm_loss" in said
