@@ -50,7 +50,8 @@ class StepTrace:
     A window is the ordered list of changes of live bytes (+ an allocation, - a free) between two markers:
     ``layer_forward`` and ``layer_backward`` of the second decoder layer, ``head_forward`` from the decoder's
     end (the LM head's input) until the forward returns the loss, ``head_backward`` from the backward's start
-    until the gradient reaches the decoder layers.
+    until the gradient reaches the decoder layers, and ``inference_forward`` from the start of a no-grad
+    forward until its LM head (what a scoring pass holds through its layers).
     """
 
     layer_saved: tuple[int, ...]  # the second layer's forward tensors alive when the decoder ends, in order
@@ -126,6 +127,20 @@ def _decoder_layers(model: Any) -> Any:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
+@contextlib.contextmanager
+def _unpacked_sequences() -> Iterator[None]:
+    """transformers looks for packed sequences in the position ids of a forward without a KV cache (a tensor
+    ``.item()``, which the meta device has no value for); the trace's sequences are not packed: say so."""
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
 def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
     """Trace one forward (with labels) and backward of a two-layer ``model`` at one shape, on the device its
     parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace)."""
@@ -146,7 +161,8 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
         handles.append(layer.register_forward_hook(marker(f"layer{index}.fwd.end")))
     handles.append(layers[-1].register_full_backward_pre_hook(marker("layers.bwd")))
     handles.append(layers[1].register_full_backward_hook(marker("layer1.bwd.end")))
-    handles.append(model.get_output_embeddings().register_forward_pre_hook(marker("head")))
+    stage = ["head"]  # the LM head's marker: the training forward's, then the no-grad forward's
+    handles.append(model.get_output_embeddings().register_forward_pre_hook(lambda *args: marker(stage[0])()))
     ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
     try:
         with tracker:
@@ -157,6 +173,12 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
             loss.backward()
             tracker.mark_phase("bwd.end")
             del loss
+            # a scoring pass (reference, reward, critic, the actor's old log-probs): no grad, no KV cache kept
+            stage[0] = "inference.head"
+            tracker.mark_phase("inference.start")
+            with torch.no_grad(), _unpacked_sequences():
+                model(input_ids=ids, use_cache=False)
+            tracker.mark_phase("inference.end")
     finally:
         for handle in handles:
             handle.remove()
@@ -213,6 +235,7 @@ def _read(stream: Any) -> StepTrace:
             "layer_backward": window("layers.bwd", "layer1.bwd.end", leaving=False),
             "head_forward": window("head", "fwd.end"),
             "head_backward": window("fwd.end", "layers.bwd", leaving=False),
+            "inference_forward": window("inference.start", "inference.head"),
         },
     )
 

@@ -20,7 +20,7 @@ from typing import Any
 
 Polynomial = list[float]  # coefficients over TERM_BASIS
 TERM_BASIS = ("1", "b", "s", "b*s", "s^2", "b*s^2")
-WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward")
+WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward", "inference_forward")
 
 
 def basis(sequences: int, tokens: int) -> tuple[int, ...]:

@@ -196,6 +196,8 @@ def activations(
     per_layer = d * bs_h if checkpointing else layer  # under recompute each layer keeps only its input
     saved = model.num_layers * per_layer + outside_layers
     forward_working = 2 * d * bs_h + layer // 2
+    if traced is not None and "inference_forward" in traced["windows"]:
+        forward_working = peak_of(traced["windows"]["inference_forward"], sequences, seq_len)
     return Activations(
         saved=int(saved),
         layer=int(layer),
