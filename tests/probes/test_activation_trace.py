@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TINY_MOE, tiny_family_config
 
 from probes.activation_trace import (
     CHECK_SHAPE,
@@ -28,22 +29,13 @@ from probes.activation_trace import (
 from store.activation_terms import WINDOWS, evaluate, left_by, peak_of
 from store.models import catalog_configs
 
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 512,
-        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
 FAMILIES = {
     "opt": {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "vocab_size": 512, "word_embed_proj_dim": 64, "dropout": 0.1, "pad_token_id": 0},
     "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 512,
              "bos_token_id": 1, "eos_token_id": 2},
-    "llama": {"model_type": "llama", **TINY},
-    "qwen2": {"model_type": "qwen2", **TINY},
-    "qwen3": {"model_type": "qwen3", **TINY},
-    "gemma3_text": {"model_type": "gemma3_text", **TINY},
-    "phi3": {"model_type": "phi3", **TINY},
-    "qwen3_moe": {"model_type": "qwen3_moe", "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
-                  **TINY},
-    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, **TINY},
+    **{family: tiny_family_config(family) for family in ("llama", "qwen2", "qwen3", "gemma3_text", "phi3")},
+    **{family: tiny_family_config(family, **extra) for family, extra in TINY_MOE.items()},
 }  # fmt: skip
 MOE = ("qwen3_moe", "mixtral")  # transformers' grouped expert GEMMs take 16-bit inputs only
 SHAPE = (3, 96)  # not a fit shape, not the check shape

@@ -15,8 +15,8 @@ host-resident states of optimizer offload live in the same memory as the "device
 Models: opt-125m cut to 2 decoder layers (tied 50k-vocabulary embedding: the model states, the logits
 and DeepSpeed's buffers dominate; also with the chunked loss), a tiny Llama (hidden 64, 2 layers, untied:
 the activations are about a third of the step), and tiny Qwen3-MoE and Gemma 3 models, which have no
-formula: their counts are read from transformers and their activations traced on the meta device. Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two
-run at a time.
+formula: their counts are read from transformers and their activations traced on the meta device.
+Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two run at a time.
 
 Why every phase can be held to 10% here: each phase's peak is one moment whose live tensors the model
 names (ZeRO-1/2's reduce buckets exist only in the backward, the loss's fp32 copies, the tied embedding's
@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from tiny_models import make_hardware, tiny_llama_hf_config
+from tiny_models import TINY_MOE, make_hardware, tiny_family_config, tiny_llama_hf_config
 
 from planner.inputs import ResolvedJob
 from planner.probing import PlannedProbe, plan_probes
@@ -55,14 +55,10 @@ from store.models import get_model, with_layers
 from store.records import FrozenModelStrategy, ModelSpec, RLHFStrategy, Strategy, TrainedModelStrategy, Workload
 
 # Tiny models of families without a formula (their counts read from transformers, their activations traced).
-_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 64,
-         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
 TRACED_TINY = {
-    "qwen3_moe": {"model_type": "qwen3_moe", "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
-                  **_TINY},
-    "gemma3_text": {"model_type": "gemma3_text", "sliding_window": 32, **_TINY},
-}  # fmt: skip
+    "qwen3_moe": tiny_family_config("qwen3_moe", vocab=128, positions=64, **TINY_MOE["qwen3_moe"]),
+    "gemma3_text": tiny_family_config("gemma3_text", vocab=128, positions=64, sliding_window=32),
+}
 
 
 @cache

@@ -32,6 +32,32 @@ TINY_POSITIONS = 64
 GiB = 2**30
 
 
+def tiny_family_config(model_type: str, vocab: int = 512, positions: int = 512, **more: Any) -> dict[str, Any]:
+    """A two-layer, 64-wide HF config of a Llama-like family (llama, qwen2/3, gemma3_text, phi3, mixtral,
+    qwen3_moe...): grouped-query attention with 16-wide heads, token ids inside the vocabulary."""
+    return {
+        "model_type": model_type,
+        "hidden_size": TINY_HIDDEN,
+        "intermediate_size": TINY_INTERMEDIATE,
+        "num_hidden_layers": TINY_LAYERS,
+        "num_attention_heads": TINY_HEADS,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": vocab,
+        "max_position_embeddings": positions,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        **more,
+    }
+
+
+TINY_MOE = {
+    "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+}
+
+
 def tiny_llama_hf_config() -> dict[str, Any]:
     """The transformers LlamaConfig kwargs of the tiny model (random weights, never downloaded)."""
     return {
