@@ -34,18 +34,29 @@ def evaluate(coefficients: Polynomial, sequences: int, tokens: int) -> int:
     return round(sum(c * t for c, t in zip(coefficients, basis(sequences, tokens), strict=True)))
 
 
+def _values(window: list[Polynomial], sequences: int, tokens: int) -> list[int]:
+    b0, b1, b2, b3, b4, b5 = basis(sequences, tokens)
+    return [round(c0 * b0 + c1 * b1 + c2 * b2 + c3 * b3 + c4 * b4 + c5 * b5) for c0, c1, c2, c3, c4, c5 in window]
+
+
 def peak_of(window: list[Polynomial], sequences: int, tokens: int) -> int:
     """The most bytes a fitted window holds above its start at ``sequences`` x ``tokens`` (0 at least)."""
     live = peak = 0
-    for coefficients in window:
-        live += evaluate(coefficients, sequences, tokens)
-        peak = max(peak, live)
+    for change in _values(window, sequences, tokens):
+        live += change
+        if live > peak:
+            peak = live
     return peak
 
 
 def left_by(window: list[Polynomial], sequences: int, tokens: int) -> int:
     """What a fitted window leaves alive at its end beyond its start."""
-    return sum(evaluate(coefficients, sequences, tokens) for coefficients in window)
+    return sum(_values(window, sequences, tokens))
+
+
+def evaluate_all(polynomials: list[Polynomial], sequences: int, tokens: int) -> tuple[int, ...]:
+    """Bytes of each fitted size at ``sequences`` x ``tokens``, in order."""
+    return tuple(_values(polynomials, sequences, tokens))
 
 
 def terms_key(dtype: str, attn_impl: str) -> str:

@@ -10,11 +10,12 @@ tied-embedding sum. :func:`source` says which one a prediction used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from search.coefficients import Coefficients
 from search.model.shapes import dropout_probs, token_embedding_params, uses_rmsnorm
-from store.activation_terms import evaluate, left_by, peak_of, terms_key
+from store.activation_terms import evaluate, evaluate_all, left_by, peak_of, terms_key
 from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -38,6 +39,7 @@ class LossLogits:
     held: int  # the 16-bit logits the model output keeps alive through the whole backward
 
 
+@lru_cache(maxsize=4096)
 def loss_logits(
     model: ModelSpec,
     sequences: int,
@@ -123,6 +125,7 @@ class Activations:
     backward_working: int = 0  # activation gradients of the layer being differentiated, beside the saved ones
 
 
+@lru_cache(maxsize=4096)
 def layer_saved_tensors(
     model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
 ) -> tuple[int, ...]:
@@ -135,7 +138,7 @@ def layer_saved_tensors(
     """
     traced = traced_terms(model, dtype, attn_impl)
     if traced is not None:
-        return tuple(max(0, evaluate(c, sequences, seq_len)) for c in traced["layer_saved"])
+        return tuple(max(0, size) for size in evaluate_all(traced["layer_saved"], sequences, seq_len))
     d = DTYPE_BYTES[dtype]
     bs = sequences * seq_len
     h, i = model.hidden_size, model.intermediate_size
@@ -174,6 +177,7 @@ def layer_activation_bytes(
     return sum(layer_saved_tensors(model, sequences, seq_len, dtype, attn_impl, coef))
 
 
+@lru_cache(maxsize=4096)
 def activations(
     model: ModelSpec,
     sequences: int,

@@ -70,6 +70,7 @@ def bucket_tensors(dtype: str) -> tuple[int, ...]:
     return (DTYPE_BYTES[dtype] * ZERO12_BUCKET_ELEMENTS,)
 
 
+@lru_cache(maxsize=1024)
 def training_sizes(
     model: ModelSpec,
     sequences: int,
