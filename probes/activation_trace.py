@@ -129,8 +129,9 @@ def _decoder_layers(model: Any) -> Any:
 
 @contextlib.contextmanager
 def _unpacked_sequences() -> Iterator[None]:
-    """transformers looks for packed sequences in the position ids of a forward without a KV cache (a tensor
-    ``.item()``, which the meta device has no value for); the trace's sequences are not packed: say so."""
+    """transformers looks for packed sequences in the position ids of a forward without a KV cache (no-grad
+    scoring, checkpointed training): a tensor ``.item()``, which the meta device has no value for. The trace's
+    sequences are not packed: say so."""
     from transformers import masking_utils
 
     original = masking_utils.find_packed_sequence_indices
@@ -165,7 +166,7 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
     handles.append(model.get_output_embeddings().register_forward_pre_hook(lambda *args: marker(stage[0])()))
     ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
     try:
-        with tracker:
+        with tracker, _unpacked_sequences():
             tracker.track_existing(model.parameters())  # weights are there before the step: not its allocations
             tracker.mark_phase("start")
             loss = model(input_ids=ids, labels=ids).loss
@@ -176,7 +177,7 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
             # a scoring pass (reference, reward, critic, the actor's old log-probs): no grad, no KV cache kept
             stage[0] = "inference.head"
             tracker.mark_phase("inference.start")
-            with torch.no_grad(), _unpacked_sequences():
+            with torch.no_grad():
                 model(input_ids=ids, use_cache=False)
             tracker.mark_phase("inference.end")
     finally:
