@@ -139,6 +139,20 @@ def _linears(block: Any) -> list[tuple[int, int]]:
     return [(m.in_features, m.out_features) for m in block.modules() if isinstance(m, torch.nn.Linear)]
 
 
+def _kv_windows(config: Any, layers: int) -> list[int]:
+    """Per layer, what transformers' DynamicCache keeps (its own rule, ``get_layer_types_and_kwargs``): 0 every
+    token, the window for sliding and chunked layers, -1 for a layer that keeps none."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types, kwargs = get_layer_types_and_kwargs(config)
+    except (ImportError, AttributeError, TypeError, ValueError):  # an older transformers, or no cache rule
+        return []
+    pairs = zip(types, kwargs, strict=False)
+    windows = [-1 if kind == "dummy" else int(more.get("sliding_window") or 0) for kind, more in pairs]
+    return windows if len(windows) == layers else []
+
+
 def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -> dict[str, Any]:
     """The ModelSpec fields (all but ``name`` and ``hf_config``) of the model transformers builds from
     ``hf_config``, read on the meta device. InputError for a config transformers cannot build as a causal LM."""
@@ -205,6 +219,7 @@ def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -
         "experts_per_token": top_k if sum(expert_params) else 0,
         "expert_params": sum(expert_params),
         "expert_param_counts": expert_params if sum(expert_params) else [],
+        "kv_windows": [] if not any(w := _kv_windows(config, layers)) else w,
         "shape_version": SHAPE_VERSION,
         "versions": library_versions(),
     }

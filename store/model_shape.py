@@ -21,7 +21,7 @@ from typing import Any
 from store.errors import InputError
 from store.records import ModelSpec
 
-SHAPE_VERSION = 2  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
+SHAPE_VERSION = 3  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
 CATALOG_SHAPES_PATH = Path(__file__).resolve().parent / "catalog_shapes.json"
 CATALOG_ACTIVATIONS_PATH = Path(__file__).resolve().parent / "catalog_activations.json"
 CATALOG_TERM_KEYS = ("2-eager", "2-sdpa")  # the catalog ships 16-bit terms; fp32 training uses the formulas
@@ -30,7 +30,7 @@ _SPEC_FIELDS = tuple(
     for f in dataclasses.fields(ModelSpec)
     if f.name not in ("name", "hf_config", "activation_terms", "activation_digest")
 )
-_TUPLE_FIELDS = ("layer_param_counts", "expert_param_counts")
+_TUPLE_FIELDS = ("layer_param_counts", "expert_param_counts", "kv_windows")
 
 
 class UntracedModelError(InputError):
@@ -75,6 +75,7 @@ def cut_traced(spec: ModelSpec, layers: int, hf_config: dict[str, Any]) -> Model
         layer_params=round(sum(kept) / layers),
         layer_param_counts=kept,
         expert_param_counts=experts,
+        kv_windows=spec.kv_windows[:layers],
         expert_params=sum(experts),
         lora_in_out=spec.lora_in_out * layers // spec.num_layers,
         hf_config=hf_config,

@@ -79,6 +79,10 @@ class ModelSpec:
     experts_per_token: int = 0
     expert_params: int = 0
     expert_param_counts: tuple[int, ...] = ()  # routed-expert parameters of each decoder layer, in order
+    # What each layer's KV cache keeps in transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs):
+    # 0 every token, W > 0 a sliding window of W tokens, -1 nothing (a layer that reuses another's cache).
+    # Empty: every layer keeps every token.
+    kv_windows: tuple[int, ...] = ()
     # Activation and loss bytes traced from the model's code (store.activation_terms), by terms_key; empty:
     # the cost model uses its formulas (search.model.activations).
     activation_terms: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

@@ -26,7 +26,7 @@ from search.model.roofline import (
     host_seconds,
     matmul_rate,
 )
-from search.model.shapes import linear_shapes, uses_rmsnorm
+from search.model.shapes import kv_tokens_held, linear_shapes, uses_rmsnorm
 from store.loss_chunks import chunk_count
 from store.records import DTYPE_BYTES, GPUSpec, ModelSpec
 
@@ -154,7 +154,7 @@ def decode_step(
     """
     d = DTYPE_BYTES[dtype]
     weights = d * (model.num_layers * model.layer_params + model.vocab_size * model.hidden_size)
-    kv = 2 * model.num_layers * sequences * context * model.num_kv_heads * model.head_dim * d
+    kv = 2 * kv_tokens_held(model, context) * sequences * model.num_kv_heads * model.head_dim * d
     kernels = model.num_layers * (layer_kernels(model, 0) + KV_UPDATE_KERNELS) + GENERATE_STEP_KERNELS
     gpu_s = max(hbm_seconds(weights + kv, gpu), kernels * gpu.kernel_floor_s)
     return PassSeconds(gpu={"weights_and_kv_read": gpu_s}, host={"host_launch": host_seconds(kernels, coef)})

@@ -90,3 +90,19 @@ def dropout_probs(model: ModelSpec) -> tuple[float, float]:
 def uses_rmsnorm(model: ModelSpec) -> bool:
     """Llama-style RMSNorm (fp32 upcast inside) rather than LayerNorm."""
     return model.model_type not in ("opt", "gpt2")
+
+
+def kv_tokens_held(model: ModelSpec, tokens: float, *, prefill: bool = False) -> float:
+    """Tokens of K and V that transformers' DynamicCache holds over all layers after ``tokens`` tokens: every
+    token in a full-attention layer, the last ``W`` in a sliding-window layer (its cache keeps a view of the
+    newest ``W`` tokens of each update's concatenation), none in a layer that reuses another's. Right after the
+    prefill a sliding layer's view still holds the whole prompt's storage (``prefill``)."""
+    if not model.kv_windows:
+        return model.num_layers * tokens
+    held = 0.0
+    for window in model.kv_windows:
+        if window == 0 or (window > 0 and prefill):
+            held += tokens
+        elif window > 0:
+            held += min(tokens, window)
+    return held

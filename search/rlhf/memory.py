@@ -14,6 +14,7 @@ from search.coefficients import Coefficients
 from search.model.activations import activations, logits_bytes
 from search.model.moments import TRAINING_PHASES
 from search.model.placement import TrainedPlacement, micro_step
+from search.model.shapes import kv_tokens_held
 from search.step.phases import Live, live, live_of
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -27,9 +28,14 @@ def experience_bytes(sequences: int, seq_len: int, dtype: str) -> int:
 # --- generation ---------------------------------------------------------------------------------------
 
 
-def kv_cache_bytes(model: ModelSpec, sequences: int, tokens: int, dtype: str) -> int:
-    """2 (K and V) x layers x sequences x tokens x kv_heads x head_dim x dtype bytes."""
-    return 2 * model.num_layers * sequences * tokens * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+def kv_cache_bytes(
+    model: ModelSpec, sequences: int, tokens: int, dtype: str, *, windows: bool = False, prefill: bool = False
+) -> int:
+    """2 (K and V) x layers x sequences x tokens x kv_heads x head_dim x dtype bytes; with ``windows``, what
+    transformers' DynamicCache holds per layer (sliding-window layers keep their window; see
+    :func:`search.model.shapes.kv_tokens_held`)."""
+    held = kv_tokens_held(model, tokens, prefill=prefill) if windows else model.num_layers * tokens
+    return int(2 * sequences * held * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype])
 
 
 def hybrid_engine_workspace_bytes(model: ModelSpec, sequences: int, tokens: int, dtype: str, coef: Coefficients) -> int:
@@ -79,7 +85,8 @@ def generation_live(
     _, last_logits = logits_bytes(model, sequences, 1, dtype, coef)
     moments = []
     for kv_tokens, run_tokens in ((prompt_len, prompt_len), (seq_len, 1)):
-        kv = kv_cache_bytes(model, sequences, kv_tokens, dtype)
+        # HF's own cache (no hybrid engine) keeps sliding-window layers to their window
+        kv = kv_cache_bytes(model, sequences, kv_tokens, dtype, windows=not hybrid_engine, prefill=run_tokens > 1)
         working = activations(model, sequences, run_tokens, dtype, attn_impl, False, coef).forward_working
         in_torch = gathered + working + last_logits + (0 if hybrid_engine else kv)
         moments.append(
