@@ -293,7 +293,7 @@ def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KE
         dtype, attn_impl = TRACED_SETTINGS[key]
         try:
             out[key] = trace_terms(hf_config, dtype, attn_impl)
-        except (FitError, RuntimeError, NotImplementedError, ValueError) as err:  # no meta kernel, no fit, no sdpa
+        except Exception as err:  # no meta kernel, no exact fit, no sdpa, model code the meta device cannot run
             out.setdefault("unfitted", {})[key] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     return out
 

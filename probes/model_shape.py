@@ -66,6 +66,12 @@ def config_object(hf_config: dict[str, Any], source: str) -> Any:
         raise InputError(f"{source}: transformers cannot read this config ({type(err).__name__}: {err})") from None
     if getattr(built, "text_config", None) is not None:
         built = built.get_text_config()
+    missing = [key for key in ("hidden_size", "num_attention_heads", "vocab_size") if _first(built, (key,)) is None]
+    if missing:
+        raise InputError(
+            f"{source}: model_type {built.model_type!r} has no {missing[0]}: memplan plans transformer decoders"
+            " with attention heads (not state-space or recurrent models)"
+        )
     if built.model_type in _encoder_types():
         raise InputError(
             f"{source}: model_type {built.model_type!r} is an encoder (its causal LM head is for use as a decoder"
@@ -111,7 +117,10 @@ def _decoder_layers(model: Any, layers: int) -> tuple[Any, Any]:
 
 def _first(config: Any, keys: tuple[str, ...]) -> Any:
     for key in keys:
-        value = getattr(config, key, None)
+        try:
+            value = getattr(config, key, None)
+        except AttributeError:  # transformers' heterogeneous configs raise past getattr's default
+            value = None
         if value is not None:
             return value
     return None

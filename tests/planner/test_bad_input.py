@@ -87,6 +87,9 @@ def test_local_config_that_is_incomplete_or_unsupported(cli: Cli, db: Path, tmp_
     bert = tmp_path / "bert.json"
     bert.write_text('{"model_type": "bert", "hidden_size": 768}')
     assert_one_error_line(cli("recommend", "--model", bert, *GPU, *CPU_MEM, "--db", db), "bert")
+    mamba = tmp_path / "mamba.json"
+    mamba.write_text('{"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100}')
+    assert_one_error_line(cli("recommend", "--model", mamba, *GPU, *CPU_MEM, "--db", db), "attention heads")
     folder = tmp_path / "no_config_here"
     folder.mkdir()
     assert_one_error_line(cli("recommend", "--model", folder, *GPU, *CPU_MEM, "--db", db), "config.json")

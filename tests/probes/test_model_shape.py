@@ -143,8 +143,9 @@ def test_the_shape_records_what_read_it() -> None:
         ({"model_type": "t5", "d_model": 64, "num_layers": 2}, "not a causal language model"),
         ({"hidden_size": 8}, "model_type"),
         ({"model_type": "bert", "hidden_size": 64}, "is an encoder"),
+        ({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2}, "has no num_attention_heads"),
     ],
-    ids=["unknown-type", "encoder-decoder", "no-type", "encoder"],
+    ids=["unknown-type", "encoder-decoder", "no-type", "encoder", "state-space"],
 )
 def test_a_config_transformers_cannot_build_as_a_causal_lm_is_one_clear_line(config: dict, says: str) -> None:
     with pytest.raises(InputError) as caught:
