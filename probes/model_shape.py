@@ -162,6 +162,37 @@ def _kv_windows(config: Any, layers: int) -> list[int]:
     return windows if len(windows) == layers else []
 
 
+KV_PROBE_TOKENS = 1  # one token: every layer keeps it, sliding windows included
+
+
+def _kv_token_elements(hf_config: dict[str, Any], source: str) -> int:
+    """Elements of K and V that transformers' DynamicCache keeps per token in one layer, read from the cache
+    after a no-grad prefill of a two-layer cut on the meta device (MLA models cache a compressed latent; most
+    cache K and V of every KV head). 0 when the model cannot be run that way (the planner then counts
+    ``2 x num_kv_heads x head_dim``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from probes.activation_trace import _unpacked_sequences
+    from store.models import cut_config
+
+    try:
+        config = config_object(cut_config(hf_config, str(hf_config.get("model_type")), 2), source)
+        with torch.device("meta"):  # 16-bit: MoE grouped GEMMs take no other (the elements are the same)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        cache = DynamicCache(config=model.config)
+        ids = torch.zeros((1, KV_PROBE_TOKENS), dtype=torch.long, device="meta")
+        with torch.no_grad(), _unpacked_sequences():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+        kept = [
+            sum(t.numel() for t in (layer.keys, layer.values) if t is not None)
+            for layer in getattr(cache, "layers", [])
+        ]
+    except Exception:  # model code the meta device cannot run: fall back to the head count
+        return 0
+    return max(kept, default=0) // KV_PROBE_TOKENS
+
+
 def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -> dict[str, Any]:
     """The ModelSpec fields (all but ``name`` and ``hf_config``) of the model transformers builds from
     ``hf_config``, read on the meta device. InputError for a config transformers cannot build as a causal LM."""
@@ -229,6 +260,7 @@ def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -
         "expert_params": sum(expert_params),
         "expert_param_counts": expert_params if sum(expert_params) else [],
         "kv_windows": [] if not any(w := _kv_windows(config, layers)) else w,
+        "kv_token_elements": _kv_token_elements(hf_config, source),
         "shape_version": SHAPE_VERSION,
         "versions": library_versions(),
     }

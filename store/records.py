@@ -83,6 +83,15 @@ class ModelSpec:
     # 0 every token, W > 0 a sliding window of W tokens, -1 nothing (a layer that reuses another's cache).
     # Empty: every layer keeps every token.
     kv_windows: tuple[int, ...] = ()
+    # K and V elements the cache keeps per token in one layer, read from a real DynamicCache (an MLA model keeps
+    # a compressed latent); 0: 2 x num_kv_heads x head_dim
+    kv_token_elements: int = 0
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """K and V elements one layer's KV cache keeps per token."""
+        return self.kv_token_elements or 2 * self.num_kv_heads * self.head_dim
+
     # Activation and loss bytes traced from the model's code (store.activation_terms), by terms_key; empty:
     # the cost model uses its formulas (search.model.activations).
     activation_terms: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

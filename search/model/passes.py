@@ -154,7 +154,7 @@ def decode_step(
     """
     d = DTYPE_BYTES[dtype]
     weights = d * (model.num_layers * model.layer_params + model.vocab_size * model.hidden_size)
-    kv = 2 * kv_tokens_held(model, context) * sequences * model.num_kv_heads * model.head_dim * d
+    kv = kv_tokens_held(model, context) * sequences * model.kv_elements_per_token * d
     kernels = model.num_layers * (layer_kernels(model, 0) + KV_UPDATE_KERNELS) + GENERATE_STEP_KERNELS
     gpu_s = max(hbm_seconds(weights + kv, gpu), kernels * gpu.kernel_floor_s)
     return PassSeconds(gpu={"weights_and_kv_read": gpu_s}, host={"host_launch": host_seconds(kernels, coef)})

@@ -31,11 +31,12 @@ def experience_bytes(sequences: int, seq_len: int, dtype: str) -> int:
 def kv_cache_bytes(
     model: ModelSpec, sequences: int, tokens: int, dtype: str, *, windows: bool = False, prefill: bool = False
 ) -> int:
-    """2 (K and V) x layers x sequences x tokens x kv_heads x head_dim x dtype bytes; with ``windows``, what
+    """Layers x sequences x tokens x the K and V elements a layer keeps per token (2 x kv_heads x head_dim, or
+    what a traced cache keeps: ``ModelSpec.kv_elements_per_token``) x dtype bytes; with ``windows``, what
     transformers' DynamicCache holds per layer (sliding-window layers keep their window; see
     :func:`search.model.shapes.kv_tokens_held`)."""
     held = kv_tokens_held(model, tokens, prefill=prefill) if windows else model.num_layers * tokens
-    return int(2 * sequences * held * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype])
+    return int(sequences * held * model.kv_elements_per_token * DTYPE_BYTES[dtype])
 
 
 def hybrid_engine_workspace_bytes(model: ModelSpec, sequences: int, tokens: int, dtype: str, coef: Coefficients) -> int:

@@ -56,3 +56,23 @@ def test_gemma_3_keeps_far_less_kv_than_a_full_cache_over_long_generations() -> 
     assert kv_cache_bytes(get_model("llama-3.1-8b"), 8, 8192, "bf16", windows=True) == kv_cache_bytes(
         get_model("llama-3.1-8b"), 8, 8192, "bf16"
     )
+
+
+def test_an_mla_model_caches_its_compressed_latent_not_every_head() -> None:
+    """DeepSeek-V3's attention caches kv_lora_rank + qk_rope_head_dim elements per token and layer (a real CPU
+    DynamicCache says so); 2 x kv_heads x head_dim would count every head's K and V."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    config = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "vocab_size": 128, "first_k_dense_replace": 1, "q_lora_rank": 16,
+              "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1,
+              "topk_group": 1, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    spec = spec_of_config("tiny-deepseek-v3", config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_object(config, "tiny-deepseek-v3")).eval()
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(3, 100, (2, 12)), past_key_values=cache, use_cache=True)
+    assert spec.kv_elements_per_token == 32 + 8
+    assert _cache_bytes(cache) == kv_cache_bytes(spec, 2, 12, "fp32", windows=True, prefill=True)
