@@ -181,6 +181,14 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
                 f"{what} = {seq_len} tokens is longer than {spec_model.name}'s context of "
                 f"{spec_model.max_positions} tokens ({role})"
             )
+    attn_impl = spec.attn_impl
+    for spec_model in [model, *(m for m in specs.values() if m)]:
+        if spec_model.attn_impls and attn_impl not in spec_model.attn_impls:
+            readings.append(
+                f"attention: {spec_model.name} runs no {attn_impl} in transformers (its model class refuses it); "
+                "planned with eager attention, which transformers picks for it"
+            )
+            attn_impl = "eager"
     samples = 1
     if spec.workload == "grpo":
         samples = DEFAULT_GRPO_SAMPLES if spec.samples_per_prompt is None else spec.samples_per_prompt
@@ -193,7 +201,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
         seq_len=seq_len,
         global_batch=batch,
         dtype=dtype,
-        attn_impl=spec.attn_impl,
+        attn_impl=attn_impl,
         ref_model=specs["ref_model"],
         critic_model=specs["critic_model"],
         reward_model=specs["reward_model"],

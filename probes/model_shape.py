@@ -261,6 +261,9 @@ def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -
         "expert_param_counts": expert_params if sum(expert_params) else [],
         "kv_windows": [] if not any(w := _kv_windows(config, layers)) else w,
         "kv_token_elements": _kv_token_elements(hf_config, source),
+        "attn_impls": ["eager"]
+        + (["sdpa"] if getattr(model, "_supports_sdpa", True) else [])
+        + (["flash_attention_2"] if getattr(model, "_supports_flash_attn", True) else []),
         "shape_version": SHAPE_VERSION,
         "versions": library_versions(),
     }

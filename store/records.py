@@ -86,6 +86,8 @@ class ModelSpec:
     # K and V elements the cache keeps per token in one layer, read from a real DynamicCache (an MLA model keeps
     # a compressed latent); 0: 2 x num_kv_heads x head_dim
     kv_token_elements: int = 0
+    # The attention implementations transformers' class of this model accepts (empty: not traced, any)
+    attn_impls: tuple[str, ...] = ()
 
     @property
     def kv_elements_per_token(self) -> int:

@@ -109,3 +109,18 @@ def test_the_cli_plans_a_local_moe_config(moe_dir: Path, tmp_path: Path) -> None
     plan = json.loads(done.stdout)
     assert plan["fits"] is True and plan["workload"]["shapes"]["actor"]["shape_source"] == "traced"
     assert "on the meta device" in done.stderr
+
+
+def test_a_model_whose_class_refuses_sdpa_is_planned_with_the_eager_attention_it_runs() -> None:
+    from planner import recommend
+    from store.models import get_model
+
+    assert get_model("gemma-2-2b").attn_impls == ("eager", "flash_attention_2")  # softcapping: no sdpa
+    assert get_model("llama-3.2-1b").attn_impls == ("eager", "sdpa", "flash_attention_2")
+    plan = recommend("gemma-2-2b", gpu_mem="80G", cpu_mem="64G", workload="sft", save=False)
+    document = plan.model_dump()
+    assert document["workload"]["attn_impl"] == "eager"
+    assert any("runs no sdpa" in line for line in document["readings"])
+    assert document["workload"]["shapes"]["actor"]["activations"] == "traced"  # its eager trace ships
+    llama = recommend("llama-3.2-1b", gpu_mem="80G", cpu_mem="64G", workload="sft", save=False).model_dump()
+    assert llama["workload"]["attn_impl"] == "sdpa"
