@@ -128,7 +128,7 @@ def _decoder_layers(model: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _unpacked_sequences() -> Iterator[None]:
+def unpacked_sequences() -> Iterator[None]:
     """transformers looks for packed sequences in the position ids of a forward without a KV cache (no-grad
     scoring, checkpointed training): a tensor ``.item()``, which the meta device has no value for. The trace's
     sequences are not packed: say so."""
@@ -166,7 +166,7 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
     handles.append(model.get_output_embeddings().register_forward_pre_hook(lambda *args: marker(stage[0])()))
     ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
     try:
-        with tracker, _unpacked_sequences():
+        with tracker, unpacked_sequences():
             tracker.track_existing(model.parameters())  # weights are there before the step: not its allocations
             tracker.mark_phase("start")
             loss = model(input_ids=ids, labels=ids).loss

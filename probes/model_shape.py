@@ -173,7 +173,7 @@ def _kv_token_elements(hf_config: dict[str, Any], source: str) -> int:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from probes.activation_trace import _unpacked_sequences
+    from probes.activation_trace import unpacked_sequences
     from store.models import cut_config
 
     try:
@@ -182,7 +182,7 @@ def _kv_token_elements(hf_config: dict[str, Any], source: str) -> int:
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
         cache = DynamicCache(config=model.config)
         ids = torch.zeros((1, KV_PROBE_TOKENS), dtype=torch.long, device="meta")
-        with torch.no_grad(), _unpacked_sequences():
+        with torch.no_grad(), unpacked_sequences():
             model(input_ids=ids, past_key_values=cache, use_cache=True)
         kept = [
             sum(t.numel() for t in (layer.keys, layer.values) if t is not None)
