@@ -9,23 +9,11 @@ the installed torch and transformers versions. Later plans of that config read t
 from __future__ import annotations
 
 import sys
-from importlib import metadata
 
 from store.db import open_storage
-from store.model_shape import UntracedModelError, shape_key, spec_from_shape
+from store.model_shape import UntracedModelError, installed_versions, shape_key, spec_from_shape
 from store.models import get_model
 from store.records import ModelSpec
-
-
-def installed_versions() -> dict[str, str]:
-    """The installed torch and transformers versions, read from package metadata (nothing imported)."""
-    found: dict[str, str] = {}
-    for package in ("torch", "transformers"):
-        try:
-            found[package] = metadata.version(package).split("+")[0]
-        except metadata.PackageNotFoundError:
-            found[package] = "absent"
-    return found
 
 
 def resolve_model(name_or_path: str, readings: list[str] | None = None, db: str | None = None) -> ModelSpec:
@@ -63,7 +51,8 @@ def _usable(name: str, config: dict[str, object], shape: dict[str, object]) -> b
 
 
 def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> dict[str, object]:
-    from probes.model_shape import config_object, trace_model_shape  # imports torch and transformers
+    from probes.activation_trace import trace_all_terms  # these import torch and transformers
+    from probes.model_shape import config_object, trace_model_shape
 
     config_object(config, source)  # a config transformers refuses is one error line, without the progress line
     print(
@@ -72,8 +61,6 @@ def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> 
         file=sys.stderr,
         flush=True,
     )
-    from probes.activation_trace import trace_all_terms
-
     shape = trace_model_shape(config, source)
     terms = trace_all_terms(config)
     unfitted = terms.pop("unfitted", {})

@@ -120,13 +120,6 @@ def cut_model(hf_config: dict[str, Any], dtype: str, attn_impl: str, device: str
     return model
 
 
-def _decoder_layers(model: Any) -> Any:
-    import torch
-
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == TRACED_LAYERS]
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-
-
 @contextlib.contextmanager
 def unpacked_sequences() -> Iterator[None]:
     """transformers looks for packed sequences in the position ids of a forward without a KV cache (no-grad
@@ -147,9 +140,10 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
     parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace)."""
     import torch
 
+    from probes.model_shape import decoder_layers
     from probes.tracker import LiveTensorTracker
 
-    layers = _decoder_layers(model)
+    _, layers = decoder_layers(model, TRACED_LAYERS)
     device = next(model.parameters()).device
     tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True)
 
@@ -294,7 +288,8 @@ def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KE
         try:
             out[key] = trace_terms(hf_config, dtype, attn_impl)
         except Exception as err:  # no meta kernel, no exact fit, no sdpa, model code the meta device cannot run
-            out.setdefault("unfitted", {})[key] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            first_line = (str(err).splitlines() or [""])[0][:200]
+            out.setdefault("unfitted", {})[key] = f"{type(err).__name__}: {first_line}"
     return out
 
 

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from store.errors import InputError
-from store.model_shape import SHAPE_VERSION, UntracedModelError, spec_from_shape
+from store.model_shape import SHAPE_VERSION, UntracedModelError, installed_versions, spec_from_shape
 from store.models import spec_for_config
 from store.records import ModelSpec
 
@@ -39,14 +39,6 @@ _DROPOUT_KEYS = (
     "attention_probs_dropout_prob",
 )
 _GATE_NAMES = ("gate_proj", "gate_up_proj", "w1", "w3", "gate_up")
-
-
-def library_versions() -> dict[str, str]:
-    """The torch and transformers versions the shape was read with (part of its cache key)."""
-    import torch
-    import transformers
-
-    return {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
 
 
 def config_object(hf_config: dict[str, Any], source: str) -> Any:
@@ -100,7 +92,7 @@ def _build(config: Any, source: str) -> Any:
         raise InputError(f"{source}: transformers could not build the model ({type(err).__name__}: {err})") from None
 
 
-def _decoder_layers(model: Any, layers: int) -> tuple[Any, Any]:
+def decoder_layers(model: Any, layers: int) -> tuple[Any, Any]:
     """(the module holding the decoder layers, the ModuleList of them): the largest list of ``layers`` modules."""
     import torch
 
@@ -201,7 +193,7 @@ def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -
     if not isinstance(layers, int) or layers < 1:
         raise InputError(f"{source}: the config names no number of decoder layers (num_hidden_layers)")
     model = _build(config, source)
-    base, blocks = _decoder_layers(model, layers)
+    base, blocks = decoder_layers(model, layers)
     per_layer = [_count(block.parameters()) for block in blocks]
     total = _count(model.parameters())
     head = model.get_output_embeddings()
@@ -254,7 +246,6 @@ def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -
         "largest_module": largest,
         "lora_in_out": sum(n_in + n_out for block in linears for n_in, n_out in block),
         "lora_widest": max((max(pair) for block in linears for pair in block), default=0),
-        "num_linears": max(len(block) for block in linears),
         "num_experts": experts if sum(expert_params) else 0,
         "experts_per_token": top_k if sum(expert_params) else 0,
         "expert_params": sum(expert_params),
@@ -265,7 +256,7 @@ def trace_model_shape(hf_config: dict[str, Any], source: str = "model config") -
         + (["sdpa"] if getattr(model, "_supports_sdpa", True) else [])
         + (["flash_attention_2"] if getattr(model, "_supports_flash_attn", True) else []),
         "shape_version": SHAPE_VERSION,
-        "versions": library_versions(),
+        "versions": installed_versions(),
     }
 
 

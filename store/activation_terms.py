@@ -31,7 +31,7 @@ def basis(sequences: int, tokens: int) -> tuple[int, ...]:
 
 def evaluate(coefficients: Polynomial, sequences: int, tokens: int) -> int:
     """Bytes of one fitted size at ``sequences`` x ``tokens``."""
-    return round(sum(c * t for c, t in zip(coefficients, basis(sequences, tokens), strict=True)))
+    return _values([coefficients], sequences, tokens)[0]
 
 
 def _values(window: list[Polynomial], sequences: int, tokens: int) -> list[int]:
@@ -66,13 +66,13 @@ def terms_key(dtype: str, attn_impl: str) -> str:
     return f"{width}-{'eager' if attn_impl == 'eager' else 'sdpa'}"
 
 
-TRACED_KEYS = ("2-eager", "2-sdpa", "4-eager", "4-sdpa")
 TRACED_SETTINGS: dict[str, tuple[str, str]] = {  # the dtype and attention each key is traced with
     "2-eager": ("bf16", "eager"),
     "2-sdpa": ("bf16", "sdpa"),
     "4-eager": ("fp32", "eager"),
     "4-sdpa": ("fp32", "sdpa"),
 }
+TRACED_KEYS = tuple(TRACED_SETTINGS)
 
 
 def compact(window: list[Polynomial]) -> list[Polynomial]:

@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,18 @@ class UntracedModelError(InputError):
         self.name = name
         self.config = config
         self.source = source
+
+
+def installed_versions() -> dict[str, str]:
+    """The installed torch and transformers versions, read from package metadata (nothing imported): what a
+    shape is read with, and part of its cache key."""
+    found: dict[str, str] = {}
+    for package in ("torch", "transformers"):
+        try:
+            found[package] = metadata.version(package).split("+")[0]
+        except metadata.PackageNotFoundError:
+            found[package] = "absent"
+    return found
 
 
 def shape_key(hf_config: dict[str, Any], versions: dict[str, str]) -> str:
@@ -80,15 +93,6 @@ def cut_traced(spec: ModelSpec, layers: int, hf_config: dict[str, Any]) -> Model
         lora_in_out=spec.lora_in_out * layers // spec.num_layers,
         hf_config=hf_config,
     )
-
-
-def shape_of(spec: ModelSpec) -> dict[str, Any]:
-    """The shape dict of a spec (its fields but name and hf_config), JSON-ready."""
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in _spec_values(spec).items()}
-
-
-def _spec_values(spec: ModelSpec) -> dict[str, Any]:
-    return {key: getattr(spec, key) for key in _SPEC_FIELDS}
 
 
 @cache

@@ -72,7 +72,6 @@ class ModelSpec:
     largest_module: int = 0  # the most parameters one module holds directly (DeepSpeed's largest_layer_params)
     lora_in_out: int = 0  # the sum of (in + out) over every nn.Linear of every decoder layer
     lora_widest: int = 0  # the widest side of any decoder-layer nn.Linear
-    num_linears: int = 0  # nn.Linear modules in one decoder layer (the largest)
     # Mixture of experts: routed experts per MoE layer, experts each token runs, and the parameters of all
     # routed experts of all layers (``total_params`` includes them; a token's compute uses experts_per_token).
     num_experts: int = 0
@@ -88,12 +87,6 @@ class ModelSpec:
     kv_token_elements: int = 0
     # The attention implementations transformers' class of this model accepts (empty: not traced, any)
     attn_impls: tuple[str, ...] = ()
-
-    @property
-    def kv_elements_per_token(self) -> int:
-        """K and V elements one layer's KV cache keeps per token."""
-        return self.kv_token_elements or 2 * self.num_kv_heads * self.head_dim
-
     # Activation and loss bytes traced from the model's code (store.activation_terms), by terms_key; empty:
     # the cost model uses its formulas (search.model.activations).
     activation_terms: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -104,6 +97,11 @@ class ModelSpec:
         if self.activation_terms:
             text = json.dumps(self.activation_terms, sort_keys=True).encode()
             object.__setattr__(self, "activation_digest", hashlib.sha256(text).hexdigest()[:16])
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """K and V elements one layer's KV cache keeps per token."""
+        return self.kv_token_elements or 2 * self.num_kv_heads * self.head_dim
 
     @property
     def backbone_params(self) -> int:
