@@ -50,9 +50,10 @@ class QuantityErrors:
     count: int
     median_abs: float
     worst: float  # the error of largest magnitude, with its sign
+    rms_log: float  # root mean square of ln(predicted / measured): what the fit minimises (with its prior)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "median_abs": self.median_abs, "worst": self.worst}
+        return {"count": self.count, "median_abs": self.median_abs, "worst": self.worst, "rms_log": self.rms_log}
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def summarize(pairs: Sequence[tuple[str, float, float]]) -> dict[str, QuantityEr
         errors = [p / m - 1.0 for q, p, m in pairs if q == quantity]
         if errors:
             worst = max(errors, key=abs)
-            out[quantity] = QuantityErrors(quantity, len(errors), statistics.median(map(abs, errors)), worst)
+            rms = math.sqrt(statistics.fmean(math.log(p / m) ** 2 for q, p, m in pairs if q == quantity))
+            out[quantity] = QuantityErrors(quantity, len(errors), statistics.median(map(abs, errors)), worst, rms)
     return out
 
 

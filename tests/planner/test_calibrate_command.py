@@ -115,3 +115,50 @@ def test_an_unknown_calibration_id_is_one_line(cli: Cli, h100_db: tuple[Path, di
     assert_one_error_line(
         cli("predict", *H100_JOB, "--zero", "2", "--db", db, "--calibration", "zzzzzz"), "no calibration has an id"
     )
+
+
+CPU_MODEL = {
+    "model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+CPU_STRATEGIES = [
+    {"zero_stage": 0, "micro_batch": 1, "grad_accum": 4},
+    {"zero_stage": 0, "micro_batch": 4, "grad_accum": 1},
+    {"zero_stage": 2, "gradient_checkpointing": True, "micro_batch": 2, "grad_accum": 2},
+]
+
+
+@pytest.mark.slow
+def test_the_cpu_backend_is_calibrated_end_to_end(cli: Cli, db: Path, tmp_path: Path) -> None:
+    """Probe DeepSpeed's CPU accelerator, calibrate that device, and probe again: the report now names the
+    calibration and compares step times. Nothing here depends on how fast this machine is: the fit lowers
+    the squared log error it minimises (whatever the times were), and the rest is bookkeeping."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CPU_MODEL))
+    strategies = tmp_path / "strategies.json"
+    strategies.write_text(json.dumps(CPU_STRATEGIES))
+    job = ("--model", folder, "--device", "cpu", "--gpu-mem", "24G", "--cpu-mem", "64G", "--workload", "sft")
+    probe = (*job, "--batch", "4", "--seq-len", "64", "--steps", "2", "--timeout", "3600", "--strategies", strategies)
+    first = cli("probe", *probe, "--layers", "2", "--json", "--db", db)
+    assert first.rc == 0, first.err
+    assert first.json()["calibration"]["id"] is None  # nothing fitted yet: times are not compared on the CPU
+    assert all(row["errors"]["step_time"] is None for row in first.json()["rows"])
+
+    fitted = cli("calibrate", "--db", db, "--json")
+    assert fitted.rc == 0, fitted.err
+    report = fitted.json()
+    assert report["device"] == "cpu" and report["target"].startswith("cpu:") and report["observations"] == 3
+    assert sorted(report["probe_ids"]) == sorted(row["probe_id"] for row in first.json()["rows"])
+    errors = report["errors"]
+    assert errors["after"]["time"]["rms_log"] <= errors["before"]["time"]["rms_log"]
+    assert errors["held_out"]["time"]["count"] == errors["before"]["time"]["count"] == 9  # 3 phases x 3 probes
+    determined = {p["name"]: p for p in report["parameters"] if p["determined"]}
+    assert "host_s_per_kernel" in determined or "gpu.matmul_efficiency" in determined
+    assert "cublas_workspace_bytes" not in determined  # the CPU backend has no cuBLAS workspace
+
+    again = cli("probe", *probe, "--layers", "2", "--json", "--db", db)  # reuses the stored probes
+    assert again.rc == 0, again.err
+    assert again.json()["calibration"]["id"] == report["calibration_id"]
+    assert all(row["reused"] and row["errors"]["step_time"] is not None for row in again.json()["rows"])
