@@ -29,9 +29,12 @@ from sqlalchemy import create_engine, inspect
 
 from store.db import BaseStorage, ProbeRecord, ProbeRunRecord, SQLAlchemyStorage
 from store.db._orm import Base
-from store.db._schema import HEAD_REVISION, MIGRATIONS_DIR, alembic_config
+from store.db._schema import HEAD_REVISION, MIGRATIONS_DIR, VERSION_TABLE, alembic_config
 from store.errors import InputError
 from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest, ProbeResult
+
+# compare_metadata must know the store's version table to leave it out of the comparison.
+VERSION_OPTS = {"version_table": VERSION_TABLE}
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = {"torch": "2.4.1", "deepspeed": "0.15.1", "transformers": "4.44.2"}
@@ -426,9 +429,9 @@ def test_head_is_0004_and_matches_the_migration_scripts() -> None:
 
 
 def stored_versions(path: Path) -> list[str]:
-    """The rows of alembic_version, read with the sqlite3 module."""
+    """The rows of memplan_alembic_version, read with the sqlite3 module."""
     with sqlite3.connect(path) as conn:
-        return [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")]
+        return [row[0] for row in conn.execute("SELECT version_num FROM memplan_alembic_version")]
 
 
 def assert_schema_is_the_orm(url: str) -> None:
@@ -441,7 +444,7 @@ def assert_schema_is_the_orm(url: str) -> None:
         assert indexes["ix_probes_key"]["column_names"] == ["key"] and not indexes["ix_probes_key"]["unique"]
         assert indexes["ix_probes_probe_id"]["unique"]
         with engine.connect() as conn:
-            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+            assert compare_metadata(MigrationContext.configure(conn, opts=VERSION_OPTS), Base.metadata) == []
     finally:
         engine.dispose()
 
@@ -509,7 +512,7 @@ def test_downgrading_to_0001_drops_probes_and_keeps_plans(tmp_path: Path) -> Non
     command.downgrade(config, "0001")
     engine = create_engine(url)
     try:
-        assert set(inspect(engine).get_table_names()) == {"alembic_version", "plans"}
+        assert set(inspect(engine).get_table_names()) == {"memplan_alembic_version", "plans"}
     finally:
         engine.dispose()
 
