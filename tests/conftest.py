@@ -1,4 +1,5 @@
-"""Fixtures of every test: no test reads or writes the user's own plan database.
+"""Fixtures of every test: no test reads or writes the user's own plan database, and a real PostgreSQL
+server (``tests/pg_server.py`` says where it comes from) with an empty database on it per test.
 
 ``PLANNER_DB`` and ``XDG_DATA_HOME`` point at a throwaway folder for the whole session, so a command or API
 call that names no ``db`` (``predict`` looking up a calibration, ``recommend`` saving its plan) meets an
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, required
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -22,3 +24,33 @@ def guard_default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         mp.setenv("XDG_DATA_HOME", str(home / "xdg"))
         mp.setenv("DS_ACCELERATOR", "cpu")
         yield home / "guard.db"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The PostgreSQL server of this test session, started on first use and stopped at the end; the
+    tests that use it skip, with the reason, where there is none."""
+    try:
+        server = get_server()
+    except NoPostgres as exc:
+        if required():
+            pytest.fail(f"{exc} (and $MEMPLAN_TEST_POSTGRES_REQUIRED is set)")
+        pytest.skip(str(exc))
+    except PostgresFailed as exc:
+        pytest.fail(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """The SQLAlchemy URL (``postgresql+psycopg://...``) of an empty database for this test: a fresh
+    schema that the URL's connections use as their only one (``PostgresServer.create_schema``), dropped
+    after the test. Close what opened it before the test ends."""
+    url = postgres_server.create_schema()
+    try:
+        yield url
+    finally:
+        postgres_server.drop_schema(url)

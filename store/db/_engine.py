@@ -1,5 +1,6 @@
 """Engines for the plan database: SQLite gets a busy timeout, durable commits and real (transactional-DDL)
-BEGINs; its file gets its folder before it is opened.
+BEGINs; its file gets its folder before it is opened. A server database (PostgreSQL) gets a connect
+timeout and connections checked before use.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ SQLITE_BEGIN_OPTION = "memplan_sqlite_begin"
 # journal back. synchronous=FULL (SQLite's default, set here so that no build's default changes it)
 # also keeps every committed plan across a power loss or an OS crash, for one more fsync per commit.
 SQLITE_PRAGMAS = ("PRAGMA synchronous = FULL",)
+# How long a PostgreSQL connection attempt may take before it fails (libpq waits forever by default:
+# a host that drops packets would hang every command); a URL's own ?connect_timeout= wins.
+POSTGRES_CONNECT_TIMEOUT_S = 10
 
 
 def is_sqlite(url: URL) -> bool:
@@ -77,7 +81,12 @@ def make_engine(url: URL, in_memory: bool = False) -> Engine:
     driver is missing.
     """
     if not is_sqlite(url):
-        return create_engine(url)
+        # A tune keeps its storage open for hours: a connection the server or a firewall dropped meanwhile
+        # is replaced before use instead of failing the next save.
+        server_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+            server_kwargs["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
+        return create_engine(url, **server_kwargs)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
     if in_memory:
         kwargs["poolclass"] = StaticPool  # one shared connection, or every session sees an empty DB

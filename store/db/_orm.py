@@ -38,6 +38,21 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
+class SearchText(TypeDecorator[str]):
+    """Text kept for searching only (a probe's message and failed phase; records read the result's JSON):
+    on PostgreSQL, whose text cannot hold NUL characters, a NUL is stored as U+FFFD, so that a probe whose
+    error message has one is still saved. Other databases store the text as it is."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        """Replace NUL characters on PostgreSQL."""
+        if value is None or dialect.name != "postgresql":
+            return value
+        return value.replace("\x00", "\ufffd")
+
+
 class Base(DeclarativeBase):
     """Declarative base of the plan database."""
 
@@ -92,8 +107,8 @@ class ProbeRow(Base):
     model: Mapped[str] = mapped_column(Text)
     device: Mapped[str] = mapped_column(String(32))
     outcome: Mapped[str] = mapped_column(String(16))
-    failed_phase: Mapped[str | None] = mapped_column(Text)
-    message: Mapped[str] = mapped_column(Text)
+    failed_phase: Mapped[str | None] = mapped_column(SearchText)
+    message: Mapped[str] = mapped_column(SearchText)
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     result: Mapped[dict[str, Any]] = mapped_column(JSON)
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON)

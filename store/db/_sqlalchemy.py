@@ -1,25 +1,40 @@
-"""The SQLAlchemy backend of the plan database (SQLite files by default, any SQLAlchemy URL works):
-plans, probes (with their artifacts) and probe runs, each read and written in one session scope.
+"""The SQLAlchemy backend of the plan database (SQLite files by default; PostgreSQL through psycopg 3;
+any SQLAlchemy URL works): plans, probes (with their artifacts) and probe runs, each read and written in
+one session scope.
+
+Concurrent writers (several ``planner probe`` or ``planner tune`` processes on one database) lose
+nothing: on SQLite every writing transaction starts with ``BEGIN IMMEDIATE``, so writers queue on the
+write lock (waiting up to the busy timeout) instead of deadlocking when two of them read and then
+write; on PostgreSQL rows are only added, and the two saves that replace a row by name (a probe
+artifact, a model shape) try again when another writer inserted the same name first.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, select
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.exc import (
+    ArgumentError,
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from store.artifacts import ProbeArtifact
 from store.db._artifacts import artifact_value, check_artifact, check_artifacts, new_artifact_row
 from store.db._base import BaseStorage
 from store.db._calibrations import calibration_record, new_calibration_row
-from store.db._engine import make_engine, prepare_sqlite_file, remove_folders
+from store.db._engine import SQLITE_BEGIN_OPTION, make_engine, prepare_sqlite_file, remove_folders
 from store.db._orm import Base, CalibrationRow, ModelShapeRow, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
 from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
 from store.db._record import (
@@ -45,7 +60,13 @@ _PROBE_WORDS = ("probe id", "no saved probe", "; `planner probes` lists them")
 _RUN_WORDS = ("probe run id", "no probe run", "")
 _CALIBRATION_WORDS = ("calibration id", "no calibration", "; `planner calibrations` lists them")
 
+# How often a save that replaces a row by name runs when concurrent writers keep inserting that name first.
+REPLACE_ATTEMPTS = 5
+# What to install for a driver SQLAlchemy could not import, by the URL's backend.
+_DRIVER_HINTS = {"postgresql": "for PostgreSQL: pip install 'memplan[postgres]' (psycopg 3)"}
+
 _Row = TypeVar("_Row", bound=Base)
+_T = TypeVar("_T")
 
 
 class SQLAlchemyStorage(BaseStorage):
@@ -71,8 +92,12 @@ class SQLAlchemyStorage(BaseStorage):
             if target.path is not None:
                 created = prepare_sqlite_file(target.path, target.mode)
             self._engine: Engine = make_engine(self._url, in_memory=target.memory)
-        except (OSError, ImportError, ArgumentError) as exc:
-            raise InputError(f"cannot open database {self.url}: {_reason(exc)}") from exc
+        except ImportError as exc:
+            hint = _DRIVER_HINTS.get(self._url.get_backend_name(), "install the driver this URL names")
+            why = f"its driver is missing ({_reason(exc)}); {hint}"
+            raise InputError(f"cannot open database {self.url}: {why}") from exc
+        except (OSError, ArgumentError) as exc:
+            raise InputError(f"cannot open database {self.url}: {self._reason(exc)}") from exc
         try:
             ensure_schema(self._engine, read_only=target.mode == "ro")
         except (SQLAlchemyError, SchemaVersionError) as exc:
@@ -80,22 +105,26 @@ class SQLAlchemyStorage(BaseStorage):
             if target.path is not None and not existed:  # nothing half-made stays behind
                 _remove_if_empty(target.path)
                 remove_folders(created)
-            raise InputError(f"cannot open database {self.url}: {_reason(exc)}") from exc
+            raise InputError(f"cannot open database {self.url}: {self._reason(exc)}") from exc
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
 
     @contextmanager
-    def _session_scope(self) -> Iterator[Session]:
-        """One unit of work: commit when the block ends, roll back everything when it raises.
+    def _session_scope(self, write: bool = False) -> Iterator[Session]:
+        """One unit of work: commit when the block ends, roll back everything when it raises. A ``write``
+        scope on SQLite takes the write lock at its start (``BEGIN IMMEDIATE``; see the module docstring).
 
-        Operational failures of the database (locked, read-only, gone) become InputError.
+        Failures of the database (locked, read-only, gone, a server out of reach) and values it refuses
+        (PostgreSQL: text longer than its column, NUL characters) become InputError; nothing is written.
         """
         session = self._sessions()
         try:
+            if write:
+                session.connection(execution_options={SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
             yield session
             session.commit()
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError, DataError) as exc:
             session.rollback()
-            raise InputError(f"cannot use database {self.url}: {_reason(exc)}") from exc
+            raise InputError(f"cannot use database {self.url}: {self._reason(exc)}") from exc
         except BaseException:
             session.rollback()
             raise
@@ -140,7 +169,7 @@ class SQLAlchemyStorage(BaseStorage):
             fits=fits,
             **payload,
         )
-        with self._session_scope() as session:
+        with self._session_scope(write=True) as session:
             session.add(row)
             session.flush()
             session.refresh(row)  # what the database kept (its time precision), not what we sent
@@ -172,7 +201,7 @@ class SQLAlchemyStorage(BaseStorage):
         """Store a new probe under ``key`` in one transaction, keeping older ones (see ``BaseStorage``)."""
         row = new_probe_row(request, result, key, run_id)
         artifacts = check_artifacts(result.artifacts)
-        with self._session_scope() as session:
+        with self._session_scope(write=True) as session:
             if run_id is not None and _run_row(session, run_id) is None:
                 raise InputError(f"no probe run has the id {run_id!r}; start one before saving probes to it")
             session.add(row)
@@ -214,16 +243,21 @@ class SQLAlchemyStorage(BaseStorage):
     def save_probe_artifact(self, probe_id_or_prefix: str, artifact: ProbeArtifact) -> ProbeArtifact:
         """Store ``artifact`` with the probe, replacing one of the same name (see ``BaseStorage``)."""
         check_artifact(artifact)
-        with self._session_scope() as session:
-            probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
-            old = _artifact_row(session, probe.probe_id, artifact.name)
-            if old is not None:
-                session.delete(old)
+
+        def replace() -> ProbeArtifact:
+            with self._session_scope(write=True) as session:
+                probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
+                session.execute(
+                    delete(ProbeArtifactRow).where(
+                        ProbeArtifactRow.probe_id == probe.probe_id, ProbeArtifactRow.name == artifact.name
+                    )
+                )
+                row = new_artifact_row(probe.probe_id, artifact)
+                session.add(row)
                 session.flush()
-            row = new_artifact_row(probe.probe_id, artifact)
-            session.add(row)
-            session.flush()
-            return artifact_value(row)
+                return artifact_value(row)
+
+        return self._replacing(replace)
 
     def load_probe_artifact(self, probe_id_or_prefix: str, name: str) -> ProbeArtifact | None:
         """The probe's artifact named ``name``, or None (see ``BaseStorage``)."""
@@ -250,13 +284,15 @@ class SQLAlchemyStorage(BaseStorage):
         if not isinstance(shape, dict) or not isinstance(shape.get("model_type"), str):
             raise TypeError("model shape must be a dict with a str model_type")
         stored = json_copy("shape", shape, "model shape")
-        with self._session_scope() as session:
-            old = session.execute(select(ModelShapeRow).where(ModelShapeRow.key == key)).scalar_one_or_none()
-            if old is not None:
-                session.delete(old)
-                session.flush()
-            created = datetime.now(timezone.utc)
-            session.add(ModelShapeRow(key=key, model_type=shape["model_type"][:64], created_at=created, shape=stored))
+        model_type = shape["model_type"][:64]
+
+        def replace() -> None:
+            with self._session_scope(write=True) as session:
+                session.execute(delete(ModelShapeRow).where(ModelShapeRow.key == key))
+                created = datetime.now(timezone.utc)
+                session.add(ModelShapeRow(key=key, model_type=model_type, created_at=created, shape=stored))
+
+        self._replacing(replace)
 
     def load_model_shape(self, key: str) -> dict[str, Any] | None:
         """The model shape stored under ``key``, or None (see ``BaseStorage``)."""
@@ -320,7 +356,7 @@ class SQLAlchemyStorage(BaseStorage):
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
         """Store a new probe run, status ``"running"``, for these keys (in order) and options."""
         row = new_run_row(request_keys, options)
-        with self._session_scope() as session:
+        with self._session_scope(write=True) as session:
             session.add(row)
             session.flush()
             session.refresh(row)
@@ -330,7 +366,7 @@ class SQLAlchemyStorage(BaseStorage):
         """Mark the run ``"done"`` or ``"interrupted"`` and return its record (see ``BaseStorage``)."""
         if status not in _FINISHED_STATUSES:
             raise ValueError(f"a probe run finishes as one of {', '.join(_FINISHED_STATUSES)}, got {status!r}")
-        with self._session_scope() as session:
+        with self._session_scope(write=True) as session:
             row = _run_row(session, run_id)
             if row is None:
                 raise InputError(f"no probe run has the id {run_id!r}")
@@ -361,6 +397,27 @@ class SQLAlchemyStorage(BaseStorage):
     def close(self) -> None:
         """Release the connections; the storage must not be used afterwards."""
         self._engine.dispose()
+
+    def _replacing(self, save: Callable[[], _T]) -> _T:
+        """Run ``save`` (one transaction that deletes a row by its unique name and inserts its successor)
+        again when a concurrent writer inserted that name in between (PostgreSQL's unique index refuses
+        the second insert; SQLite's write lock never lets the two overlap). InputError when writers keep
+        colliding ``REPLACE_ATTEMPTS`` times."""
+        for _ in range(REPLACE_ATTEMPTS - 1):
+            try:
+                return save()
+            except IntegrityError:
+                continue
+        try:
+            return save()
+        except IntegrityError as exc:
+            raise InputError(f"cannot use database {self.url}: {self._reason(exc)}") from exc
+
+    def _reason(self, exc: BaseException) -> str:
+        """``_reason(exc)`` with this database's password, should the driver's message hold it, hidden."""
+        text = _reason(exc)
+        password = self._url.password
+        return text.replace(str(password), "***") if password else text
 
     def __repr__(self) -> str:
         """Name the backend and its URL (password hidden)."""

@@ -13,11 +13,16 @@ Accepted:
 - after ``?``, in a path or a SQLite URL, only ``mode=rwc`` (the default: create when missing),
   ``mode=rw`` (open an existing database, never create one), ``mode=ro`` (open an existing database
   read only) and ``uri=true``; SQLite files are opened through a ``file:`` URI when a mode is given;
-- any other SQLAlchemy URL (``postgresql://...``) as it is: its driver checks its own parameters.
+- a PostgreSQL URL: ``postgresql+psycopg://user:password@host:5432/db`` (psycopg 3, the driver of
+  ``pip install memplan[postgres]``); plain ``postgresql://`` and ``postgres://`` name psycopg 3 too
+  unless psycopg2 (SQLAlchemy's default PostgreSQL driver) is installed; the driver checks its own
+  parameters (``?sslmode=require``, ``?host=/run/postgresql`` for a unix socket, ...);
+- any other SQLAlchemy URL as it is: its driver checks its own parameters.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -33,6 +38,8 @@ from sqlalchemy.exc import ArgumentError
 from store.errors import InputError
 
 SQLITE_MODES = ("rwc", "rw", "ro")
+# The SQLAlchemy driver name of psycopg 3, the PostgreSQL driver of ``pip install memplan[postgres]``.
+POSTGRES_DRIVER = "postgresql+psycopg"
 # Longest name one folder entry can have (Linux, macOS and Windows all stop at 255); the database file's
 # own name is 8 bytes shorter, for the "-journal" file SQLite writes beside it.
 MAX_NAME_BYTES = 255
@@ -118,6 +125,7 @@ def resolve_db(text: str | os.PathLike[str], origin: str = "") -> DbTarget:
     slip = _MEMORY_SLIP.match(stripped)  # "sqlite://:memory:" would parse ":memory:" as a host and port
     url = _parse(f"{slip.group(1)}:///:memory:{slip.group(2) or ''}" if slip else stripped, fail)
     if url.get_backend_name() != "sqlite":
+        url = _with_driver(url)
         return DbTarget(url=url, shown=shorten(url.render_as_string(hide_password=True)), path=None, mode="")
     if url.username or url.password or url.host or url.port:
         raise fail(
@@ -217,6 +225,19 @@ def _query_pairs(query_text: str, fail: _Fail) -> list[tuple[str, str]]:
     except ValueError:
         why = f"cannot read the parameters after '?' ({query_text!r}); write them as key=value&key=value"
         raise fail(why) from None
+
+
+def _with_driver(url: URL) -> URL:
+    """``url`` with the PostgreSQL driver spelled out: plain ``postgresql://`` (and ``postgres://``, the
+    spelling of libpq and many hosting services, which SQLAlchemy does not know) becomes
+    ``postgresql+psycopg://`` (psycopg 3, what the ``postgres`` extra installs) unless psycopg2, SQLAlchemy's
+    default for it, is installed. Other URLs come back as they are.
+    """
+    if url.drivername not in ("postgresql", "postgres"):
+        return url
+    if importlib.util.find_spec("psycopg2") is not None:
+        return url.set(drivername="postgresql")
+    return url.set(drivername=POSTGRES_DRIVER)
 
 
 def _parse(text: str, fail: _Fail) -> URL:

@@ -8,6 +8,9 @@ Adding a schema change: copy ``versions/0001_plans.py`` to ``versions/NNNN_<what
 ``revision = "NNNN"`` and ``down_revision`` to the previous one, write upgrade/downgrade, change the
 ORM rows in ``store/db/_orm.py`` to match, and set ``HEAD_REVISION`` in ``store/db/_schema.py`` to the
 new id. Tests fail until the constant, the scripts and the ORM agree.
+
+The revision is kept in ``memplan_alembic_version`` (``store.db._schema.VERSION_TABLE``), not Alembic's
+default ``alembic_version``, which Optuna's RDB storage uses for its own revision in the same database.
 """
 
 from __future__ import annotations
@@ -15,19 +18,21 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
+from store.db._schema import VERSION_TABLE
+
 config = context.config
 
 
 def _run(connection: Connection) -> None:
     """Run the pending migrations on ``connection``."""
-    context.configure(connection=connection, target_metadata=None, render_as_batch=True)
+    context.configure(connection=connection, target_metadata=None, render_as_batch=True, version_table=VERSION_TABLE)
     with context.begin_transaction():
         context.run_migrations()
 
 
 def run_migrations_offline() -> None:
     """Emit the migration SQL for ``sqlalchemy.url`` instead of running it."""
-    context.configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True)
+    context.configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True, version_table=VERSION_TABLE)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -21,8 +21,11 @@ from sqlalchemy import create_engine, inspect, select
 import store.db._engine as engine_module
 from store.db import BaseStorage, SQLAlchemyStorage, default_db_url, open_storage
 from store.db._orm import Base, PlanRow
-from store.db._schema import HEAD_REVISION, MIGRATIONS_DIR, alembic_config
+from store.db._schema import HEAD_REVISION, MIGRATIONS_DIR, VERSION_TABLE, alembic_config
 from store.errors import InputError
+
+# compare_metadata must know the store's version table to leave it out of the comparison.
+VERSION_OPTS = {"version_table": VERSION_TABLE}
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,9 +59,9 @@ def no_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def stored_versions(path: Path) -> list[str]:
-    """The rows of alembic_version, read with the sqlite3 module."""
+    """The rows of memplan_alembic_version, read with the sqlite3 module."""
     with sqlite3.connect(path) as conn:
-        return [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")]
+        return [row[0] for row in conn.execute("SELECT version_num FROM memplan_alembic_version")]
 
 
 def run_python(code: str, cwd: Path) -> str:
@@ -88,7 +91,7 @@ def test_a_new_database_is_created_at_head(db_path: Path) -> None:
         assert indexes["ix_plans_kind"]["column_names"] == ["kind"]
         assert indexes["ix_plans_plan_id"]["unique"]
         with engine.connect() as conn:  # the ORM rows describe exactly what the migrations built
-            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+            assert compare_metadata(MigrationContext.configure(conn, opts=VERSION_OPTS), Base.metadata) == []
     finally:
         engine.dispose()
 
@@ -117,7 +120,7 @@ def test_a_database_behind_head_is_upgraded_and_keeps_nothing_half_done(db_path:
 def test_a_database_from_a_newer_memplan_is_refused(db_path: Path) -> None:
     SQLAlchemyStorage(f"sqlite:///{db_path}").close()
     with sqlite3.connect(db_path) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+        conn.execute("UPDATE memplan_alembic_version SET version_num = '9999'")
     with pytest.raises(InputError, match=r"cannot open database .*'9999'.*newer memplan"):
         SQLAlchemyStorage(f"sqlite:///{db_path}")
     assert stored_versions(db_path) == ["9999"]

@@ -25,13 +25,16 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from store.db import BaseStorage, ProbeRecord, ProbeRunRecord, SQLAlchemyStorage
 from store.db._orm import Base
-from store.db._schema import HEAD_REVISION, MIGRATIONS_DIR, alembic_config
+from store.db._schema import HEAD_REVISION, MIGRATIONS_DIR, VERSION_TABLE, alembic_config
 from store.errors import InputError
 from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest, ProbeResult
+
+# compare_metadata must know the store's version table to leave it out of the comparison.
+VERSION_OPTS = {"version_table": VERSION_TABLE}
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = {"torch": "2.4.1", "deepspeed": "0.15.1", "transformers": "4.44.2"}
@@ -158,19 +161,29 @@ def test_a_failed_probe_without_fingerprint_round_trips(storage: BaseStorage) ->
     assert storage.find_probe(key_of(request)) == saved
 
 
-def test_the_searchable_columns_hold_the_results_numbers(storage: BaseStorage, tmp_path: Path) -> None:
+def as_json(value: Any) -> Any:
+    """A JSON column's value read with plain SQL: text from SQLite, already decoded from PostgreSQL."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_the_searchable_columns_hold_the_results_numbers(storage: BaseStorage) -> None:
     saved = save(storage, result=oom_result(), run_id=storage.start_run(["k"], {}).run_id)
-    with sqlite3.connect(tmp_path / "plans.db") as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM probes WHERE probe_id = ?", (saved.probe_id,)).fetchone()
+    assert isinstance(storage, SQLAlchemyStorage)
+    engine = create_engine(storage._url)  # a connection of its own, with plain SQL: what the columns hold
+    try:
+        with engine.connect() as conn:
+            query = text("SELECT * FROM probes WHERE probe_id = :probe_id")
+            row = conn.execute(query, {"probe_id": saved.probe_id}).mappings().one()
+    finally:
+        engine.dispose()
     assert row["key"] == saved.key and row["run_id"] == saved.run_id
     assert (row["kind"], row["model"], row["device"], row["outcome"]) == ("sft", "opt-1.3b", "cuda", "oom")
     assert row["failed_phase"] == "backward" and row["message"].startswith("CUDA out of memory")
     assert row["peak_allocated_bytes"] == 70 * 2**30 and row["peak_reserved_bytes"] == 75 * 2**30
     assert row["step_time_s"] == 0.5 and row["wall_s"] == 42.5
-    assert json.loads(row["fingerprint"]) == FINGERPRINT.to_dict()
-    assert json.loads(row["result"]) == oom_result().to_dict()
-    assert json.loads(row["request"]) == probe_request().to_dict()
+    assert as_json(row["fingerprint"]) == FINGERPRINT.to_dict()
+    assert as_json(row["result"]) == oom_result().to_dict()
+    assert as_json(row["request"]) == probe_request().to_dict()
 
 
 def test_an_unknown_key_finds_nothing(storage: BaseStorage) -> None:
@@ -426,9 +439,9 @@ def test_head_is_0005_and_matches_the_migration_scripts() -> None:
 
 
 def stored_versions(path: Path) -> list[str]:
-    """The rows of alembic_version, read with the sqlite3 module."""
+    """The rows of memplan_alembic_version, read with the sqlite3 module."""
     with sqlite3.connect(path) as conn:
-        return [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")]
+        return [row[0] for row in conn.execute("SELECT version_num FROM memplan_alembic_version")]
 
 
 def assert_schema_is_the_orm(url: str) -> None:
@@ -441,7 +454,7 @@ def assert_schema_is_the_orm(url: str) -> None:
         assert indexes["ix_probes_key"]["column_names"] == ["key"] and not indexes["ix_probes_key"]["unique"]
         assert indexes["ix_probes_probe_id"]["unique"]
         with engine.connect() as conn:
-            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+            assert compare_metadata(MigrationContext.configure(conn, opts=VERSION_OPTS), Base.metadata) == []
     finally:
         engine.dispose()
 
@@ -509,7 +522,7 @@ def test_downgrading_to_0001_drops_probes_and_keeps_plans(tmp_path: Path) -> Non
     command.downgrade(config, "0001")
     engine = create_engine(url)
     try:
-        assert set(inspect(engine).get_table_names()) == {"alembic_version", "plans"}
+        assert set(inspect(engine).get_table_names()) == {"memplan_alembic_version", "plans"}
     finally:
         engine.dispose()
 

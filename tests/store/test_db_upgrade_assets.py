@@ -28,8 +28,11 @@ from sqlalchemy import create_engine
 
 from store.db import PlanRecord, open_storage
 from store.db._orm import Base
-from store.db._schema import HEAD_REVISION
+from store.db._schema import HEAD_REVISION, LEGACY_VERSION_TABLE, VERSION_TABLE
 from store.measurements import PhaseMeasurement, ProbeRequest, ProbeResult
+
+# compare_metadata must know the store's version table to leave it out of the comparison.
+VERSION_OPTS = {"version_table": VERSION_TABLE}
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE_0001 = REPO / "tests" / "data" / "memplan_0001.sqlite3"
@@ -75,12 +78,13 @@ def copy_of_fixture(tmp_path: Path) -> Path:
     return copy
 
 
-def tables_and_version(path: Path) -> tuple[set[str], list[str]]:
-    """The table names of ``path`` and the rows of its alembic_version, read with sqlite3."""
+def tables_and_version(path: Path, version_table: str = VERSION_TABLE) -> tuple[set[str], list[str]]:
+    """The table names of ``path`` and the rows of its version table, read with sqlite3 (the store's
+    ``memplan_alembic_version``; ``alembic_version`` in a file from before the rename)."""
     conn = sqlite3.connect(path)
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        versions = [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")]
+        versions = [row[0] for row in conn.execute(f"SELECT version_num FROM {version_table}")]
         return tables, versions
     finally:
         conn.close()
@@ -94,7 +98,7 @@ def expected_records() -> list[PlanRecord]:
 
 def test_the_committed_fixture_is_a_0001_database_with_two_plans() -> None:
     assert FIXTURE_0001.stat().st_size < 32 * 1024
-    tables, versions = tables_and_version(FIXTURE_0001)
+    tables, versions = tables_and_version(FIXTURE_0001, LEGACY_VERSION_TABLE)
     assert (tables, versions) == ({"alembic_version", "plans"}, ["0001"])
     conn = sqlite3.connect(f"file:{FIXTURE_0001}?mode=ro", uri=True)
     try:
@@ -118,10 +122,11 @@ def test_a_0001_database_upgrades_on_open_and_keeps_its_plans(tmp_path: Path) ->
     tables, versions = tables_and_version(old)
     assert versions == [HEAD_REVISION]
     assert {"plans", "probes", "probe_runs"} <= tables
+    assert LEGACY_VERSION_TABLE not in tables  # the revision moved to the store's own version table
     engine = create_engine(f"sqlite:///{old}")
     try:
         with engine.connect() as conn:  # upgraded to exactly what the current ORM describes
-            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+            assert compare_metadata(MigrationContext.configure(conn, opts=VERSION_OPTS), Base.metadata) == []
     finally:
         engine.dispose()
     assert FIXTURE_0001.read_bytes() != old.read_bytes()

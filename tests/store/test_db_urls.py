@@ -240,7 +240,7 @@ def test_read_only_refuses_a_database_it_would_have_to_upgrade(workdir: Path) ->
     with open_storage("old.db?mode=rw") as storage:  # rw may upgrade it
         assert storage.list_plans() == []
     with sqlite3.connect(workdir / "old.db") as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD_REVISION,)]
+        assert conn.execute("SELECT version_num FROM memplan_alembic_version").fetchall() == [(HEAD_REVISION,)]
 
 
 def test_long_and_unicode_paths_within_the_limits_work(workdir: Path) -> None:
