@@ -245,3 +245,31 @@ class CalibrationReport(BaseModel):
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2)
+
+
+class TuneReport(BaseModel):
+    """What ``tune`` returns: the study, what was probed (by this run) and measured (by every run of the
+    study), why it stopped, and the confirmed plan (saved, exportable) when a measured plan fits.
+
+    ``rows`` are the measured candidates, fastest fitting first: ``strategy``, ``probe_id``, ``outcome``,
+    ``fits`` (ran and stayed within the GPU budget), ``step_time_s`` and ``peak_reserved_bytes`` measured,
+    ``noise`` (the probe's relative step-time spread), ``predicted_step_time_s`` (by the final calibration).
+    """
+
+    model_config = FROZEN
+
+    study: str
+    device: str
+    target: str
+    candidates: int
+    probes_run: int
+    device_seconds: float
+    probes_measured: int
+    stop_reason: str
+    confirmed: bool
+    calibration_id: str | None = None
+    rows: list[dict[str, Any]] = []
+    plan: Plan | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
