@@ -42,6 +42,7 @@ ENV_REQUIRED = "MEMPLAN_TEST_POSTGRES_REQUIRED"
 START_TIMEOUT_S = 120  # only a safety net: pg_ctl returns as soon as the server accepts connections
 SUPERUSER = "memplan"
 UNPRIVILEGED_USERS = ("postgres", "nobody")
+PASSWORD_ROLE = ("memplan_password", "right-horse-battery")
 _SEARCH_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/usr/local/pgsql/bin")
 
 
@@ -59,6 +60,9 @@ class PostgresServer:
 
     admin_url: URL
     folder: Path | None = None  # the throwaway server's folder (None for a server named by the env var)
+    # A role that must give its password (the throwaway server trusts every other local connection):
+    # (name, password), or None on a server named by the env var.
+    password_role: tuple[str, str] | None = None
     run_as: list[str] = field(default_factory=list)
     pg_ctl: str = ""
 
@@ -232,6 +236,9 @@ def _start_local_server() -> PostgresServer:
     start = [*run_as, server.pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-o", options, "-w"]
     start += ["-t", str(START_TIMEOUT_S), "start"]
     for command in (initdb, start):
+        if command is start:  # the password role first, every other local connection trusted
+            hba = data / "pg_hba.conf"
+            hba.write_text(f"local all {PASSWORD_ROLE[0]} scram-sha-256\nlocal all all trust\n" + hba.read_text())
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S + 30, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -246,4 +253,8 @@ def _start_local_server() -> PostgresServer:
                 + " ".join(tail.split())
             )
     atexit.register(server.stop)  # should pytest not get to its own teardown
+    name, password = PASSWORD_ROLE
+    server._admin(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    server._admin(f"GRANT CREATE ON DATABASE postgres TO {name}")
+    server.password_role = PASSWORD_ROLE
     return server

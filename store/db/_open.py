@@ -37,6 +37,57 @@ def normalize_db_url(url_or_path: str, origin: str = "") -> str:
     return resolve_db(url_or_path, origin).url.render_as_string(hide_password=False)
 
 
+def optuna_storage_url(db: str | os.PathLike[str] | None = None) -> str:
+    """The SQLAlchemy URL that Optuna's ``RDBStorage`` should use to keep a study in the same database that
+    ``open_storage(db)`` opens (``planner tune`` keeps its study beside the plans and probes, so that a
+    tune resumes after an interrupt and several machines can share one study).
+
+    ``db`` is resolved exactly as ``open_storage`` resolves it: a path or URL (checked by
+    ``store.db._url.resolve_db``), else ``$PLANNER_DB``, else ``memplan.db`` in the user data folder.
+    A SQLite file comes back as ``sqlite:////absolute/path`` (``?mode=rw`` dropped: the store's open
+    checks the file exists); a server URL comes back with its password, which Optuna needs to connect
+    (never print it). Plain ``postgresql://`` names psycopg 3 as the store does. InputError with one line
+    for anything ``open_storage`` refuses, and for what cannot hold a study: an in-memory database (private
+    to one storage object) or ``?mode=ro`` (Optuna writes its trials).
+
+    The two share the database without a clash: the store keeps its schema version in
+    ``memplan_alembic_version``, Optuna in ``alembic_version``, and no table or index name is shared. Open
+    the store first (``open_storage(db)``): a database written by a memplan before that split keeps the
+    store's version in ``alembic_version`` until the store opens it once, and Optuna refuses it until then.
+
+    Example::
+
+        import optuna
+        from store.db import open_storage, optuna_storage_url
+
+        with open_storage(db) as storage:  # creates or upgrades the store's tables
+            study = optuna.create_study(
+                storage=optuna_storage_url(db), study_name="tune-opt-1.3b", load_if_exists=True
+            )
+    """
+    from sqlalchemy import URL  # SQLAlchemy takes ~0.5 s to import: only when used
+
+    from store.db._url import resolve_db
+
+    text = default_db_url() if db is None else db
+    if isinstance(text, str) and not text.strip():
+        raise InputError("cannot open database '': the URL or path is empty; give a file path or a database URL")
+    target = resolve_db(text)
+    if target.memory:
+        raise InputError(
+            f"cannot keep an Optuna study in {target.shown}: an in-memory database lives in one storage object;"
+            " give a file path or a server URL"
+        )
+    if target.mode == "ro":
+        raise InputError(
+            f"cannot keep an Optuna study in {target.shown}: mode=ro opens it read only, and a study writes its"
+            " trials; leave out mode=ro"
+        )
+    if target.path is not None:  # the plain file form (no file: URI), with '%', '#' and '@' escaped
+        return URL.create(target.url.drivername, database=str(target.path)).render_as_string(hide_password=False)
+    return target.url.render_as_string(hide_password=False)
+
+
 def sqlite_url(path: Path) -> str:
     """The SQLAlchemy URL of a SQLite file."""
     return f"sqlite:///{path.resolve()}"

@@ -113,9 +113,9 @@ def _move_legacy_version(conn: Connection, revision: str | None) -> None:
         Column("version_num", String(32), nullable=False),
         PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
     )
+    conn.execute(text(f"DROP TABLE {LEGACY_VERSION_TABLE}"))
     table.create(conn)
     conn.execute(table.insert().values(version_num=revision))
-    conn.execute(text(f"DROP TABLE {LEGACY_VERSION_TABLE}"))
 
 
 def alembic_config() -> Config:
