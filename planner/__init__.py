@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     from planner.api import check, coefficients, predict, probe, recommend
     from planner.calibrating import calibrate
     from planner.inputs import JobSpec
-    from planner.results import CalibrationReport, CheckResult, Plan, PredictionReport
+    from planner.results import CalibrationReport, CheckResult, Plan, PredictionReport, TuneReport
     from planner.runtime import EmptyCachePolicy
     from planner.saved import calibrations, export, memory_plot, plan, plans, probes
     from planner.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
+    from planner.tuning import tune
 
 __all__ = [
     "CalibrationReport",
@@ -27,6 +28,7 @@ __all__ = [
     "JobSpec",
     "Plan",
     "PredictionReport",
+    "TuneReport",
     "calibrate",
     "calibrations",
     "check",
@@ -41,6 +43,7 @@ __all__ = [
     "probe_stream",
     "probes",
     "recommend",
+    "tune",
     "write_probe_snapshot",
 ]
 
@@ -59,6 +62,7 @@ _HOMES = {
     "probe_stream": "planner.snapshots",
     "probes": "planner.saved",
     "recommend": "planner.api",
+    "tune": "planner.tuning",
     "write_probe_snapshot": "planner.snapshots",
     "JobSpec": "planner.inputs",
     "CalibrationReport": "planner.results",
@@ -66,6 +70,7 @@ _HOMES = {
     "EmptyCachePolicy": "planner.runtime",
     "Plan": "planner.results",
     "PredictionReport": "planner.results",
+    "TuneReport": "planner.results",
 }
 
 

@@ -41,6 +41,19 @@ def target_of(fingerprint: dict[str, Any] | None) -> tuple[str, str]:
     return (gpu.name if gpu is not None else f"cuda:{name}"), "cuda"
 
 
+def device_target(device: str) -> str:
+    """The target of the device this machine probes: its GPU 0 (as torch sees it) on cuda, this CPU on the CPU
+    backend; ``cuda:unknown GPU`` where torch sees no GPU (the probe itself will say why it cannot run)."""
+    from probes.fingerprint import fingerprint, host_fingerprint
+
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return target_of(host_fingerprint("cuda").to_dict())[0]
+    return target_of(fingerprint(device).to_dict())[0]
+
+
 def target_hardware(hardware: Hardware, target: str) -> Hardware:
     """The job's hardware with the rates a target's calibration is relative to: the catalog GPU's for a
     known GPU, the generic rates (with the job's memory) for the CPU backend and unknown GPUs."""

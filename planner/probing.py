@@ -293,12 +293,10 @@ def _calibrated(
 ) -> tuple[ResolvedJob, Coefficients, dict[str, Any]]:
     """The job and coefficients with the calibration of the probed device: this CPU on the CPU backend, the
     catalog GPU torch sees on cuda (:mod:`planner.calibration_use`)."""
-    from planner.calibration_data import target_of
+    from planner.calibration_data import device_target
     from planner.calibration_use import calibrated
-    from probes.fingerprint import fingerprint
 
-    target, _ = target_of(fingerprint(device).to_dict())
-    return calibrated(job, coef, choice=choice, db=db, target=target)
+    return calibrated(job, coef, choice=choice, db=db, target=device_target(device))
 
 
 def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:

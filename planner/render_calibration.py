@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from planner.render import console
-from planner.results import CalibrationReport
+from planner.results import CalibrationReport, TuneReport
 
 QUANTITY_NAMES = {"time": "phase time", "peak_allocated": "peak allocated", "peak_reserved": "peak reserved"}
 
@@ -74,3 +74,35 @@ def render_calibrations(records: list[Any]) -> None:
             _error(held.get("peak_reserved")),
         )
     console.print(table)
+
+
+def render_tune(report: TuneReport) -> None:
+    """The measured candidates, why the tune stopped, what it cost, and the confirmed plan."""
+    from planner.render import describe
+
+    console.print(
+        f"[bold]tune[/bold] {report.study} on {report.target}: {report.probes_run} probes run "
+        f"({report.device_seconds:.1f} device-seconds), {report.probes_measured} of {report.candidates} "
+        "candidates measured"
+    )
+    table = Table(title="Measured (fastest fitting first) / predicted by the final calibration", title_justify="left")
+    for column in ("probe", "strategy", "outcome", "fits", "step time", "predicted", "peak reserved", "noise"):
+        table.add_column(column, justify="left" if column in ("probe", "strategy", "outcome") else "right")
+    for row in report.rows:
+        measured = row.get("step_time_s")
+        table.add_row(
+            str(row["probe_id"]),
+            describe(row["strategy"]),
+            str(row["outcome"]),
+            "yes" if row["fits"] else "no",
+            "-" if measured is None else f"{1e3 * measured:.1f} ms",
+            f"{1e3 * row['predicted_step_time_s']:.1f} ms",
+            f"{row['peak_reserved_bytes'] / 2**30:.2f} GiB",
+            f"{100 * row['noise']:.0f}%",
+        )
+    console.print(table)
+    console.print(f"stopped: {report.stop_reason}")
+    if report.plan is not None:
+        console.print(f"confirmed plan [bold]{report.plan.plan_id}[/bold]: {describe(report.plan.strategy)}")
+    else:
+        console.print("[yellow]no measured plan fits yet: run planner tune again (it resumes) or raise --max-probes[/]")

@@ -96,7 +96,7 @@ def _open_study(url: str, name: str, space: list[str]) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+    storage = optuna.storages.RDBStorage(url)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
     if "candidates" not in study.user_attrs:
         study.set_user_attr("candidates", space)
@@ -186,9 +186,8 @@ def tune(
     database share the work. ``runner`` defaults to ``probes.run_probe``; ``on_progress`` gets one line per
     probe.
     """
-    from planner.calibration_data import target_hardware, target_of
+    from planner.calibration_data import device_target, target_hardware
     from planner.calibration_use import calibrated
-    from probes.fingerprint import fingerprint
     from store.db import optuna_storage_url
     from store.sizes import parse_size
 
@@ -198,11 +197,17 @@ def tune(
         raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
         raise InputError(f"--steps must be a whole number >= 2 (warm-up comes first), not {steps!r}")
+    from dataclasses import replace
+
+    from planner.api import PROBE_GPU_MEM
+
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
+    if spec.gpu_mem is None and spec.gpu is None:
+        spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
     resolved = resolve(spec, db)
     if resolved.hardware.world_size > 1:
         raise InputError("tune probes one GPU (one data-parallel rank); give --gpus 1 --nodes 1")
-    target, _ = target_of(fingerprint(device).to_dict())
+    target = device_target(device)
     resolved, coef, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db, target=target)
     resolved = ResolvedJob(resolved.workload, target_hardware(resolved.hardware, target), resolved.readings)
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
@@ -313,7 +318,7 @@ def _rounds(
         if state.probes_run >= max_probes:
             break
         if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study.enqueue_trial({"candidate": untested[0]}, skip_if_exists=True)
+            study.enqueue_trial({"candidate": untested[0]})
         trial = study.ask(distribution)
         key = trial.params["candidate"]
         if key in state.measured:  # the sampler's own pick, already measured: tell it again and go on
@@ -325,10 +330,16 @@ def _rounds(
             continue
         if on_progress is not None:
             on_progress(f"probe {state.probes_run + 1}/{max_probes}: {_parse(job, key).describe()}")
-        probe_id, result, ran = _probe_once(
-            current, key, device=device, steps=steps, timeout_s=timeout_s, memory_cap_bytes=cap, coef=fitted, db=db,
-            runner=runner, prepare=prepare,
-        )  # fmt: skip
+        try:
+            probe_id, result, ran = _probe_once(
+                current, key, device=device, steps=steps, timeout_s=timeout_s, memory_cap_bytes=cap, coef=fitted,
+                db=db, runner=runner, prepare=prepare,
+            )  # fmt: skip
+        except BaseException:  # an interrupt (or a failure) leaves no trial running, and the candidate queued
+            trial.set_user_attr("interrupted", True)
+            study.tell(trial, state=TrialState.FAIL)
+            study.enqueue_trial({"candidate": key})
+            raise
         outcome = _outcome(result, probe_id, predicted[key].gpu_budget_bytes)
         for name, value in outcome.items():
             trial.set_user_attr(name, value)
@@ -366,7 +377,10 @@ def _report(
 
     calibration_id = None
     if state.probes_run:
-        calibration_id = calibrate(device_fingerprint=target, db=db).calibration_id
+        try:
+            calibration_id = calibrate(device_fingerprint=target, db=db).calibration_id
+        except InputError:  # no probe of the device finished (every one ran out of memory): nothing to fit
+            calibration_id = None
     if calibration_id is not None:
         job, coef, calibration_block = calibrated(job, base, choice=calibration_id, db=db, target=target)
     else:

@@ -20,6 +20,7 @@ from planner.cli import predict as predict_cmd
 from planner.cli import probe as probe_cmd
 from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
+from planner.cli import tune as tune_cmd
 from store.errors import InputError
 
 click_errors: Any
@@ -47,6 +48,7 @@ app.command("probes")(probes_cmd.probes_command)
 app.command("explain")(explain_cmd.explain_command)
 app.command("calibrate")(calibrate_cmd.calibrate_command)
 app.command("calibrations")(calibrate_cmd.calibrations_command)
+app.command("tune")(tune_cmd.tune_command)
 
 
 def _fail(message: str) -> int:

@@ -1,0 +1,69 @@
+"""``planner tune``: confirm the plan on the device, probing the candidates the cost model ranks first."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from planner.cli.options import Calibration, Db, Json, job_options
+from planner.inputs import JobSpec
+
+NOT_TUNED = ("gpus", "nodes", "nvme_path")  # a tune probes one GPU
+TUNE = "Tune"
+
+
+@job_options(omit=NOT_TUNED)
+def tune_command(
+    job: JobSpec,
+    device: Annotated[
+        str, typer.Option("--device", help="cuda, or cpu (DeepSpeed's CPU accelerator).", rich_help_panel=TUNE)
+    ] = "cuda",
+    max_probes: Annotated[
+        int, typer.Option("--max-probes", help="Probes this run may start at most.", rich_help_panel=TUNE)
+    ] = 8,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Steps of each probe (warm-up first).", rich_help_panel=TUNE)
+    ] = 4,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds before a probe is stopped.", rich_help_panel=TUNE)
+    ] = 600.0,
+    memory_cap: Annotated[
+        str | None,
+        typer.Option("--memory-cap", help="CPU: live bytes that count as out of memory.", rich_help_panel=TUNE),
+    ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option("--study", help="Optuna study name (default: one per job and device).", rich_help_panel=TUNE),
+    ] = None,
+    json_out: Json = False,
+    db: Db = None,
+    calibration: Calibration = "auto",
+) -> int:
+    """Probe the candidates the cost model ranks first until a measured plan fits and nothing untested is
+    predicted faster; save that plan (planner export writes its config). Run again to resume.
+
+    Example: planner tune --model opt-1.3b --gpu-mem 24G --workload sft --max-probes 6
+    """
+    from planner import tune
+
+    report = tune(
+        job,
+        device=device,
+        max_probes=max_probes,
+        steps=steps,
+        timeout_s=timeout,
+        memory_cap=memory_cap,
+        study=study,
+        db=db,
+        calibration=calibration,
+        on_progress=lambda line: print(line, file=sys.stderr),
+    )
+    if json_out:
+        print(report.to_json())
+    else:
+        from planner.render_calibration import render_tune
+
+        render_tune(report)
+    return 0
