@@ -15,6 +15,7 @@ from planner.inputs import ResolvedJob
 from search import Coefficients
 from search.calibration import CALIBRATION_VERSION, apply_values
 from store.errors import InputError
+from store.gpus import GENERIC_PREFIX
 
 CHOICES_HELP = "auto (the newest fit for the job's GPU), none (the defaults), or a calibration id"
 
@@ -44,7 +45,8 @@ def calibrated(
     if choice == "none":
         return job, coef, {"id": None, "target": target, "why": "--calibration none: the default coefficients"}
     record, why = _record(choice, target, db)
-    if record is None:
+    if record is None and target.startswith(GENERIC_PREFIX):
+        why = "the job names no GPU model (--gpu-mem only); give --gpu to use the calibration of your GPU"
         note = f"{why}: the default coefficients (planner calibrate fits them to probes)"
         return job, coef, {"id": None, "target": target, "why": note}
     if record.version != CALIBRATION_VERSION:

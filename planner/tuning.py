@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ ENQUEUED_FIRST = 3  # the predicted best, probed first
 NOISE_FLOOR = 0.02  # a step time is never known better than this
 MAX_PROBES = 50
 STUDY_PREFIX = "memplan-tune-"
+STUDY_OPEN_ATTEMPTS = 8
 
 
 @dataclass
@@ -94,10 +96,18 @@ def _open_study(url: str, name: str, space: list[str]) -> Any:
     """The study ``name`` in the database at ``url`` (created with ``space`` as its candidates, or loaded
     with the candidates it was created with)."""
     import optuna
+    from sqlalchemy.exc import SQLAlchemyError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+    for attempt in range(STUDY_OPEN_ATTEMPTS):
+        try:  # two machines starting on a new database both create Optuna's tables: the second one waits
+            storage = optuna.storages.RDBStorage(url)
+            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+            break
+        except SQLAlchemyError:
+            if attempt == STUDY_OPEN_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
     if "candidates" not in study.user_attrs:
         study.set_user_attr("candidates", space)
     return study
@@ -251,6 +261,14 @@ def _measured_so_far(study: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _running_elsewhere(study: Any, but: int | None = None) -> set[str]:
+    """The candidates of the study's running trials (but trial number ``but``, this run's own)."""
+    from optuna.trial import TrialState
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return {t.params["candidate"] for t in running if t.number != but and "candidate" in t.params}
+
+
 def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
     fits = result.outcome == "ok" and result.peak_reserved_bytes <= budget
     return {
@@ -317,10 +335,15 @@ def _rounds(
             break
         if state.probes_run >= max_probes:
             break
+        running = _running_elsewhere(study)  # candidates another machine on this study is probing now
         if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study.enqueue_trial({"candidate": untested[0]})
+            study.enqueue_trial({"candidate": next((k for k in untested if k not in running), untested[0])})
         trial = study.ask(distribution)
         key = trial.params["candidate"]
+        if key in _running_elsewhere(study, but=trial.number):  # the sampler's pick, being probed elsewhere
+            trial.set_user_attr("duplicate", True)
+            study.tell(trial, state=TrialState.FAIL)
+            continue
         if key in state.measured:  # the sampler's own pick, already measured: tell it again and go on
             known = state.measured[key]
             if known["fits"]:

@@ -56,6 +56,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("empty_cache_call_s", 1e-6, 1.0, "time", "one torch.cuda.empty_cache() call"),
     Parameter("step_overhead_s", 1e-6, 10.0, "time", "the training loop's Python and data per micro-batch"),
     # --- memory outside the traced tensors ---------------------------------------------------------------
+    # (torch's counters never see the CUDA context: probes leave it undetermined, unless a record measures it)
+    Parameter("cuda_context_bytes", 1.0, 2.0**33, "memory", "CUDA context, kernels and library handles"),
     Parameter("cublas_workspace_bytes", 1.0, 2.0**31, "memory", "cuBLAS workspace through the caching allocator"),
     Parameter("frag_within_step", 1e-4, 2.0, "memory", "fragments of the step's own transient bytes"),
     Parameter("frag_carried", 1e-4, 2.0, "memory", "fragments carried from earlier phases and steps"),

@@ -182,3 +182,27 @@ def test_tune_confirms_a_plan_on_the_cpu_backend(cli: Cli, db: Path, tmp_path: P
     assert report["rows"][0]["fits"] and report["rows"][0]["outcome"] == "ok"
     assert report["calibration_id"]  # refit to the probes it ran
     assert "probe 1/2: " in run.err  # progress on stderr
+
+
+def _tune_in_process(db: str, probes_at_most: int) -> int:
+    """One tuning machine (a process of its own) on the shared database; returns how many probes it ran."""
+    device = SimulatedDevice()
+    _tune(db, device, max_probes=probes_at_most)
+    return len(device.ran)
+
+
+def test_two_machines_share_one_study_and_probe_nothing_twice(db: Path) -> None:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        ran = pool.starmap(_tune_in_process, [(str(db), 4), (str(db), 4)])
+    from optuna import load_study
+
+    from planner import probes
+    from store.db import optuna_storage_url
+
+    stored = probes(db=str(db), limit=100)
+    assert len({p.key for p in stored}) == len(stored) == sum(ran)  # every probe ran once, on one machine
+    study = load_study(study_name=_tune(db, SimulatedDevice(), max_probes=1).study, storage=optuna_storage_url(str(db)))
+    measured = [t.user_attrs["probe_id"] for t in study.trials if "probe_id" in t.user_attrs]
+    assert set(measured) == {p.probe_id for p in stored}  # no trial lost, none without its probe
