@@ -47,6 +47,7 @@ def calibrated(
     record, why = _record(choice, target, db)
     if record is None and target.startswith(GENERIC_PREFIX):
         why = "the job names no GPU model (--gpu-mem only); give --gpu to use the calibration of your GPU"
+    if record is None:
         note = f"{why}: the default coefficients (planner calibrate fits them to probes)"
         return job, coef, {"id": None, "target": target, "why": note}
     if record.version != CALIBRATION_VERSION:
