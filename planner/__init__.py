@@ -13,18 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from planner.api import check, coefficients, predict, probe, recommend
+    from planner.calibrating import calibrate
     from planner.inputs import JobSpec
-    from planner.results import CheckResult, Plan, PredictionReport
+    from planner.results import CalibrationReport, CheckResult, Plan, PredictionReport
     from planner.runtime import EmptyCachePolicy
-    from planner.saved import export, memory_plot, plan, plans, probes
+    from planner.saved import calibrations, export, memory_plot, plan, plans, probes
     from planner.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
 
 __all__ = [
+    "CalibrationReport",
     "CheckResult",
     "EmptyCachePolicy",
     "JobSpec",
     "Plan",
     "PredictionReport",
+    "calibrate",
+    "calibrations",
     "check",
     "coefficients",
     "export",
@@ -41,6 +45,8 @@ __all__ = [
 ]
 
 _HOMES = {
+    "calibrate": "planner.calibrating",
+    "calibrations": "planner.saved",
     "check": "planner.api",
     "coefficients": "planner.api",
     "export": "planner.saved",
@@ -55,6 +61,7 @@ _HOMES = {
     "recommend": "planner.api",
     "write_probe_snapshot": "planner.snapshots",
     "JobSpec": "planner.inputs",
+    "CalibrationReport": "planner.results",
     "CheckResult": "planner.results",
     "EmptyCachePolicy": "planner.runtime",
     "Plan": "planner.results",

@@ -79,6 +79,7 @@ def recommend(
     db: str | None = None,
     save: bool = True,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
+    calibration: str = "auto",
     **job: Any,
 ) -> Plan:
     """The fastest strategy predicted to fit, with its DeepSpeed config and the next best.
@@ -86,10 +87,15 @@ def recommend(
     ``lora_rank="auto"`` fine-tunes every weight when some strategy fits, and falls back to LoRA
     (rank 16) only when none does; an integer fixes the rank (0 = full fine-tune). The plan is saved
     to the database (``db`` URL, ``PLANNER_DB``, or the user's data folder) unless ``save`` is False.
+    ``calibration`` picks the coefficients fitted to probes (``planner.calibration_use``): ``auto`` uses the
+    newest calibration of the job's GPU in ``db``, ``none`` the defaults, an id that calibration.
     """
+    from planner.calibration_use import calibrated
+
     if not isinstance(top, int) or top < 0:
         raise InputError(f"--top must be a whole number >= 0, not {top!r}")
     resolved = _job(model, job, db)
+    resolved, coefficients, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db)
     workload, hardware = resolved.workload, resolved.hardware
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         shown = str(seed) if len(str(seed)) <= 24 else str(seed)[:21] + "..."
@@ -115,7 +121,7 @@ def recommend(
     overhead = None
     if fastest is not None and result.best is not None:
         overhead = chosen.prediction.step_time_s / fastest.prediction.step_time_s - 1.0
-    report = prediction_report(resolved, chosen.strategy, chosen.prediction)
+    report = prediction_report(resolved, chosen.strategy, chosen.prediction, calibration_block)
     others = [c for c in result.feasible if c is not chosen][:top]
     result_plan = Plan(
         **dict(report),
@@ -162,16 +168,27 @@ def empty_cache_effect(
     }
 
 
-def predict(model: str | JobSpec, strategy: Strategy | RLHFStrategy | dict[str, Any], **job: Any) -> PredictionReport:
+def predict(
+    model: str | JobSpec,
+    strategy: Strategy | RLHFStrategy | dict[str, Any],
+    *,
+    calibration: str = "auto",
+    db: str | None = None,
+    **job: Any,
+) -> PredictionReport:
     """The prediction of one fixed strategy (the DESIGN.md strategy shape of the workload) for the job.
+
+    ``calibration`` and ``db`` as for ``recommend``: the newest calibration of the job's GPU, if any.
 
     A strategy document without ``grad_accum`` runs the job's global batch: ``micro_batch`` defaults to the
     samples (RLHF: sequences) per GPU per step and the accumulation makes up the rest (``batch_of_job``).
     One whose micro-batches make another batch sets the job's batch, unless ``batch`` was given (then it is
     an InputError).
     """
+    from planner.calibration_use import calibrated
+
     spec = job_spec(model, job)
-    resolved = resolve(spec)
+    resolved, coef, calibration_block = calibrated(resolve(spec, db), DEFAULT_COEFFICIENTS, choice=calibration, db=db)
     if not isinstance(strategy, (dict, Strategy, RLHFStrategy)):
         raise InputError(f"--strategy must be a JSON object (the strategy's knobs), not {type(strategy).__name__}")
     if isinstance(strategy, dict):
@@ -183,8 +200,8 @@ def predict(model: str | JobSpec, strategy: Strategy | RLHFStrategy | dict[str, 
     else:
         fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(_as_dict(strategy))
         resolved = _with_batch_of(resolved, fixed, given=spec.batch is not None)
-    prediction = predict_strategy(resolved.workload, fixed, resolved.hardware)
-    return prediction_report(resolved, fixed, prediction)
+    prediction = predict_strategy(resolved.workload, fixed, resolved.hardware, coef)
+    return prediction_report(resolved, fixed, prediction, calibration_block)
 
 
 def _as_dict(strategy: Strategy | RLHFStrategy | dict[str, Any]) -> dict[str, Any]:
@@ -249,6 +266,8 @@ def check(
     lora_rank: int = STRATEGY_DEFAULTS["lora_rank"],
     empty_cache: str = STRATEGY_DEFAULTS["empty_cache"],
     allocator: str = STRATEGY_DEFAULTS["allocator"],
+    calibration: str = "auto",
+    db: str | None = None,
     **job: Any,
 ) -> CheckResult:
     """Whether a DeepSpeed config (dict or file) is predicted to fit the job's GPU and host memory.
@@ -256,8 +275,9 @@ def check(
     A config runs one trained model, so the workload defaults to ``CONFIG_WORKLOAD`` (sft) rather than the
     JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``,
     ``lora_rank``, ``empty_cache``, ``allocator``. The dtype is the config's (a ``dtype`` that contradicts
-    it is an InputError); the global batch is the config's.
+    it is an InputError); the global batch is the config's. ``calibration`` and ``db`` as for ``recommend``.
     """
+    from planner.calibration_use import calibrated
     from planner.files import read_json_file
     from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
 
@@ -270,7 +290,7 @@ def check(
         if spec.dtype not in (None, config_dtype):
             raise InputError(f"--dtype {spec.dtype} contradicts the config, which trains in {config_dtype}")
         spec = replace(spec, dtype=config_dtype)
-    resolved = resolve(spec)
+    resolved, coef, calibration_block = calibrated(resolve(spec, db), DEFAULT_COEFFICIENTS, choice=calibration, db=db)
     outside = {
         "gradient_checkpointing": gradient_checkpointing,
         "lora_rank": lora_rank,
@@ -279,8 +299,8 @@ def check(
     }
     strategy, _ = strategy_from_ds_config(config, resolved.hardware.world_size, **outside)
     resolved = _with_batch_of(resolved, strategy, given=False)
-    prediction = predict_strategy(resolved.workload, strategy, resolved.hardware)
-    report = prediction_report(resolved, strategy, prediction)
+    prediction = predict_strategy(resolved.workload, strategy, resolved.hardware, coef)
+    report = prediction_report(resolved, strategy, prediction, calibration_block)
     reasons: list[str] = []
     if not prediction.fits_gpu:
         reasons.append(

@@ -104,7 +104,7 @@ def parse_layers(text: str | None, model_layers: int) -> tuple[int, ...] | None:
     return depths
 
 
-def _cut(workload: Workload, layers: int | None) -> Workload:
+def cut_workload(workload: Workload, layers: int | None) -> Workload:
     """The workload with every model cut to ``layers`` decoder layers (None: as is)."""
     if layers is None:
         return workload
@@ -146,7 +146,7 @@ def plan_probes(
     for strategy in strategies:
         full = predict(job.workload, strategy, job.hardware, probe_coef)
         for depth in depths_for(job, device, layers, full.fits):
-            workload = _cut(job.workload, depth)
+            workload = cut_workload(job.workload, depth)
             prediction = full if depth is None else predict(workload, strategy, job.hardware, probe_coef)
             prediction = device_prediction(prediction, device)
             request = ProbeRequest(
@@ -189,12 +189,14 @@ def probe(
     on_note: Callable[[str], None] | None = None,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     runner: Callable[[ProbeRequest], ProbeResult] | None = None,
+    calibration: str = "auto",
     **job: Any,
 ) -> ProbeReport:
     """Probe strategies on the device and report measured against predicted memory and time.
 
     ``runner`` defaults to ``probes.run_probe`` (each probe in its own process). ``on_progress`` is called
-    with (strategy label, index, total) before each probe that actually runs.
+    with (strategy label, index, total) before each probe that actually runs. ``calibration`` as for
+    ``recommend``, matched to the probed device (``cpu:<model>`` on the CPU backend).
     """
     from store.db import open_storage
     from store.sizes import parse_size
@@ -221,6 +223,8 @@ def probe(
         reason = cpu_dtype_unsupported_reason(resolved.workload.dtype)
         if reason is not None:
             raise InputError(reason)  # one line for the run, not one failed engine per strategy
+    resolved, coefficients, calibration_block = _calibrated(resolved, coefficients, device, calibration, db)
+    cpu_timed = device == "cpu" and calibration_block.get("id") is not None
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     depths = parse_layers(layers, resolved.workload.model.num_layers)
     chosen = choose_strategies(resolved, strategies, coefficients)
@@ -263,14 +267,16 @@ def probe(
             for index, item in enumerate(planned):
                 known = stored[item.key]
                 if known is not None:
-                    rows.append(ProbeRow.from_probe(item, known.probe_id, known.result, reused=True))
+                    rows.append(
+                        ProbeRow.from_probe(item, known.probe_id, known.result, reused=True, cpu_timed=cpu_timed)
+                    )
                     fingerprint = fingerprint or _fingerprint_of(known.result)
                     continue
                 if on_progress is not None:
                     on_progress(item.strategy.describe() + _depth_label(item.layers), index, len(planned))
                 result = runner(item.request)
                 record = storage.save_probe(item.request, result, key=item.key, run_id=run.run_id)
-                rows.append(ProbeRow.from_probe(item, record.probe_id, result, reused=False))
+                rows.append(ProbeRow.from_probe(item, record.probe_id, result, reused=False, cpu_timed=cpu_timed))
                 fingerprint = fingerprint or _fingerprint_of(result)
         except KeyboardInterrupt:
             storage.finish_run(run.run_id, status="interrupted")
@@ -278,7 +284,21 @@ def probe(
         storage.finish_run(run.run_id, status="done")
     finally:
         storage.close()
-    return build_report(resolved, device, run.run_id, rows, fingerprint, coefficients)
+    report = build_report(resolved, device, run.run_id, rows, fingerprint, coefficients)
+    return report.model_copy(update={"calibration": calibration_block})
+
+
+def _calibrated(
+    job: ResolvedJob, coef: Coefficients, device: str, choice: str, db: str | None
+) -> tuple[ResolvedJob, Coefficients, dict[str, Any]]:
+    """The job and coefficients with the calibration of the probed device: this CPU on the CPU backend, the
+    catalog GPU torch sees on cuda (:mod:`planner.calibration_use`)."""
+    from planner.calibration_data import target_of
+    from planner.calibration_use import calibrated
+    from probes.fingerprint import fingerprint
+
+    target, _ = target_of(fingerprint(device).to_dict())
+    return calibrated(job, coef, choice=choice, db=db, target=target)
 
 
 def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:

@@ -60,7 +60,7 @@ def _catalog_gpu(device: dict[str, Any]) -> str:
     return gpu.name
 
 
-def _host_gib(device: dict[str, Any]) -> str:
+def host_gib(device: dict[str, Any]) -> str:
     """The host memory a record names (``"16 cores, 128 GiB"``), as a --cpu-mem value; 128G when absent."""
     for part in str(device.get("host", "")).split(","):
         words = part.split()
@@ -87,7 +87,7 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
         lora_rank=lora,
         empty_cache=row.get("empty_cache", "never"),
         allocator=row.get("allocator", "default"),
-        cpu_mem=_host_gib(device),
+        cpu_mem=host_gib(device),
     )
     predicted = result.report.predicted
     step = {

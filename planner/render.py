@@ -72,6 +72,10 @@ def _header(report: PredictionReport) -> None:
         )
     for line in report.readings:
         console.print(f"  [dim]{line}[/dim]")
+    if report.calibration is not None:
+        from planner.calibration_use import calibration_line
+
+        console.print(f"  [dim]{calibration_line(report.calibration)}[/dim]")
 
 
 def _breakdown_table(predicted: Predicted) -> Table:

@@ -21,8 +21,14 @@ def alternative(strategy: Strategy | RLHFStrategy, prediction: Prediction) -> Al
     return Alternative(strategy=strategy.to_dict(), predicted=predicted_block(prediction))
 
 
-def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, prediction: Prediction) -> PredictionReport:
-    """Workload, hardware, strategy, prediction and the DeepSpeed config(s) that run it."""
+def prediction_report(
+    job: ResolvedJob,
+    strategy: Strategy | RLHFStrategy,
+    prediction: Prediction,
+    calibration: dict[str, Any] | None = None,
+) -> PredictionReport:
+    """Workload, hardware, strategy, prediction and the DeepSpeed config(s) that run it (and the calibration
+    block of :func:`planner.calibration_use.calibrated`, when one was looked up)."""
     workload = job.workload.to_dict()
     workload["params"] = job.workload.model.total_params
     workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
@@ -40,6 +46,7 @@ def prediction_report(job: ResolvedJob, strategy: Strategy | RLHFStrategy, predi
         "predicted": predicted_block(prediction),
         "readings": list(job.readings),
         "allocator_replay": replay_memory(job.workload, strategy, job.hardware).to_dict(),
+        "calibration": calibration,
     }
     if isinstance(strategy, RLHFStrategy):
         from probes.rlhf_config import (

@@ -75,12 +75,15 @@ class PredictionReport(BaseModel):
     # the step replayed through the port of torch's caching allocator (search.replay_memory): reserved bytes
     # per phase and after the engines' init, from the stream the cost model's bytes make
     allocator_replay: dict[str, Any] | None = None
+    # which calibration the prediction used (planner.calibration_use): its id, target and probes, or id None
+    # with why the defaults were used
+    calibration: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")
     def _one_config_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The document carries ``ds_config`` or ``ds_configs``, never a null one."""
         data = handler(self)
-        for key in ("ds_config", "ds_configs", "allocator_replay"):
+        for key in ("ds_config", "ds_configs", "allocator_replay", "calibration"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -140,8 +143,9 @@ class ProbeRow(BaseModel):
     errors: dict[str, float | None] = {}
 
     @classmethod
-    def from_probe(cls, item: Any, probe_id: str, result: Any, *, reused: bool) -> ProbeRow:
-        """From a planned probe (strategy, layers, prediction) and its ProbeResult."""
+    def from_probe(cls, item: Any, probe_id: str, result: Any, *, reused: bool, cpu_timed: bool = False) -> ProbeRow:
+        """From a planned probe (strategy, layers, prediction) and its ProbeResult. ``cpu_timed``: the
+        prediction used a calibration of this CPU, so a CPU probe's step time is compared too."""
         p = item.prediction
         predicted = {
             "peak_allocated_bytes": p.peak_allocated_bytes,
@@ -160,8 +164,9 @@ class ProbeRow(BaseModel):
                 "phases": [phase.to_dict() for phase in result.phases],
             }
         if result.outcome == "ok" and measured:
-            # The time model is for GPUs: a CPU probe's step time says nothing about it.
-            on_cpu = getattr(getattr(item, "request", None), "device", None) == "cpu"
+            # The time model is for GPUs: a CPU probe's step time says nothing about it, unless the model was
+            # calibrated to this CPU's probes.
+            on_cpu = getattr(getattr(item, "request", None), "device", None) == "cpu" and not cpu_timed
             errors = {
                 "peak_allocated": _relative(measured["peak_allocated_bytes"], p.peak_allocated_bytes),
                 "peak_reserved": _relative(measured["peak_reserved_bytes"], p.peak_reserved_bytes),
@@ -211,6 +216,60 @@ class ProbeReport(BaseModel):
     fingerprint: dict[str, Any] | None = None
     rows: list[ProbeRow]
     extrapolations: list[Extrapolation] = []
+    calibration: dict[str, Any] | None = None  # the calibration the predictions used (planner.calibration_use)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
+
+
+class CalibrationReport(BaseModel):
+    """What ``calibrate`` returns: the device, every calibrated parameter before and after, and the errors.
+
+    ``errors`` has ``before`` (the defaults), ``after`` (the fit, on the probes it saw) and ``held_out`` (each
+    probe predicted by a fit to the others), each ``{quantity: {count, median_abs, worst}}`` with relative
+    errors ``predicted / measured - 1``; quantity is ``time``, ``peak_allocated`` or ``peak_reserved``.
+    """
+
+    model_config = FROZEN
+
+    calibration_id: str | None  # None when not saved
+    target: str
+    device: str
+    fingerprint: dict[str, Any]
+    observations: int
+    probe_ids: list[str]
+    skipped: list[str] = []
+    parameters: list[dict[str, Any]]
+    errors: dict[str, dict[str, dict[str, float]]]
+    version: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
+
+
+class TuneReport(BaseModel):
+    """What ``tune`` returns: the study, what was probed (by this run) and measured (by every run of the
+    study), why it stopped, and the confirmed plan (saved, exportable) when a measured plan fits.
+
+    ``rows`` are the measured candidates, fastest fitting first: ``strategy``, ``probe_id``, ``outcome``,
+    ``fits`` (ran and stayed within the GPU budget), ``step_time_s`` and ``peak_reserved_bytes`` measured,
+    ``noise`` (the probe's relative step-time spread), ``predicted_step_time_s`` (by the final calibration).
+    """
+
+    model_config = FROZEN
+
+    study: str
+    device: str
+    target: str
+    candidates: int
+    probes_run: int
+    device_seconds: float
+    probes_measured: int
+    stop_reason: str
+    confirmed: bool
+    calibration_id: str | None = None
+    rows: list[dict[str, Any]] = []
+    plan: Plan | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2)

@@ -15,7 +15,7 @@ from store.errors import InputError
 
 if TYPE_CHECKING:
     from planner.results import Plan
-    from store.db import PlanRecord, ProbeRecord
+    from store.db import CalibrationRecord, PlanRecord, ProbeRecord
 
 
 MAX_LISTED = 100_000  # rows a listing prints at most
@@ -76,6 +76,16 @@ def probes(
     limit = _positive_limit(limit)
     with open_storage(db) as storage:
         return storage.list_probes(limit=limit, model=model, device=device)
+
+
+def calibrations(db: str | None = None, limit: int = 20, target: str | None = None) -> list[CalibrationRecord]:
+    """Stored calibrations, newest first (frozen ``store.db.CalibrationRecord`` values), optionally of one
+    target (``H100-80G``, ``cpu:<model>``)."""
+    from store.db import open_storage
+
+    limit = _positive_limit(limit)
+    with open_storage(db) as storage:
+        return storage.list_calibrations(limit=limit, target=target)
 
 
 def export(

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from planner.cli import calibrate as calibrate_cmd
 from planner.cli import check as check_cmd
 from planner.cli import explain as explain_cmd
 from planner.cli import export as export_cmd
@@ -44,6 +45,8 @@ app.command("plans")(plans_cmd.plans_command)
 app.command("probe")(probe_cmd.probe_command)
 app.command("probes")(probes_cmd.probes_command)
 app.command("explain")(explain_cmd.explain_command)
+app.command("calibrate")(calibrate_cmd.calibrate_command)
+app.command("calibrations")(calibrate_cmd.calibrations_command)
 
 
 def _fail(message: str) -> int:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.options import Json, job_options
+from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.
@@ -32,6 +32,8 @@ def check_command(
     ],
     json_out: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict.")] = False,
+    db: Db = None,
+    calibration: Calibration = "auto",
 ) -> int:
     """Check whether a DeepSpeed config is predicted to fit: exit 0 fits, 1 does not fit, 2 bad input.
 
@@ -46,6 +48,8 @@ def check_command(
         lora_rank=lora_rank,
         empty_cache=empty_cache,
         allocator=allocator,
+        calibration=calibration,
+        db=db,
     )
     if json_out:
         print(result.model_dump_json(indent=2))

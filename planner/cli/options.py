@@ -116,6 +116,13 @@ Db = Annotated[
     str | None, typer.Option("--db", help="Database URL or SQLite file (default: $PLANNER_DB or the user data folder).")
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the JSON document instead of tables.")]
+Calibration = Annotated[
+    str,
+    typer.Option(
+        "--calibration",
+        help="Coefficients fitted to probes: auto (the newest calibration of the GPU), none, or a calibration id.",
+    ),
+]
 
 # Every JobSpec field and its option, in the order the help lists them.
 JOB_OPTIONS: dict[str, Any] = {

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.options import Json, job_options
+from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import JobSpec
 
 KNOBS = "Strategy"
@@ -46,6 +46,8 @@ def predict_command(
         str | None, typer.Option("--allocator", help="default or expandable-segments.", rich_help_panel=KNOBS)
     ] = None,
     json_out: Json = False,
+    db: Db = None,
+    calibration: Calibration = "auto",
 ) -> int:
     """Predict peak memory, host memory and step time of one fixed strategy.
 
@@ -68,7 +70,7 @@ def predict_command(
     data.update({k: v for k, v in flags.items() if v is not None})
     if micro_batch is not None:
         data.pop("grad_accum", None)  # a new micro-batch keeps the global batch: predict() derives the accumulation
-    report = predict(job, data)
+    report = predict(job, data, calibration=calibration, db=db)
     if json_out:
         print(report.to_json())
     else:

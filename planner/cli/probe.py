@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from planner.cli.options import Db, Json, job_options
+from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import JobSpec
 
 # Probes run one GPU: the data-parallel counts and the offload folder do not apply.
@@ -51,6 +51,7 @@ def probe_command(
     ] = False,
     json_out: Json = False,
     db: Db = None,
+    calibration: Calibration = "auto",
 ) -> int:
     """Run each strategy for a few steps in its own process; store and compare with the prediction.
 
@@ -65,7 +66,7 @@ def probe_command(
         "timeout_s": timeout,
         "device": device,
     }
-    options.update(memory_cap=memory_cap, force=force, db=db)
+    options.update(memory_cap=memory_cap, force=force, db=db, calibration=calibration)
     if json_out:
         report = probe(job, on_note=lambda line: print(line, file=sys.stderr), **options)
         print(report.to_json())

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.options import Db, Json, job_options
+from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import JobSpec
 
 
@@ -20,6 +20,7 @@ def recommend_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the Optuna sampler.")] = 0,
     json_out: Json = False,
     db: Db = None,
+    calibration: Calibration = "auto",
 ) -> int:
     """Recommend the memory strategy that fits at the least step time, and save it as a plan.
 
@@ -27,7 +28,7 @@ def recommend_command(
     """
     from planner.api import recommend
 
-    plan = recommend(job, top=top, lora_rank=lora_rank, seed=seed, db=db)
+    plan = recommend(job, top=top, lora_rank=lora_rank, seed=seed, db=db, calibration=calibration)
     if json_out:
         print(plan.to_json())
     else:

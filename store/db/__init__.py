@@ -23,19 +23,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from store.db._base import BaseStorage
-from store.db._open import default_db_url, open_storage, optuna_storage_url
-from store.db._record import RUN_STATUSES, PlanRecord, ProbeRecord, ProbeRunRecord
+from store.db._open import database_exists, default_db_url, open_storage, optuna_storage_url
+from store.db._record import RUN_STATUSES, CalibrationRecord, PlanRecord, ProbeRecord, ProbeRunRecord
 
 if TYPE_CHECKING:
     from store.db._sqlalchemy import SQLAlchemyStorage
 
 __all__ = [
     "BaseStorage",
+    "CalibrationRecord",
     "PlanRecord",
     "ProbeRecord",
     "ProbeRunRecord",
     "RUN_STATUSES",
     "SQLAlchemyStorage",
+    "database_exists",
     "default_db_url",
     "open_storage",
     "optuna_storage_url",

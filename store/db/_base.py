@@ -1,4 +1,4 @@
-"""The storage contract: what every plan database backend promises (plans, probes and probe runs)."""
+"""The storage contract: what every plan database backend promises (plans, probes, probe runs, calibrations)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Any
 
 from store.artifacts import ProbeArtifact
-from store.db._record import PlanRecord, ProbeRecord, ProbeRunRecord
+from store.db._record import CalibrationRecord, PlanRecord, ProbeRecord, ProbeRunRecord
 from store.measurements import ProbeRequest, ProbeResult
 
 
@@ -127,6 +127,27 @@ class BaseStorage(abc.ABC):
     ``load_model_shape(key)``:
         The shape stored under ``key`` (a fresh copy), or None.
 
+    Calibrations
+    ------------
+    A calibration is a set of cost-model coefficients fitted to the probes of one device. Every save adds
+    a row (history is kept); the newest of a target is the one used.
+
+    ``save_calibration(*, target, device, version, fingerprint, values, probe_ids, report)``:
+        Assigns a new ``calibration_id`` (12 lowercase hex characters) and ``created_at`` (tz-aware UTC)
+        and stores it in one transaction. TypeError for a target that is not a str of 1 to 200
+        characters, a device other than cuda/cpu, a version below 1, values that are not finite
+        numbers by name, probe ids that are not strings, or dicts JSON cannot encode; nothing is
+        written then. Returns the record as a later ``get_calibration`` returns it.
+
+    ``latest_calibration(target, version=None)``:
+        The newest calibration of ``target`` (of ``version`` when given), or None.
+
+    ``list_calibrations(limit=20, target=None)``:
+        Up to ``limit`` (>= 1, else InputError) calibrations, newest first, optionally of one target.
+
+    ``get_calibration(calibration_id_or_prefix)``:
+        As ``get_plan``, for calibration ids.
+
     Both
     ----
     ``close()``:
@@ -210,6 +231,32 @@ class BaseStorage(abc.ABC):
     @abc.abstractmethod
     def load_model_shape(self, key: str) -> dict[str, Any] | None:
         """The model shape stored under ``key``, or None (see the class docstring)."""
+
+    @abc.abstractmethod
+    def save_calibration(
+        self,
+        *,
+        target: str,
+        device: str,
+        version: int,
+        fingerprint: dict[str, Any],
+        values: dict[str, float],
+        probe_ids: list[str],
+        report: dict[str, Any],
+    ) -> CalibrationRecord:
+        """Store a new calibration in one transaction and return its record (see the class docstring)."""
+
+    @abc.abstractmethod
+    def latest_calibration(self, target: str, version: int | None = None) -> CalibrationRecord | None:
+        """The newest calibration of ``target`` (and ``version`` when given), or None."""
+
+    @abc.abstractmethod
+    def list_calibrations(self, limit: int = 20, target: str | None = None) -> list[CalibrationRecord]:
+        """Up to ``limit`` calibrations, newest first, optionally only those of ``target``."""
+
+    @abc.abstractmethod
+    def get_calibration(self, calibration_id_or_prefix: str) -> CalibrationRecord:
+        """The calibration with this id or unique id prefix of at least 4 characters; else InputError."""
 
     @abc.abstractmethod
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:

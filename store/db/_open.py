@@ -117,3 +117,15 @@ def open_storage(url: str | None = None) -> BaseStorage:
             " give a file path such as plans.db or a URL such as sqlite:///plans.db"
         )
     return SQLAlchemyStorage(url)
+
+
+def database_exists(url: str | None = None) -> bool:
+    """Whether the database ``open_storage(url)`` would open is there already: a SQLite file that exists,
+    or any server URL (it is asked when opened). Reading commands use this to avoid creating a database
+    just to find nothing in it. InputError as ``open_storage`` for a URL it refuses."""
+    from store.db._url import resolve_db
+
+    target = resolve_db(url if url is not None else default_db_url())
+    if target.memory:
+        return False
+    return target.path is None or target.path.exists()

@@ -148,3 +148,21 @@ class ModelShapeRow(Base):
     model_type: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     shape: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class CalibrationRow(Base):
+    """One row of ``calibrations``: coefficients fitted to the probes of one device (``target``: the catalog
+    GPU it is, or ``cpu:<model>`` for DeepSpeed's CPU accelerator), the probes' ids, and the fit's report."""
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    calibration_id: Mapped[str] = mapped_column(String(32), unique=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    target: Mapped[str] = mapped_column(String(200), index=True)
+    device: Mapped[str] = mapped_column(String(32))
+    version: Mapped[int] = mapped_column(Integer)
+    fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON)
+    values: Mapped[dict[str, float]] = mapped_column(JSON)
+    probe_ids: Mapped[list[str]] = mapped_column(JSON)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -118,3 +118,30 @@ class ProbeRunRecord:
 def new_short_id(length: int = PROBE_ID_LENGTH) -> str:
     """A fresh id: the first ``length`` hex characters of a random uuid4."""
     return uuid.uuid4().hex[:length]
+
+
+# Calibrations ----------------------------------------------------------------------------------------
+
+CALIBRATION_ID_LENGTH = 12
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRecord:
+    """One stored calibration: coefficients fitted to the probes of one device, as they were saved.
+
+    ``target`` names the device the fit is for: a catalog GPU name (``"H100-80G"``) or ``"cpu:<model>"``
+    for DeepSpeed's CPU accelerator. ``values`` maps each fitted coefficient to its value (the names of
+    ``search.calibration.PARAMETERS``); ``version`` is the parameter set's version that made them (a
+    calibration of another version is not applied). ``probe_ids`` are the probes fitted; ``report`` holds
+    the errors before, after and held out. Dicts are fresh JSON copies.
+    """
+
+    calibration_id: str
+    created_at: datetime
+    target: str
+    device: str
+    version: int
+    fingerprint: dict[str, Any]
+    values: dict[str, float]
+    probe_ids: tuple[str, ...]
+    report: dict[str, Any]

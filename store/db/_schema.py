@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # Alembic is imported only when a database needs upgrading
     from alembic.config import Config
 
 # The newest revision in store/migrations/versions; a test checks it against Alembic's head.
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # The store's Alembic version table (store/migrations/env.py passes it to Alembic).
 VERSION_TABLE = "memplan_alembic_version"

@@ -33,12 +33,14 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 from store.artifacts import ProbeArtifact
 from store.db._artifacts import artifact_value, check_artifact, check_artifacts, new_artifact_row
 from store.db._base import BaseStorage
+from store.db._calibrations import calibration_record, new_calibration_row
 from store.db._engine import SQLITE_BEGIN_OPTION, make_engine, prepare_sqlite_file, remove_folders
-from store.db._orm import Base, ModelShapeRow, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
+from store.db._orm import Base, CalibrationRow, ModelShapeRow, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
 from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
 from store.db._record import (
     MIN_PREFIX_LENGTH,
     UNFINISHED_STATUSES,
+    CalibrationRecord,
     PlanRecord,
     ProbeRecord,
     ProbeRunRecord,
@@ -56,6 +58,7 @@ _FINISHED_STATUSES = ("done", "interrupted")
 _PLAN_WORDS = ("plan id", "no saved plan", "; `planner plans` lists them")
 _PROBE_WORDS = ("probe id", "no saved probe", "; `planner probes` lists them")
 _RUN_WORDS = ("probe run id", "no probe run", "")
+_CALIBRATION_WORDS = ("calibration id", "no calibration", "; `planner calibrations` lists them")
 
 # How often a save that replaces a row by name runs when concurrent writers keep inserting that name first.
 REPLACE_ATTEMPTS = 5
@@ -296,6 +299,59 @@ class SQLAlchemyStorage(BaseStorage):
         with self._session_scope() as session:
             row = session.execute(select(ModelShapeRow).where(ModelShapeRow.key == key)).scalar_one_or_none()
             return copy.deepcopy(row.shape) if row is not None else None
+
+    def save_calibration(
+        self,
+        *,
+        target: str,
+        device: str,
+        version: int,
+        fingerprint: dict[str, Any],
+        values: dict[str, float],
+        probe_ids: list[str],
+        report: dict[str, Any],
+    ) -> CalibrationRecord:
+        """Store a new calibration in one transaction and return its record (see ``BaseStorage``)."""
+        row = new_calibration_row(
+            target=target,
+            device=device,
+            version=version,
+            fingerprint=fingerprint,
+            values=values,
+            probe_ids=probe_ids,
+            report=report,
+        )
+        with self._session_scope() as session:
+            session.add(row)
+            session.flush()
+            return calibration_record(row)
+
+    def latest_calibration(self, target: str, version: int | None = None) -> CalibrationRecord | None:
+        """The newest calibration of ``target`` (of ``version`` when given), or None."""
+        with self._session_scope() as session:
+            stmt = select(CalibrationRow).where(CalibrationRow.target == target)
+            if version is not None:
+                stmt = stmt.where(CalibrationRow.version == version)
+            row = session.scalars(stmt.order_by(CalibrationRow.created_at.desc(), CalibrationRow.id.desc())).first()
+            return calibration_record(row) if row is not None else None
+
+    def list_calibrations(self, limit: int = 20, target: str | None = None) -> list[CalibrationRecord]:
+        """Up to ``limit`` calibrations, newest first, optionally only those of ``target``."""
+        _check_limit(limit, "calibrations")
+        with self._session_scope() as session:
+            stmt = select(CalibrationRow)
+            if target is not None:
+                stmt = stmt.where(CalibrationRow.target == target)
+            stmt = stmt.order_by(CalibrationRow.created_at.desc(), CalibrationRow.id.desc()).limit(limit)
+            return [calibration_record(row) for row in session.scalars(stmt)]
+
+    def get_calibration(self, calibration_id_or_prefix: str) -> CalibrationRecord:
+        """The calibration with this id or unique id prefix (see ``BaseStorage``)."""
+        with self._session_scope() as session:
+            row = _by_prefix(
+                session, CalibrationRow, CalibrationRow.calibration_id, calibration_id_or_prefix, _CALIBRATION_WORDS
+            )
+            return calibration_record(row)
 
     def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
         """Store a new probe run, status ``"running"``, for these keys (in order) and options."""

@@ -1,8 +1,8 @@
 """Fixtures of the planner tests: a guard database, the in-process CLI, subprocess runs, DeepSpeed's validator.
 
-Every command that touches the database gets ``--db`` pointing at a SQLite file under a temporary folder;
-``PLANNER_DB`` and ``XDG_DATA_HOME`` point at a throwaway folder too, so that a command that forgot its
-``--db`` can never write the user's own database. Recommend documents that several tests only read are
+Every command that touches the database gets ``--db`` pointing at a SQLite file under a temporary folder
+(and ``tests/conftest.py`` points ``PLANNER_DB`` and ``XDG_DATA_HOME`` at a throwaway folder for every
+test). Recommend documents that several tests only read are
 computed once per session (``opt13_24g``, ``nothing_fits``).
 """
 
@@ -10,24 +10,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from planner_helpers import CPU_MEM, REPO, CliResult, run_main, subprocess_env
-
-
-@pytest.fixture(scope="session", autouse=True)
-def guard_default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Point PLANNER_DB and the user data folder at a throwaway place for the whole session."""
-    home = tmp_path_factory.mktemp("guard")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLANNER_DB", str(home / "guard.db"))
-        mp.setenv("XDG_DATA_HOME", str(home / "xdg"))
-        mp.setenv("DS_ACCELERATOR", "cpu")
-        yield home / "guard.db"
 
 
 @pytest.fixture

@@ -33,7 +33,15 @@ NOT_OFFERED = {
     "probe": {"gpus", "nodes", "nvme_path", "safety_margin"},
 }
 # Where a command may reach data: the public API (``planner``), its typed inputs and the CLI's own helpers.
-CLI_MAY_IMPORT = {"planner", "planner.api", "planner.inputs", "planner.files", "planner.render", "store.errors"}
+CLI_MAY_IMPORT = {
+    "planner",
+    "planner.api",
+    "planner.inputs",
+    "planner.files",
+    "planner.render",
+    "planner.render_calibration",
+    "store.errors",
+}
 GIB = 2**30
 
 

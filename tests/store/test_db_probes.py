@@ -433,8 +433,8 @@ def test_probes_and_runs_survive_close_and_reopen(reopen: Opener) -> None:
 # The schema --------------------------------------------------------------------------------------
 
 
-def test_head_is_0004_and_matches_the_migration_scripts() -> None:
-    assert HEAD_REVISION == "0004"  # 0003 added probe artifacts, 0004 the model shape cache
+def test_head_is_0005_and_matches_the_migration_scripts() -> None:
+    assert HEAD_REVISION == "0005"  # 0003 probe artifacts, 0004 the model shape cache, 0005 calibrations
     assert ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head() == HEAD_REVISION
 
 
