@@ -66,7 +66,7 @@ def tables(url: str) -> set[str]:
 def test_a_new_database_is_exactly_the_orm(postgres_url: str) -> None:
     with open_storage(postgres_url) as storage:
         storage.save_plan(**PLAN)
-    assert tables(postgres_url) == {VERSION_TABLE, "plans", "probes", "probe_runs", "probe_artifacts", "model_shapes"}
+    assert tables(postgres_url) == {VERSION_TABLE, *Base.metadata.tables}
     assert run_sql(postgres_url, f"SELECT version_num FROM {VERSION_TABLE}") == [(HEAD_REVISION,)]
     engine = create_engine(postgres_url)
     try:
