@@ -12,7 +12,7 @@ saying why).
   with), trusts local connections, and runs without fsync (the tests check behaviour, not
   durability). It starts once per test session, on first use, and is stopped (``pg_ctl stop -m
   immediate``) and removed at the end of the session (also at interpreter exit, should pytest not get
-  to it).
+  to it, and by a small watchdog process once the test process is gone, should it be killed).
 - As root (CI containers often run as root) ``initdb`` refuses to run: the server is then run as the
   user ``postgres`` (or ``nobody``) through ``runuser`` (or ``setpriv``); with neither, the tests skip.
 
@@ -27,6 +27,7 @@ import glob
 import importlib.util
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -200,6 +201,26 @@ def _run_as_prefix() -> tuple[list[str], int | None]:
     )
 
 
+def _watch(server: PostgresServer) -> None:
+    """Start a watchdog, in a session of its own, that stops the server and removes its folder once this
+    process is gone, however it ended (a SIGKILL or a CI timeout runs neither pytest's teardown nor atexit)."""
+    assert server.folder is not None
+    stop = " ".join(shlex.quote(part) for part in [*server.run_as, server.pg_ctl])
+    data = shlex.quote(str(server.folder / "data"))
+    script = (
+        f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 2; done;"
+        f" if [ -d {data} ]; then {stop} -D {data} -m immediate -w stop >/dev/null 2>&1;"
+        f" rm -rf {shlex.quote(str(server.folder))}; fi"
+    )
+    subprocess.Popen(
+        ["/bin/sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def _start_local_server() -> PostgresServer:
     """initdb a fresh cluster in a temp folder and start it on a unix socket there."""
     binaries = find_binaries()
@@ -253,6 +274,7 @@ def _start_local_server() -> PostgresServer:
                 + " ".join(tail.split())
             )
     atexit.register(server.stop)  # should pytest not get to its own teardown
+    _watch(server)  # should pytest be killed (no atexit then)
     name, password = PASSWORD_ROLE
     server._admin(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
     server._admin(f"GRANT CREATE ON DATABASE postgres TO {name}")

@@ -154,8 +154,14 @@ class BaseStorage(abc.ABC):
         Releases connections. The storage must not be used afterwards. Storages are also context
         managers that close on exit.
 
-    Errors from the environment (a locked, read-only or vanished database) surface as InputError
-    with one line naming the database, so the CLI can print it and exit 2.
+    Errors from the environment (a locked, read-only or vanished database; a server out of reach, a
+    wrong password, a missing database) surface as InputError with one line naming the database
+    (password hidden), so the CLI can print it and exit 2. A server database (PostgreSQL) may refuse a
+    value that SQLite keeps (text with a NUL character in a stored column such as ``model``, a ``kind``
+    or ``device`` longer than 32 characters): InputError with one line, and nothing is written.
+
+    Several processes may write to one database at once (several probe or tune runs on a team
+    database): every save either lands whole or raises, and none is lost to another writer.
     """
 
     @abc.abstractmethod

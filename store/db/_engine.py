@@ -27,6 +27,7 @@ SQLITE_PRAGMAS = ("PRAGMA synchronous = FULL",)
 # How long a PostgreSQL connection attempt may take before it fails (libpq waits forever by default:
 # a host that drops packets would hang every command); a URL's own ?connect_timeout= wins.
 POSTGRES_CONNECT_TIMEOUT_S = 10
+_LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")  # those that take connect_timeout
 
 
 def is_sqlite(url: URL) -> bool:
@@ -84,7 +85,7 @@ def make_engine(url: URL, in_memory: bool = False) -> Engine:
         # A tune keeps its storage open for hours: a connection the server or a firewall dropped meanwhile
         # is replaced before use instead of failing the next save.
         server_kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+        if url.drivername in _LIBPQ_DRIVERS and "connect_timeout" not in url.query:
             server_kwargs["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
         return create_engine(url, **server_kwargs)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}

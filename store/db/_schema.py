@@ -31,9 +31,10 @@ HEAD_REVISION = "0005"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # The store's Alembic version table (store/migrations/env.py passes it to Alembic).
 VERSION_TABLE = "memplan_alembic_version"
-# Where memplan kept its revision before VERSION_TABLE, and the revisions it could have written there.
+# Where memplan kept its revision before VERSION_TABLE, and the revisions it could have written there
+# (0005 only on a development branch, before the two met).
 LEGACY_VERSION_TABLE = "alembic_version"
-LEGACY_REVISIONS = ("0001", "0002", "0003", "0004")
+LEGACY_REVISIONS = ("0001", "0002", "0003", "0004", "0005")
 # PostgreSQL: the transaction-scoped advisory lock that makes concurrent first opens migrate one at a time
 # (SQLite's BEGIN IMMEDIATE does it there): the bytes of "memplan" read as one bigint.
 SCHEMA_LOCK_KEY = int.from_bytes(b"memplan", "big")

@@ -321,7 +321,7 @@ class SQLAlchemyStorage(BaseStorage):
             probe_ids=probe_ids,
             report=report,
         )
-        with self._session_scope() as session:
+        with self._session_scope(write=True) as session:
             session.add(row)
             session.flush()
             return calibration_record(row)

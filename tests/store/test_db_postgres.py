@@ -11,6 +11,7 @@ where there is none.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def tables(url: str) -> set[str]:
 def test_a_new_database_is_exactly_the_orm(postgres_url: str) -> None:
     with open_storage(postgres_url) as storage:
         storage.save_plan(**PLAN)
-    assert tables(postgres_url) == {VERSION_TABLE, "plans", "probes", "probe_runs", "probe_artifacts", "model_shapes"}
+    assert tables(postgres_url) == {VERSION_TABLE, *Base.metadata.tables}
     assert run_sql(postgres_url, f"SELECT version_num FROM {VERSION_TABLE}") == [(HEAD_REVISION,)]
     engine = create_engine(postgres_url)
     try:
@@ -255,3 +256,28 @@ def test_a_probe_message_with_a_nul_is_still_saved(postgres_url: str) -> None:
         saved = storage.save_probe(request, result, key="k")
         assert storage.get_probe(saved.probe_id).result == result  # the record keeps the NUL (JSON)
     assert run_sql(postgres_url, "SELECT message FROM probes") == [("crashed: \ufffd in the log",)]
+
+
+def test_the_cli_saves_and_lists_plans_on_postgresql(postgres_url: str) -> None:
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    env.pop("PLANNER_DB", None)
+
+    def planner(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "planner", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            check=False,
+        )
+
+    made = planner("recommend", "--model", "opt-125m", "--gpu-mem", "24G", "--workload", "sft", "--db", postgres_url)
+    assert made.returncode == 0, made.stderr
+    with open_storage(postgres_url) as storage:
+        plan = storage.latest_plan()
+    assert plan is not None and plan.model == "opt-125m"
+    env["PLANNER_DB"] = postgres_url
+    shown = planner("plans")
+    assert shown.returncode == 0 and plan.plan_id in shown.stdout, shown.stderr
