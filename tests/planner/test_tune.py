@@ -191,11 +191,14 @@ def _tune_in_process(db: str, probes_at_most: int) -> int:
     return len(device.ran)
 
 
-def test_two_machines_share_one_study_and_probe_nothing_twice(db: Path) -> None:
+def test_two_machines_share_one_study_and_probe_nothing_twice(postgres_url: str) -> None:
+    """Two tuning processes on one PostgreSQL database (Optuna's own writes on a SQLite file can meet
+    "database is locked" when several processes tell trials at once)."""
     import multiprocessing
 
+    db = postgres_url
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        ran = pool.starmap(_tune_in_process, [(str(db), 4), (str(db), 4)])
+        ran = pool.starmap(_tune_in_process, [(db, 4), (db, 4)])
     from optuna import load_study
 
     from planner import probes
