@@ -34,8 +34,9 @@ def calibrate(
     device, stored in ``db`` (and in the ``records`` files given: ``tests/data/gpu``'s shape).
 
     ``device_fingerprint`` picks the device: a target name (``H100-80G``, ``cpu:<model>``) or a word of its
-    device name; None takes the only device there is. ``held_out`` refits once per observation without it
-    (leave-one-out) to report the error on probes the fit did not see. The calibration is saved unless
+    device name; None takes the only device there is, or this machine's (its GPU, else its CPU) among
+    several. ``held_out`` predicts each observation by a fit without it (leave-one-out) to report the error
+    on probes the fit did not see. The calibration is saved unless
     ``save`` is False; ``recommend``, ``predict``, ``check`` and ``probe`` then use it for that device.
     """
     from store.db import open_storage
@@ -49,7 +50,9 @@ def calibrate(
     with open_storage(db) as storage:
         stored = storage.list_probes(limit=MAX_PROBES)
     entries.extend((p.probe_id, p.request.to_dict(), p.result.to_dict()) for p in stored)
-    gathered = gather(entries, device_fingerprint)
+    from planner.calibration_data import detected_target
+
+    gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None)
     observations = list(gathered.observations)
     skipped = list(gathered.skipped)
     for row in loop_rows:

@@ -41,6 +41,13 @@ def target_of(fingerprint: dict[str, Any] | None) -> tuple[str, str]:
     return (gpu.name if gpu is not None else f"cuda:{name}"), "cuda"
 
 
+def detected_target() -> str:
+    """This machine's device: its GPU where torch sees one, else its CPU (DeepSpeed's CPU accelerator)."""
+    import torch
+
+    return device_target("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def device_target(device: str) -> str:
     """The target of the device this machine probes: its GPU 0 (as torch sees it) on cuda, this CPU on the CPU
     backend; ``cuda:unknown GPU`` where torch sees no GPU (the probe itself will say why it cannot run)."""
@@ -99,11 +106,14 @@ def probe_observation(label: str, request: dict[str, Any], result: dict[str, Any
     return Observation(label, workload, strategy, hardware, device, tuple(measured))
 
 
-def gather(records: list[tuple[str, dict[str, Any], dict[str, Any]]], wanted: str | None) -> Gathered:
+def gather(
+    records: list[tuple[str, dict[str, Any], dict[str, Any]]], wanted: str | None, detected: str | None = None
+) -> Gathered:
     """The observations of one target from (label, request, result) triples.
 
     ``wanted`` picks the target: its exact name, or a word of the fingerprint's device name (case-insensitive).
-    None: the only target there is; several are an InputError naming them.
+    None: the only target there is, else ``detected`` (this machine's device) when it is among them; several
+    others are an InputError naming them.
     """
     by_target: dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]] = {}
     fingerprints: dict[str, dict[str, Any]] = {}
@@ -116,7 +126,9 @@ def gather(records: list[tuple[str, dict[str, Any], dict[str, Any]]], wanted: st
     if not by_target:
         raise InputError("no finished probe to calibrate from: run `planner probe` on the device first")
     counts = ", ".join(f"{t} ({len(v)} probes)" for t, v in sorted(by_target.items()))
-    if wanted is None:
+    if wanted is None and detected in by_target:
+        target = str(detected)
+    elif wanted is None:
         if len(by_target) > 1:
             raise InputError(f"probes of several devices are stored: pick one with --device-fingerprint: {counts}")
         target = next(iter(by_target))

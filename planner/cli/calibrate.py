@@ -15,7 +15,7 @@ def calibrate_command(
         typer.Option(
             "--device-fingerprint",
             help="The device to calibrate: a target (H100-80G, cpu:<model>) or a word of its name. "
-            "Default: the only device with stored probes.",
+            "Default: the only device with stored probes, or this machine's.",
         ),
     ] = None,
     records: Annotated[
