@@ -43,6 +43,7 @@ __all__ = [
     "cut_spec",
     "enable_checkpointing",
     "init_engine",
+    "max_ranks",
     "plan_from_request",
     "torch_dtype",
 ]
@@ -50,6 +51,16 @@ __all__ = [
 ROLES: tuple[str, ...] = ("model", "ref_model", "critic_model", "reward_model")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 MAX_CPU_RANKS = 4  # ranks of a CPU-backend probe (processes on this machine)
+
+
+def max_ranks(device: str) -> int:
+    """How many ranks a probe on ``device`` can run on this machine: the CUDA devices torch sees, or
+    :data:`MAX_CPU_RANKS` on the CPU backend. Imports torch for CUDA (inside, never at module level)."""
+    if device != "cuda":
+        return MAX_CPU_RANKS
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 @dataclass(frozen=True)
@@ -157,9 +168,7 @@ def plan_from_request(request: ProbeRequest) -> ProbePlan:
             "probe one node of the plan (nodes=1)"
         )
     if request.device == "cpu" and hardware.gpus > MAX_CPU_RANKS:
-        raise InputError(
-            f"probe request: the CPU backend runs at most {MAX_CPU_RANKS} ranks, not gpus={hardware.gpus}"
-        )
+        raise InputError(f"probe request: the CPU backend runs at most {MAX_CPU_RANKS} ranks, not gpus={hardware.gpus}")
     workload = workload_from_dict(request.workload)
     if request.layers is not None:
         cut = {"model": cut_spec(workload.model, request.layers)}

@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from tiny_models import TINY_MOE, make_hardware, tiny_family_config, tiny_llama_hf_config
+from tiny_models import TINY_MOE, make_hardware, tiny_family_config, tiny_llama_hf_config, tiny_opt_hf_config
 
 from planner.inputs import ResolvedJob
 from planner.probing import PlannedProbe, plan_probes
@@ -91,6 +91,7 @@ class Case:
     model: str
     knobs: tuple[tuple[str, Any], ...]
     workload: str = "sft"
+    gpus: int = 1  # ranks on one node: the probe's figure is the worst rank's
 
     @property
     def strategy(self) -> Strategy | RLHFStrategy:
@@ -112,8 +113,8 @@ class Case:
         return self.strategy.grad_accum
 
 
-def _case(name: str, model: str, workload: str = "sft", **knobs: Any) -> Any:
-    case = Case(name, model, tuple(sorted(knobs.items())), workload)
+def _case(name: str, model: str, workload: str = "sft", gpus: int = 1, **knobs: Any) -> Any:
+    case = Case(name, model, tuple(sorted(knobs.items())), workload, gpus)
     return pytest.param(case, id=name)
 
 
@@ -150,6 +151,20 @@ CASES = [
     _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),
     _case("opt2L-ppo-zero3", "opt", "ppo", zero_stage=3),
     _case("opt2L-ppo-zero2-offload", "opt", "ppo", zero_stage=2, offload_optimizer="cpu"),
+    # several ranks on one node (torch.distributed.run, gloo): ZeRO partitions over them; the worst rank
+    _case("llama-ws2-zero1", "llama", gpus=2, zero_stage=1),
+    _case("llama-ws2-zero3-ckpt", "llama", gpus=2, zero_stage=3, gradient_checkpointing=True),
+    _case("llama-ws4-zero3-ckpt", "llama", gpus=4, zero_stage=3, gradient_checkpointing=True),
+    _case("llama-ws2-zero2-offload", "llama", gpus=2, zero_stage=2, offload_optimizer="cpu"),
+    _case("llama-ws4-zero2-offload", "llama", gpus=4, zero_stage=2, offload_optimizer="cpu"),
+    _case("llama-ws4-zero3", "llama", gpus=4, zero_stage=3),
+    _case("opt2L-ws2-zero2", "opt", gpus=2, zero_stage=2),
+    _case("opt2L-ws4-zero3-offload", "opt", gpus=4, zero_stage=3, offload_optimizer="cpu"),
+    _case("opt2L-ppo-ws2-zero3", "opt", "ppo", gpus=2, zero_stage=3),
+    _case("opt2L-ppo-ws2-zero2-offload", "opt", "ppo", gpus=2, zero_stage=2, offload_optimizer="cpu"),
+    _case("tinyopt-ppo-ws2-zero3", "tiny-opt", "ppo", gpus=2, zero_stage=3),
+    _case("tinyopt-ppo-ws4-zero2-offload", "tiny-opt", "ppo", gpus=4, zero_stage=2, offload_optimizer="cpu"),
+    _case("tinyopt-ppo-ws2-zero1-ckpt", "tiny-opt", "ppo", gpus=2, zero_stage=1, gradient_checkpointing=True),
 ]
 
 
@@ -157,11 +172,13 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
     """The job and the layer cut the planner would probe it with."""
     if case.model == "opt":
         model, layers = get_model("opt-125m"), (2,)
+    elif case.model == "tiny-opt":
+        model, layers = spec_from_hf_config("tiny-opt", {"model_type": "opt", **tiny_opt_hf_config()}), None
     elif case.model in TRACED_TINY:
         model, layers = traced_tiny_spec(case.model), None
     else:
         model, layers = spec_from_hf_config("tiny-llama", {"model_type": "llama", **tiny_llama_hf_config()}), None
-    global_batch = MICRO_BATCH * case.grad_accum
+    global_batch = MICRO_BATCH * case.grad_accum * case.gpus
     if case.workload == "ppo":
         workload = Workload(
             kind="ppo",
@@ -174,7 +191,7 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
         )
     else:
         workload = Workload(kind="sft", model=model, seq_len=SEQ_LEN, global_batch=global_batch, dtype="bf16")
-    return ResolvedJob(workload=workload, hardware=make_hardware()), layers
+    return ResolvedJob(workload=workload, hardware=make_hardware(gpus=case.gpus)), layers
 
 
 def _planned(case: Case) -> PlannedProbe:
