@@ -124,10 +124,13 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def kill_tree(launcher_pid: int, announced: list[int]) -> None:
     """SIGKILL the launcher, every process under it and every announced pid, each with its process group;
-    return once none of those groups is left."""
+    return once none of those groups is left.
+
+    The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
+    still names the group its helpers were left in, though it is no longer under the launcher."""
     _signal_group(launcher_pid, signal.SIGSTOP)
     pids = descendants(launcher_pid) + [p for p in announced if p > 1]
-    groups: list[int] = []
+    groups: list[int] = [p for p in announced if p > 1]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             group = os.getpgid(pid)
