@@ -13,7 +13,9 @@ of the expandable-segments allocator (unset for the default one), ``CUDA_VISIBLE
 probe, a one-rank process group: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR and a free
 MASTER_PORT, and a ``TORCH_CUDA_ARCH_LIST`` DeepSpeed's op builder can parse (:mod:`probes.arch_list`:
 ``9.0a`` becomes ``9.0``). The op-build child (:mod:`probes.ops_child`) runs the same way with the same
-environment, so the probes load the ops it built instead of building them again. Pure Python: no torch here.
+environment, so the probes load the ops it built instead of building them again. A probe of several ranks
+starts PyTorch's elastic launcher instead, with this environment (:mod:`probes.rank_group`). Pure Python: no
+torch here.
 """
 
 from __future__ import annotations

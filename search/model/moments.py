@@ -5,8 +5,9 @@ then: the loss (fp32 copies of the logits), the top layer's backward, the last (
 gradient reduction's epilogue, the optimizer step's gradient copies. DeepSpeed's working buffers and when
 they exist come from :func:`search.model.states.zero_workspace`. Single-model training
 (:mod:`search.single`) and the actor and critic of an RLHF step (:mod:`search.rlhf.memory`) both
-count their training this way. Checked against CPU probes of tiny models
-(``tests/probes/test_cost_model_accuracy.py``).
+count their training this way. ZeRO-3 on several ranks adds the gathered parameters its reuse distance
+keeps across the forward-backward turn (:mod:`search.model.reuse`) to the moments around it. Checked
+against CPU probes of tiny models at world sizes 1, 2 and 4 (``tests/probes/test_cost_model_accuracy.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
 from search.model.reuse import zero3_reuse
-
 from search.model.shapes import token_embedding_params
 from search.model.states import ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
