@@ -102,3 +102,12 @@ def test_cuda_ranks_are_limited_to_the_devices_torch_sees(
 def test_probe_help_documents_gpus(cli: Cli) -> None:
     help_text = cli("probe", "--help").out
     assert "--gpus" in help_text and "worst rank" in help_text
+
+
+def test_the_probe_key_includes_the_world_size() -> None:
+    def key(gpus: int) -> str:
+        workload = {"kind": "sft", "model": "gpt2", "seq_len": 8, "global_batch": 2 * gpus}
+        hardware = {"gpu": "generic", "gpu_memory_bytes": 24 * 2**30, "gpus": gpus, "nodes": 1}
+        return ProbeRequest(workload, {"zero_stage": 2, "micro_batch": 2}, hardware).key({"torch": "x"})
+
+    assert len({key(1), key(2), key(4)}) == 3
