@@ -215,8 +215,7 @@ def probe(
         raise InputError(f"--steps must be at most {MAX_STEPS} (a probe measures a few steps), not {steps}")
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     resolved = resolve(spec)
-    if resolved.hardware.world_size > 1:
-        raise InputError("probes run one GPU (one data-parallel rank); give --gpus 1 --nodes 1")
+    check_ranks(resolved, device)
     if device == "cpu":
         from probes.cpu_support import cpu_dtype_unsupported_reason
 
@@ -228,8 +227,9 @@ def probe(
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     depths = parse_layers(layers, resolved.workload.model.num_layers)
     chosen = choose_strategies(resolved, strategies, coefficients)
+    probed, notes = one_node(resolved)
     planned = plan_probes(
-        resolved,
+        probed,
         chosen,
         device=device,
         steps=steps,
@@ -284,7 +284,7 @@ def probe(
         storage.finish_run(run.run_id, status="done")
     finally:
         storage.close()
-    report = build_report(resolved, device, run.run_id, rows, fingerprint, coefficients)
+    report = build_report(probed, device, run.run_id, rows, fingerprint, coefficients, notes=notes)
     return report.model_copy(update={"calibration": calibration_block})
 
 
@@ -297,6 +297,43 @@ def _calibrated(
     from planner.calibration_use import calibrated
 
     return calibrated(job, coef, choice=choice, db=db, target=device_target(device))
+
+
+def check_ranks(job: ResolvedJob, device: str) -> None:
+    """A probe runs ``--gpus`` ranks on this node: at most the devices present (CUDA: those torch sees; the
+    CPU backend: ``probes.build.MAX_CPU_RANKS``). One GPU is always allowed (as before ranks)."""
+    gpus = job.hardware.gpus
+    if gpus == 1:
+        return
+    from probes.build import MAX_CPU_RANKS, max_ranks
+
+    present = max_ranks(device)
+    if gpus > present:
+        where = (
+            f"the CPU backend runs at most {MAX_CPU_RANKS} ranks"
+            if device == "cpu"
+            else f"this machine has {present} CUDA device{'s' if present != 1 else ''}"
+        )
+        raise InputError(f"--gpus {gpus}: a probe runs one rank per GPU on this node, and {where}")
+
+
+def one_node(job: ResolvedJob) -> tuple[ResolvedJob, list[str]]:
+    """The job a probe runs: a plan for K > 1 nodes is probed as one of its nodes (``gpus`` ranks, the global
+    batch divided by K, ZeRO partitioned over one node's ranks), with a note saying so."""
+    hardware = job.hardware
+    if hardware.nodes == 1:
+        return job, []
+    nodes, world = hardware.nodes, hardware.world_size
+    batch = job.workload.global_batch // nodes
+    note = (
+        f"a plan for {nodes} nodes x {hardware.gpus} GPUs (world size {world}) is probed on one node: "
+        f"{hardware.gpus} ranks, global batch {batch} of {job.workload.global_batch}, and predictions for a "
+        f"world size of {hardware.gpus} (ZeRO partitions over one node's ranks)"
+    )
+    if job.workload.global_batch % nodes:
+        raise InputError(f"--batch {job.workload.global_batch} does not split over {nodes} nodes")
+    probed = replace(job, workload=replace(job.workload, global_batch=batch), hardware=replace(hardware, nodes=1))
+    return probed, [note]
 
 
 def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:

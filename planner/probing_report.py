@@ -36,9 +36,11 @@ def build_report(
     rows: list[ProbeRow],
     fingerprint: dict | None = None,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
+    notes: list[str] | None = None,
 ) -> ProbeReport:
     """Rows plus, for each strategy probed ok at two or more cut depths, the extrapolation to full depth,
-    predicted with ``coefficients`` (those the probes' own predictions used)."""
+    predicted with ``coefficients`` (those the probes' own predictions used), and ``notes`` for the reader.
+    ``job`` is what the probes ran (one node of a multi-node plan)."""
     by_strategy: dict[str, list[ProbeRow]] = defaultdict(list)
     for row in rows:
         by_strategy[repr(sorted(row.strategy.items()))].append(row)
@@ -106,4 +108,6 @@ def build_report(
         fingerprint=fingerprint,
         rows=rows,
         extrapolations=extrapolations,
+        world_size=job.hardware.world_size,
+        notes=list(notes or []),
     )

@@ -261,6 +261,15 @@ def render_probe_report(report: ProbeReport) -> None:
             "[dim]CPU backend: peak allocated is the peak of live tensor bytes (dispatch-level tracker); there is "
             "no caching allocator, and the time model is for GPUs, so times are not compared.[/dim]"
         )
+    if report.world_size > 1:
+        worst = ", ".join(f"{r.probe_id[:8]}: rank {r.worst_rank}" for r in report.rows if r.worst_rank is not None)
+        console.print(
+            f"World size {report.world_size}: each probe ran {report.world_size} ranks on this node; measured "
+            f"figures are the worst rank's, per phase" + (f" (worst rank {worst})" if worst else "") + ".",
+            soft_wrap=True,
+        )
+    for note in report.notes:
+        console.print(f"Note: {note}.", soft_wrap=True, markup=False)
     for row in report.rows:
         if row.outcome != "ok" and row.message:
             console.print(f"  {row.probe_id}: {row.message}", soft_wrap=True)

@@ -141,6 +141,8 @@ class ProbeRow(BaseModel):
     measured: dict[str, Any] | None = None
     predicted: dict[str, Any]
     errors: dict[str, float | None] = {}
+    world_size: int = 1  # ranks the probe ran
+    worst_rank: int | None = None  # the rank with the largest step peak allocated (several ranks)
 
     @classmethod
     def from_probe(cls, item: Any, probe_id: str, result: Any, *, reused: bool, cpu_timed: bool = False) -> ProbeRow:
@@ -185,6 +187,8 @@ class ProbeRow(BaseModel):
             measured=measured,
             predicted=predicted,
             errors=errors,
+            world_size=int(result.extra.get("world_size", 1)),
+            worst_rank=result.extra.get("worst_rank"),
         )
 
 
@@ -217,6 +221,8 @@ class ProbeReport(BaseModel):
     rows: list[ProbeRow]
     extrapolations: list[Extrapolation] = []
     calibration: dict[str, Any] | None = None  # the calibration the predictions used (planner.calibration_use)
+    world_size: int = 1  # ranks each probe ran (measured figures are the worst rank's)
+    notes: list[str] = []  # e.g. how a multi-node plan was probed on one node
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2)

@@ -36,18 +36,31 @@ from store.records import (
 )
 
 __all__ = [
+    "MAX_CPU_RANKS",
     "ProbePlan",
     "build_causal_lm",
     "build_value_model",
     "cut_spec",
     "enable_checkpointing",
     "init_engine",
+    "max_ranks",
     "plan_from_request",
     "torch_dtype",
 ]
 
 ROLES: tuple[str, ...] = ("model", "ref_model", "critic_model", "reward_model")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
+MAX_CPU_RANKS = 4  # ranks of a CPU-backend probe (processes on this machine)
+
+
+def max_ranks(device: str) -> int:
+    """How many ranks a probe on ``device`` can run on this machine: the CUDA devices torch sees, or
+    :data:`MAX_CPU_RANKS` on the CPU backend. Imports torch for CUDA (inside, never at module level)."""
+    if device != "cuda":
+        return MAX_CPU_RANKS
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 @dataclass(frozen=True)
@@ -135,8 +148,9 @@ def hardware_from_dict(data: dict[str, Any]) -> Hardware:
 def plan_from_request(request: ProbeRequest) -> ProbePlan:
     """Check ``request`` and turn it into records; bad input raises InputError with one clear line.
 
-    Probes run one data-parallel rank: a request whose hardware has more than one GPU in all is refused
-    (model states per GPU under ZeRO-1/2/3 depend on the world size, which one process cannot show).
+    A probe runs on one node: ``hardware.gpus`` ranks (one process each, :mod:`probes.rank_group`), at most
+    :data:`MAX_CPU_RANKS` on the CPU backend; a request for more than one node is refused (the planner
+    probes a multi-node plan as one node of it, ``planner.probing``).
     """
     if request.device not in DEVICES:
         raise InputError(f"probe request: device must be cpu or cuda, not {request.device!r}")
@@ -148,12 +162,13 @@ def plan_from_request(request: ProbeRequest) -> ProbePlan:
     if request.memory_cap_bytes is not None and request.device != "cpu":
         raise InputError("probe request: memory_cap_bytes is for the cpu device only (a GPU has its own capacity)")
     hardware = hardware_from_dict(request.hardware)
-    if hardware.world_size != 1:
+    if hardware.nodes != 1:
         raise InputError(
-            f"probe request: probes run one data-parallel rank (world size 1), but the hardware has "
-            f"{hardware.world_size} GPUs ({hardware.gpus} per node x {hardware.nodes} nodes); model states per "
-            "GPU equal a world-size-1 run only under ZeRO-0. Probe with gpus=1, nodes=1"
+            f"probe request: a probe runs on one node, but the hardware has {hardware.nodes} nodes; "
+            "probe one node of the plan (nodes=1)"
         )
+    if request.device == "cpu" and hardware.gpus > MAX_CPU_RANKS:
+        raise InputError(f"probe request: the CPU backend runs at most {MAX_CPU_RANKS} ranks, not gpus={hardware.gpus}")
     workload = workload_from_dict(request.workload)
     if request.layers is not None:
         cut = {"model": cut_spec(workload.model, request.layers)}

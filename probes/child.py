@@ -15,6 +15,10 @@ Allocation records (:mod:`probes.artifacts`), kept whatever the outcome: a CPU p
 allocation stream (``setup`` is marked before the build, the clock marks the phases and steps); a CUDA
 probe records the caching allocator's history from before the build and takes ``_snapshot()`` at the end.
 Each is written to ``DIR/artifact.<name>`` and listed in ``extra["artifacts"]`` for the parent to keep.
+
+One rank of a group (:mod:`probes.rank_group`: WORLD_SIZE above 1, set by the launcher) joins the group's
+process group, uses the CUDA device of its LOCAL_RANK, announces its pid first and writes everything above
+in ``DIR/rank<RANK>/`` instead of ``DIR``; it exits 1 after a failure (the launcher then ends the others).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +100,7 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("device cuda asked for, but torch sees no CUDA device")
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(RANK.local)
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     FINGERPRINT.append(fingerprint(device))
     reporter.event(fingerprint=FINGERPRINT[-1].to_dict())
@@ -174,10 +179,31 @@ def _build(plan: Any, extra: dict[str, Any]) -> Any:
     return SingleModelRun(plan, extra)
 
 
+class Rank:
+    """This process's place in its group, from the launcher's environment (one rank: 0 of 1)."""
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        self.rank = int(env.get("RANK", "0"))
+        self.local = int(env.get("LOCAL_RANK", "0"))
+        self.world = int(env.get("WORLD_SIZE", "1"))
+
+    def folder(self, folder: Path) -> Path:
+        """Where this rank writes: ``folder`` alone, ``folder/rank<r>`` in a group (:mod:`probes.rank_group`)."""
+        return folder if self.world == 1 else folder / f"rank{self.rank}"
+
+
+RANK = Rank()
+
+
 def main(folder: Path) -> int:
     request = ProbeRequest.from_dict(json.loads((folder / REQUEST_FILE).read_text(encoding="utf-8")))
+    folder = RANK.folder(folder)
+    folder.mkdir(exist_ok=True)
     reporter = Reporter(folder)
     extra: dict[str, Any] = {}
+    if RANK.world > 1:
+        reporter.event(pid=os.getpid(), rank=RANK.rank)
+        extra.update(rank=RANK.rank, world_size=RANK.world)
     start = time.perf_counter()
     phases: list[Any] = []
     layers = None
@@ -207,7 +233,7 @@ def main(folder: Path) -> int:
     temporary = folder / (RESULT_FILE + ".tmp")
     temporary.write_text(json.dumps(result.to_dict()), encoding="utf-8")
     temporary.replace(folder / RESULT_FILE)
-    return 0
+    return 1 if RANK.world > 1 and outcome != "ok" else 0  # a failed rank ends its group's launcher too
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

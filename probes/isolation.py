@@ -13,7 +13,9 @@ of the expandable-segments allocator (unset for the default one), ``CUDA_VISIBLE
 probe, a one-rank process group: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR and a free
 MASTER_PORT, and a ``TORCH_CUDA_ARCH_LIST`` DeepSpeed's op builder can parse (:mod:`probes.arch_list`:
 ``9.0a`` becomes ``9.0``). The op-build child (:mod:`probes.ops_child`) runs the same way with the same
-environment, so the probes load the ops it built instead of building them again. Pure Python: no torch here.
+environment, so the probes load the ops it built instead of building them again. A probe of several ranks
+starts PyTorch's elastic launcher instead, with this environment (:mod:`probes.rank_group`). Pure Python: no
+torch here.
 """
 
 from __future__ import annotations
@@ -35,7 +37,19 @@ from probes.arch_list import arch_list_env
 from probes.artifacts import read_artifacts
 from store.artifacts import ProbeArtifact
 
-__all__ = ["ChildRun", "child_env", "free_port", "run_child", "PROJECT_ROOT"]
+__all__ = [
+    "ChildRun",
+    "PROJECT_ROOT",
+    "child_env",
+    "free_port",
+    "kill_group",
+    "read_events",
+    "read_result",
+    "release_shared_memory",
+    "run_child",
+    "tail",
+    "wait_group_gone",
+]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CHILD_MODULE = "probes.child"
@@ -111,12 +125,13 @@ def child_env(device: str, allocator: str, base: dict[str, str] | None = None) -
 GROUP_GONE_S = 30.0  # the most a killed group's members may take to be reaped (their parent is init)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid`` (gone already: nothing to do)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _wait_group_gone(pgid: int) -> None:
+def wait_group_gone(pgid: int) -> None:
     """Wait until nothing of a killed process group is left (its leader already reaped): helpers of the
     child (compiler workers, DeepSpeed's launchers) are reparented to init and exist, as zombies, until it
     reaps them; a probe that returns leaves none behind."""
@@ -129,7 +144,8 @@ def _wait_group_gone(pgid: int) -> None:
         time.sleep(0.02)
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of an events file, one a line (a torn last line is skipped)."""
     events: list[dict[str, Any]] = []
     if not path.exists():
         return events
@@ -141,7 +157,8 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def _read_result(path: Path) -> dict[str, Any] | None:
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A child's result object, or None while there is none."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -149,7 +166,8 @@ def _read_result(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _tail(path: Path) -> str:
+def tail(path: Path) -> str:
+    """The last LOG_TAIL_CHARS of a log."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -204,25 +222,25 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, mo
                 returncode: int | None = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 returncode = proc.wait()
             except BaseException:  # interrupted: leave nothing behind
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait()
                 raise
             finally:
-                _kill_group(proc.pid)  # helpers the child may have left behind
-                _wait_group_gone(proc.pid)
+                kill_group(proc.pid)  # helpers the child may have left behind
+                wait_group_gone(proc.pid)
                 release_shared_memory(env.get("MASTER_PORT", ""))
         wall = time.perf_counter() - start
-        result = None if timed_out else _read_result(folder / RESULT_FILE)
+        result = None if timed_out else read_result(folder / RESULT_FILE)
         return ChildRun(
             returncode=returncode,
             timed_out=timed_out,
             wall_s=wall,
             pid=proc.pid,
-            events=_read_events(folder / EVENTS_FILE),
+            events=read_events(folder / EVENTS_FILE),
             result=result,
-            log_tail=_tail(folder / LOG_FILE),
+            log_tail=tail(folder / LOG_FILE),
             artifacts=read_artifacts(folder, result),
         )

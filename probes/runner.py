@@ -1,7 +1,8 @@
 """``run_probe``: one probe in its own process, its outcome as a ProbeResult.
 
-The request is checked here first (:func:`probes.build.plan_from_request`: bad input and requests for
-more than one GPU come back as outcome "error" without starting anything). Then the DeepSpeed ops the
+The request is checked here first (:func:`probes.build.plan_from_request`: bad input, and requests for
+more than one node or for more CPU ranks than the backend runs, come back as outcome "error" without
+starting anything). Then the DeepSpeed ops the
 probe will load are built, once per process and before the probe's clock and timeout start
 (:func:`probes.ops.prepare_ops`; a caller that probes many strategies may call it first for all of them).
 An op that cannot be built raises OpBuildError, one line for the whole run: no probe can run without it,
@@ -20,6 +21,11 @@ compiled ops) from leaking between probes. Outcomes:
 A child that reported carries its allocation records in ``result.artifacts`` (:mod:`probes.artifacts`);
 the store keeps them with the probe.
 
+A request for N > 1 GPUs (one node) runs N ranks under PyTorch's elastic launcher as one probe
+(:mod:`probes.rank_group`); a failure or hang of any rank ends the group, and the result is the worst
+rank's, with every rank's own in ``extra["ranks"]`` (:mod:`probes.worst_rank`). One GPU runs one child
+directly, no launcher.
+
 Pure Python: importing this module imports no torch.
 """
 
@@ -32,6 +38,8 @@ from probes.build import plan_from_request
 from probes.fingerprint import host_fingerprint
 from probes.isolation import ChildRun, child_env, run_child
 from probes.ops import note_to_stderr, prepare_ops
+from probes.rank_group import run_group
+from probes.worst_rank import group_result
 from store.errors import InputError
 from store.measurements import DeviceFingerprint, ProbeRequest, ProbeResult
 
@@ -62,6 +70,19 @@ def run_probe(request: ProbeRequest) -> ProbeResult:
     prepare_ops([request], on_note=note_to_stderr)  # OpBuildError: one line for the run
     start = _clock()
     env = child_env(request.device, plan.strategy.allocator)
+    ranks = plan.hardware.world_size
+    if ranks > 1:
+        group = run_group(request.to_dict(), env, float(request.timeout_s), ranks)
+        return group_result(
+            group.ranks,
+            request,
+            layers=plan.layers,
+            wall_s=_clock() - start,
+            timed_out=group.timed_out,
+            returncode=group.returncode,
+            log_tail=group.log_tail,
+            fallback=host_fingerprint(request.device),
+        )
     run = run_child(request.to_dict(), env, float(request.timeout_s))
     return _result(run, request, plan.layers, _clock() - start)
 

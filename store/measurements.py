@@ -112,6 +112,10 @@ class ProbeRequest:
 class ProbeResult:
     """What happened: the outcome, where it stopped, and what each phase measured.
 
+    A probe of several ranks (``hardware.gpus`` > 1) reports its worst rank: per phase the largest figures
+    of any rank; ``extra["world_size"]``, ``extra["worst_rank"]`` and every rank's own result in
+    ``extra["ranks"]`` (see ``probes.worst_rank``).
+
     ``artifacts`` are the binary records the probe kept (:mod:`store.artifacts`: its allocation stream or
     CUDA snapshot). They travel with the result from the probe to the store, which keeps them beside it;
     they are not part of its JSON (``to_dict``) nor of its equality, and a result read back from the store

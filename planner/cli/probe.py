@@ -10,8 +10,8 @@ import typer
 from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import JobSpec
 
-# Probes run one GPU: the data-parallel counts and the offload folder do not apply.
-NOT_PROBED = ("gpus", "nodes", "nvme_path", "safety_margin")
+# --gpus N runs N ranks per probe on this node; the offload folder and the safety margin do not apply.
+NOT_PROBED = ("nvme_path", "safety_margin")
 PROBE = "Probe"
 
 
@@ -55,7 +55,11 @@ def probe_command(
 ) -> int:
     """Run each strategy for a few steps in its own process; store and compare with the prediction.
 
-    Example: planner probe --model opt-125m --device cpu --layers 1,2 --steps 3
+    With --gpus N each probe runs N ranks on this node (torch.distributed.run; gloo on --device cpu, up to
+    4 ranks; NCCL on cuda, up to the GPUs present) and reports the worst rank. A plan for --nodes K > 1 is
+    probed on one node of it (the report says so).
+
+    Example: planner probe --model opt-125m --device cpu --layers 1,2 --steps 3 --gpus 2
     """
     from planner.api import probe
 

@@ -5,8 +5,9 @@ then: the loss (fp32 copies of the logits), the top layer's backward, the last (
 gradient reduction's epilogue, the optimizer step's gradient copies. DeepSpeed's working buffers and when
 they exist come from :func:`search.model.states.zero_workspace`. Single-model training
 (:mod:`search.single`) and the actor and critic of an RLHF step (:mod:`search.rlhf.memory`) both
-count their training this way. Checked against CPU probes of tiny models
-(``tests/probes/test_cost_model_accuracy.py``).
+count their training this way. ZeRO-3 on several ranks adds the gathered parameters its reuse distance
+keeps across the forward-backward turn (:mod:`search.model.reuse`) to the moments around it. Checked
+against CPU probes of tiny models at world sizes 1, 2 and 4 (``tests/probes/test_cost_model_accuracy.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
+from search.model.reuse import zero3_reuse
 from search.model.shapes import token_embedding_params
 from search.model.states import ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
@@ -92,6 +94,9 @@ def training_moments(
     base = plus(between_micro_steps(work), gradients=kept)
     carried_buckets = base["buffers"]
     gathered_params = states.zero3_gathered // 2 if (zero3 and world_size > 1) else 0  # one rank never gathers
+    # ZeRO-3 on several ranks keeps the last modules gathered across the forward-backward turn (reuse.py)
+    reuse = zero3_reuse(model, lm_head, gradient_checkpointing, world_size if zero3 else 1)
+    at_layers, at_loss = max(gathered_params, d * reuse.through_layers), d * reuse.total
     # The last gradient of a backward is the token embedding's; a tied one is summed with the LM head's
     # contribution (kept since the head's backward) out of place. It is one tensor beside what is already
     # reduced (ZeRO-1/2 buckets, ZeRO-3 partitions) or beside the accumulated gradient (grad_accum > 1).
@@ -110,18 +115,18 @@ def training_moments(
     # only its working tensors exist beside the checkpoints, as in a no-grad forward.
     layer_forward = acts.forward_working if gradient_checkpointing else 0
     forward = [  # in step order: the last layer's forward, then the loss
-        plus(base, activations=acts.saved + layer_forward, zero3_gathered=gathered_params),
-        plus(base, activations=acts.saved, logits=logits.forward),
+        plus(base, activations=acts.saved + layer_forward, zero3_gathered=at_layers),
+        plus(base, activations=acts.saved, logits=logits.forward, zero3_gathered=at_loss),
     ]
     backward = [
-        plus(base, activations=acts.saved, logits=logits.backward),  # the loss's backward
+        plus(base, activations=acts.saved, logits=logits.backward, zero3_gathered=at_loss),  # the loss's backward
         plus(  # the top layer's backward: ZeRO-1/2 buckets set up, the LM head's weight gradient formed
             base,
             gradients=head_grad,
             buffers=work.backward_buckets - carried_buckets,
             activations=acts.saved + backward_working + recompute,
             logits=logits.held,
-            zero3_gathered=gathered_params,
+            zero3_gathered=at_layers,
         ),
     ]
     if zero_stage == 0:

@@ -175,7 +175,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(db: Path, tiny: Path, tmp_p
         (["--steps", "1"], "--steps"),
         (["--layers", "0"], "--layers"),
         (["--layers", "two"], "--layers"),
-        (["--gpus", "2"], "--gpus"),
+        (["--gpus", "5"], "--gpus 5: a probe runs one rank per GPU on this node, and the CPU backend runs at most 4"),
         (["--strategies", "missing.json"], "missing.json"),
         (["--memory-cap", "lots"], "--memory-cap"),
     ],

@@ -25,12 +25,12 @@ from planner.inputs import JobSpec
 
 Cli = Callable[..., CliResult]
 JOB_FIELDS = {f.name for f in dataclasses.fields(JobSpec)}
-# What a config or a one-GPU probe cannot take (DESIGN.md "Interfaces"): the rest is every JobSpec field.
+# What a config or a probe cannot take (DESIGN.md "Interfaces"): the rest is every JobSpec field.
 NOT_OFFERED = {
     "recommend": set(),
     "predict": set(),
     "check": {"batch", "prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt"},
-    "probe": {"gpus", "nodes", "nvme_path", "safety_margin"},
+    "probe": {"nvme_path", "safety_margin"},
 }
 # Where a command may reach data: the public API (``planner``), its typed inputs and the CLI's own helpers.
 CLI_MAY_IMPORT = {

@@ -18,6 +18,13 @@ the activations are about a third of the step), and tiny Qwen3-MoE and Gemma 3 m
 formula: their counts are read from transformers and their activations traced on the meta device.
 Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two run at a time.
 
+World sizes 2 and 4 (``Hardware(gpus=N)``): the probe runs N ranks on this node (``probes.rank_group``) and
+its figure is the worst rank's; the prediction is per rank. They show ZeRO's partitions divided by N (the
+optimizer step of ZeRO-1/2, every state of ZeRO-3) and ZeRO-3's gathering over ranks: with the reuse
+distance of ``search.model.reuse`` the last modules' parameters stay gathered across the forward-backward
+turn (the whole tiny model here), which one rank never shows. One case each of ZeRO-1, ZeRO-2 with optimizer
+offload (DeepSpeedCPUAdam on every rank), ZeRO-3 with checkpointing, and PPO under ZeRO-3 (30-70 s each).
+
 Why every phase can be held to 10% here: each phase's peak is one moment whose live tensors the model
 names (ZeRO-1/2's reduce buckets exist only in the backward, the loss's fp32 copies, the tied embedding's
 out-of-place gradient sum, DeepSpeed's fp64 gradient norms, ZeRO-0's fp32 flattening, the flattened
@@ -91,6 +98,7 @@ class Case:
     model: str
     knobs: tuple[tuple[str, Any], ...]
     workload: str = "sft"
+    gpus: int = 1  # ranks on one node: the probe's figure is the worst rank's
 
     @property
     def strategy(self) -> Strategy | RLHFStrategy:
@@ -112,8 +120,8 @@ class Case:
         return self.strategy.grad_accum
 
 
-def _case(name: str, model: str, workload: str = "sft", **knobs: Any) -> Any:
-    case = Case(name, model, tuple(sorted(knobs.items())), workload)
+def _case(name: str, model: str, workload: str = "sft", gpus: int = 1, **knobs: Any) -> Any:
+    case = Case(name, model, tuple(sorted(knobs.items())), workload, gpus)
     return pytest.param(case, id=name)
 
 
@@ -150,6 +158,11 @@ CASES = [
     _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),
     _case("opt2L-ppo-zero3", "opt", "ppo", zero_stage=3),
     _case("opt2L-ppo-zero2-offload", "opt", "ppo", zero_stage=2, offload_optimizer="cpu"),
+    # several ranks on one node (torch.distributed.run, gloo): ZeRO partitions over them, the worst rank counts
+    _case("llama-ws2-zero1", "llama", gpus=2, zero_stage=1),
+    _case("llama-ws4-zero2-offload", "llama", gpus=4, zero_stage=2, offload_optimizer="cpu"),
+    _case("llama-ws4-zero3-ckpt", "llama", gpus=4, zero_stage=3, gradient_checkpointing=True),
+    _case("opt2L-ppo-ws2-zero3", "opt", "ppo", gpus=2, zero_stage=3),
 ]
 
 
@@ -161,7 +174,7 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
         model, layers = traced_tiny_spec(case.model), None
     else:
         model, layers = spec_from_hf_config("tiny-llama", {"model_type": "llama", **tiny_llama_hf_config()}), None
-    global_batch = MICRO_BATCH * case.grad_accum
+    global_batch = MICRO_BATCH * case.grad_accum * case.gpus
     if case.workload == "ppo":
         workload = Workload(
             kind="ppo",
@@ -174,7 +187,7 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
         )
     else:
         workload = Workload(kind="sft", model=model, seq_len=SEQ_LEN, global_batch=global_batch, dtype="bf16")
-    return ResolvedJob(workload=workload, hardware=make_hardware()), layers
+    return ResolvedJob(workload=workload, hardware=make_hardware(gpus=case.gpus)), layers
 
 
 def _planned(case: Case) -> PlannedProbe:

@@ -64,9 +64,13 @@ def test_cut_uses_gpt2s_layer_key_and_catalog_names_work() -> None:
     assert plan_from_request(request(workload=workload, layers=2)).workload.model.num_layers == 2
 
 
-def test_plan_refuses_more_than_one_gpu_and_bad_input() -> None:
-    with pytest.raises(InputError, match="world size 1"):
+def test_plan_refuses_more_than_one_node_or_cpu_rank_and_bad_input() -> None:
+    assert plan_from_request(request(hardware=make_hardware(gpus=4).to_dict())).hardware.world_size == 4
+    assert plan_from_request(request(device="cuda", hardware=make_hardware(gpus=8).to_dict())).hardware.gpus == 8
+    with pytest.raises(InputError, match="at most 4 ranks, not gpus=8"):
         plan_from_request(request(hardware=make_hardware(gpus=8).to_dict()))
+    with pytest.raises(InputError, match="one node, but the hardware has 2 nodes"):
+        plan_from_request(request(hardware=make_hardware(gpus=1, nodes=2).to_dict()))
     with pytest.raises(InputError, match="micro_batch"):
         plan_from_request(request(strategy={"zero_stage": 0, "micro_batch": 0}))
     with pytest.raises(InputError, match="device"):
@@ -78,7 +82,7 @@ def test_plan_refuses_more_than_one_gpu_and_bad_input() -> None:
 def test_run_probe_answers_refusals_without_a_child() -> None:
     result = run_probe(request(hardware=make_hardware(gpus=2, nodes=2).to_dict()))
     assert result.outcome == "error"
-    assert "world size 1" in result.message and "4 GPUs" in result.message
+    assert "one node, but the hardware has 2 nodes" in result.message
     assert result.phases == () and result.fingerprint is not None and result.wall_s < 5
 
 

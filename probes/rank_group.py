@@ -1,0 +1,232 @@
+"""A probe of several ranks: ``torch.distributed.run`` starts N children on this node; watch them, end them.
+
+One probe of a plan for N GPUs (N > 1, one node) is one rank group: the parent starts PyTorch's elastic
+launcher (``python -m torch.distributed.run --nproc-per-node N --master-port P -m probes.child DIR``, the
+``torchrun`` of the venv) in its own process group, with the environment of :func:`probes.isolation.child_env`
+(``LOCAL_SIZE`` set to N, as DeepSpeed's launcher sets it; the launcher sets RANK, LOCAL_RANK, WORLD_SIZE and
+MASTER_PORT of each rank). Every rank runs :mod:`probes.child` in ``DIR/rank<r>/``: its own events, result
+and allocation records, the request read from ``DIR``. The ranks' output goes to the one ``DIR/child.log``.
+
+The parent polls every ``poll_s`` seconds and ends the group (:func:`kill_tree`) when the launcher has
+exited, when any rank has reported a failure (its outcome is recorded; the others, waiting for it in a
+collective, are not waited for), or when ``timeout_s`` has passed. The launcher starts each rank in a session
+of its own, so killing the launcher's group would orphan them: the launcher's group is stopped first
+(SIGSTOP: it starts nothing more), then every descendant found under ``/proc`` and every pid a rank
+announced is killed with its process group, then the launcher. Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.artifacts import read_artifacts
+from probes.isolation import (
+    CHILD_MODULE,
+    EVENTS_FILE,
+    LOG_FILE,
+    REQUEST_FILE,
+    RESULT_FILE,
+    ChildRun,
+    read_events,
+    read_result,
+    release_shared_memory,
+    tail,
+    wait_group_gone,
+)
+
+__all__ = ["GroupRun", "kill_tree", "launcher_command", "rank_folder", "run_group"]
+
+LAUNCHER = "torch.distributed.run"
+POLL_S = 0.1
+
+
+def rank_folder(folder: Path, rank: int) -> Path:
+    """Where rank ``rank`` of a group writes its events, result and records."""
+    return folder / f"rank{rank}"
+
+
+def launcher_command(world_size: int, port: str, module: str, folder: Path) -> list[str]:
+    """The elastic launcher's command line for ``world_size`` ranks of ``python -m module folder``."""
+    return [
+        sys.executable,
+        "-m",
+        LAUNCHER,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(world_size),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--max-restarts",
+        "0",
+        "-m",
+        module,
+        str(folder),
+    ]
+
+
+@dataclass
+class GroupRun:
+    """What the parent saw of a rank group: the launcher's exit, why it ended, each rank's report."""
+
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    pid: int  # the launcher's process id (and group)
+    ranks: list[ChildRun] = field(default_factory=list)  # by rank
+    log_tail: str = ""
+    stopped_after_failure: bool = False  # a rank reported a failure and the group was ended
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()
+            if len(fields) > 1 and fields[1].isdigit():
+                found.setdefault(int(fields[1]), []).append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid`` (Linux ``/proc``; elsewhere none)."""
+    children, seen, todo = _children_by_parent(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in seen:
+                seen.append(child)
+                todo.append(child)
+    return seen
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_tree(launcher_pid: int, announced: list[int]) -> None:
+    """SIGKILL the launcher, every process under it and every announced pid, each with its process group;
+    return once none of those groups is left.
+
+    The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
+    still names the group its helpers were left in, though it is no longer under the launcher."""
+    _signal_group(launcher_pid, signal.SIGSTOP)
+    pids = descendants(launcher_pid) + [p for p in announced if p > 1]
+    groups: list[int] = [p for p in announced if p > 1]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(pid)
+            if group not in groups and group > 1 and group != os.getpgrp():
+                groups.append(group)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for group in groups:
+        _signal_group(group, signal.SIGKILL)
+    _signal_group(launcher_pid, signal.SIGKILL)
+    _signal_group(launcher_pid, signal.SIGCONT)
+    for group in groups:
+        wait_group_gone(group)
+
+
+def _rank_failed(folder: Path, world_size: int) -> bool:
+    for rank in range(world_size):
+        result = read_result(rank_folder(folder, rank) / RESULT_FILE)
+        if result is not None and result.get("outcome") != "ok":
+            return True
+    return False
+
+
+def _announced(folder: Path, world_size: int) -> list[int]:
+    pids = []
+    for rank in range(world_size):
+        for event in read_events(rank_folder(folder, rank) / EVENTS_FILE):
+            if isinstance(event.get("pid"), int):
+                pids.append(event["pid"])
+    return pids
+
+
+def run_group(
+    request: dict[str, Any],
+    env: dict[str, str],
+    timeout_s: float,
+    world_size: int,
+    module: str = CHILD_MODULE,
+    poll_s: float = POLL_S,
+) -> GroupRun:
+    """Run ``world_size`` ranks of ``python -m module DIR`` on ``request`` within ``timeout_s`` seconds."""
+    env = {**env, "LOCAL_SIZE": str(world_size)}
+    with tempfile.TemporaryDirectory(prefix="memplan-probe-") as tmp:
+        folder = Path(tmp)
+        (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
+        for rank in range(world_size):
+            rank_folder(folder, rank).mkdir()
+        start = time.perf_counter()
+        timed_out = stopped = False
+        command = launcher_command(world_size, env["MASTER_PORT"], module, folder)
+        with (folder / LOG_FILE).open("wb") as log:
+            proc = subprocess.Popen(
+                command,
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                while proc.poll() is None:
+                    if _rank_failed(folder, world_size):
+                        stopped = True
+                        break
+                    if time.perf_counter() - start > timeout_s:
+                        timed_out = True
+                        break
+                    time.sleep(poll_s)
+            finally:  # whatever ended the wait (an interrupt too): leave nothing behind
+                kill_tree(proc.pid, _announced(folder, world_size))
+                proc.wait()
+                wait_group_gone(proc.pid)
+                release_shared_memory(env["MASTER_PORT"])
+        wall = time.perf_counter() - start
+        ranks = []
+        for rank in range(world_size):
+            where = rank_folder(folder, rank)
+            result = read_result(where / RESULT_FILE)
+            ranks.append(
+                ChildRun(
+                    returncode=None,
+                    timed_out=timed_out and result is None,
+                    wall_s=wall,
+                    pid=next((e["pid"] for e in read_events(where / EVENTS_FILE) if "pid" in e), 0),
+                    events=read_events(where / EVENTS_FILE),
+                    result=result,
+                    artifacts=read_artifacts(where, result),
+                )
+            )
+        return GroupRun(
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            wall_s=wall,
+            pid=proc.pid,
+            ranks=ranks,
+            log_tail=tail(folder / LOG_FILE),
+            stopped_after_failure=stopped,
+        )

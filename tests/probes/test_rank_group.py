@@ -1,0 +1,111 @@
+"""``probes.rank_group``: N ranks under the real ``torch.distributed.run``, ended as one probe, no orphans.
+
+The launcher, its ranks and their helpers are real processes. The group's behaviour on a failing or hung
+rank is shown with a small rank program (written to a temporary folder, no torch): every rank announces
+itself and starts a helper process (as DeepSpeed's compiler workers are), then one rank fails or none
+finishes, as a rank that runs out of memory while the others wait for it in a collective would. Then a
+real two-rank DeepSpeed probe that times out. The timeouts are generous (a failure must end the group long
+before them) or are the thing under test (then any time the machine takes ends in the same outcome).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_runner import single
+from tiny_models import make_hardware
+
+from probes import PHASES, run_probe
+from probes.isolation import child_env
+from probes.rank_group import descendants, launcher_command, run_group
+
+pytestmark = pytest.mark.slow
+
+RANK_PROGRAM = """
+import json, os, subprocess, sys, time
+from pathlib import Path
+
+rank = int(os.environ["RANK"])
+folder = Path(sys.argv[1]) / f"rank{rank}"
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with (folder / "events.jsonl").open("a") as events:
+    events.write(json.dumps({"pid": os.getpid(), "rank": rank}) + "\\n")
+    events.write(json.dumps({"helper": helper.pid, "phase": "backward", "t": 0, "rss": 0}) + "\\n")
+request = json.loads((Path(sys.argv[1]) / "request.json").read_text())
+if rank == request["failing_rank"]:  # fails once every rank has announced itself and its helper
+    logs = [Path(sys.argv[1]) / f"rank{r}" / "events.jsonl" for r in range(int(os.environ["WORLD_SIZE"]))]
+    while not all(log.exists() and "helper" in log.read_text() for log in logs):
+        time.sleep(0.05)
+    result = {"outcome": "oom", "failed_phase": "backward", "message": "ProbeOOM: probe memory cap", "phases": []}
+    (folder / "result.json.tmp").write_text(json.dumps(result))
+    (folder / "result.json.tmp").replace(folder / "result.json")
+    sys.exit(1)
+time.sleep(600)  # waiting in a collective for the rank that failed
+"""
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    (tmp_path / "rank_program.py").write_text(textwrap.dedent(RANK_PROGRAM))
+    env = child_env("cpu", "default")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    return "rank_program", env
+
+
+def pids_of(ranks: list) -> list[int]:
+    found = []
+    for rank in ranks:
+        for event in rank.events:
+            found += [event[key] for key in ("pid", "helper") if isinstance(event.get(key), int)]
+    return found
+
+
+def assert_gone(pids: list[int]) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_the_launcher_runs_one_node_of_n_ranks() -> None:
+    command = launcher_command(3, "29999", "probes.child", Path("/tmp/x"))
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    joined = " ".join(command)
+    assert "--nnodes 1 --nproc-per-node 3" in joined and "--master-port 29999" in joined
+    assert "--max-restarts 0" in joined and joined.endswith("-m probes.child /tmp/x")
+
+
+def test_one_failing_rank_ends_the_group_and_nothing_is_left(program: tuple[str, dict[str, str]]) -> None:
+    module, env = program
+    group = run_group({"failing_rank": 2}, env, timeout_s=300.0, world_size=3, module=module)
+    assert group.stopped_after_failure and not group.timed_out
+    assert [r.result is not None for r in group.ranks] == [False, False, True]
+    assert group.ranks[2].result["outcome"] == "oom"
+    assert [r.last_phase for r in group.ranks] == ["backward"] * 3
+    pids = pids_of(group.ranks)
+    assert len(pids) == 6  # three ranks, three helpers
+    assert_gone(pids + [group.pid])
+    assert descendants(group.pid) == []
+
+
+def test_a_group_that_never_finishes_is_killed_at_the_timeout(program: tuple[str, dict[str, str]]) -> None:
+    module, env = program
+    group = run_group({"failing_rank": -1}, env, timeout_s=3.0, world_size=2, module=module)
+    assert group.timed_out and not group.stopped_after_failure
+    assert all(r.result is None for r in group.ranks)
+    assert_gone(pids_of(group.ranks) + [group.pid])
+
+
+def test_a_real_two_rank_probe_that_times_out_leaves_no_process() -> None:
+    request = single(timeout_s=2.0, hardware=make_hardware(gpus=2).to_dict())
+    request.workload["global_batch"] = 4
+    result = run_probe(request)
+    assert result.outcome == "timeout", result.message
+    assert result.failed_phase in (None, "startup", "setup", *PHASES["sft"])
+    assert "rank group killed" in result.message
+    assert result.extra["world_size"] == 2 and len(result.extra["ranks"]) == 2
+    assert_gone([r["pid"] for r in result.extra["ranks"] if r.get("pid")])
+    assert json.dumps(result.to_dict())  # the record stays JSON
