@@ -111,7 +111,8 @@ def gather(
 ) -> Gathered:
     """The observations of one target from (label, request, result) triples.
 
-    ``wanted`` picks the target: its exact name, or a word of the fingerprint's device name (case-insensitive).
+    ``wanted`` picks the target: its exact name, its device kind (``cpu``, ``cuda``), or a word of the
+    fingerprint's device name (case-insensitive).
     None: the only target there is, else ``detected`` (this machine's device) when it is among them; several
     others are an InputError naming them.
     """
@@ -135,7 +136,10 @@ def gather(
     else:
         key = wanted.strip().lower()
         matches = [
-            t for t in by_target if t.lower() == key or key in str(fingerprints[t].get("name", "")).lower().split()
+            t
+            for t in by_target
+            if key in (t.lower(), str(fingerprints[t].get("device", "")))
+            or key in str(fingerprints[t].get("name", "")).lower().split()
         ]
         if len(matches) != 1:
             why = "matches no stored probe's device" if not matches else "matches several devices"

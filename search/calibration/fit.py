@@ -25,7 +25,8 @@ from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 
 PRIOR_WEIGHT = 0.3
 DETERMINED = 0.05
-SCREEN_STEP = 0.1  # log units: a 10% change, large enough to cross a max() between the GPU and host clocks
+COARSE_FACTORS = (1e-3, 1e-2, 0.1, 10.0)  # the coarse grid around the defaults (see _coarse_start)
+FINE_FACTORS = (0.3, 3.0)
 HELD_OUT_ITERATIONS = 4
 
 
@@ -141,18 +142,46 @@ def usable(observations: Sequence[Observation], coef: Coefficients) -> list[Obse
     return out
 
 
-def _screen(problem: _Problem) -> list[Parameter]:
-    """The parameters that move some measured quantity at the defaults (one forward difference each): the
-    others (no NVMe probe moves ``nvme_gbps``) stay out of the solve and keep their defaults."""
-    base = problem.residuals(problem.theta({}))[: problem.data_count]
-    moving: list[Parameter] = []
-    for j, parameter in enumerate(problem.free):
-        theta = problem.theta({})
-        theta[j] += SCREEN_STEP if theta[j] + SCREEN_STEP <= math.log(parameter.upper) else -SCREEN_STEP
-        shifted = problem.residuals(theta)[: problem.data_count]
-        if any(abs(a - b) > 1e-12 for a, b in zip(shifted, base, strict=True)):
-            moving.append(parameter)
-    return moving
+def _coarse_start(problem: _Problem) -> tuple[list[Parameter], dict[str, float]]:
+    """Screen the parameters and find a start for the solve, one parameter at a time on a coarse grid.
+
+    A step time is the longer of two clocks (the GPU's work, the host's kernel issuing): a rate on the clock
+    that does not bind moves nothing, so its gradient is zero at the defaults however wrong it is (the CPU
+    backend runs the GPU model with a catalog GPU's rates, a thousand times its own). Each parameter is tried
+    at ``COARSE_FACTORS`` times its value (within bounds); the ones whose trials move some measured quantity
+    stay free, and each one moves to its best trial (a coordinate descent on the whole cost, prior
+    included). A second pass refines the ones that moved. Returns (free parameters, start values)."""
+    theta = problem.theta({})
+    residuals = problem.residuals(theta)
+    cost = sum(r * r for r in residuals)
+    moving: list[int] = []
+    moved: list[int] = []
+    for factors, indices in ((COARSE_FACTORS, range(len(problem.free))), (FINE_FACTORS, moved)):
+        for j in list(indices):
+            parameter = problem.free[j]
+            lower, upper = math.log(parameter.lower), math.log(parameter.upper)
+            base_data = residuals[: problem.data_count]
+            best = None
+            for factor in factors:
+                trial = list(theta)
+                trial[j] = min(max(theta[j] + math.log(factor), lower), upper)
+                if trial[j] == theta[j]:
+                    continue
+                trial_residuals = problem.residuals(trial)
+                if j not in moving and any(
+                    abs(a - b) > 1e-12 for a, b in zip(trial_residuals[: problem.data_count], base_data, strict=True)
+                ):
+                    moving.append(j)
+                trial_cost = sum(r * r for r in trial_residuals)
+                if trial_cost < cost:
+                    best, cost, residuals = trial[j], trial_cost, trial_residuals
+            if best is not None:
+                theta[j] = best
+                if j not in moved:
+                    moved.append(j)
+    values = problem.values(theta)
+    free = [p for j, p in enumerate(problem.free) if j in moving]
+    return free, {p.name: values[p.name] for p in free}
 
 
 def _solve_free(
@@ -223,8 +252,8 @@ def calibrate(
     if not kept:
         raise ValueError("no observation has a quantity the cost model predicts")
     full = _Problem(kept, coef, PARAMETERS)
-    free = _screen(full)
-    problem, solution = _solve_free(kept, coef, free)
+    free, start = _coarse_start(full)
+    problem, solution = _solve_free(kept, coef, free, start)
     sensitivity = dict.fromkeys((p.name for p in PARAMETERS), 0.0)
     sensitivity.update({p.name: s for p, s in zip(free, solution.sensitivity, strict=True)})
     data_columns = [c[: problem.data_count] for c in solution.columns]
