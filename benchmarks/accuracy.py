@@ -49,8 +49,8 @@ def probe_cpu(db: str) -> None:
     """Probe the small Llama's strategies on the CPU backend into ``db`` (stored probes are reused)."""
     from planner import probe
 
-    folder = Path(tempfile.mkdtemp()) / "llama-small"
-    folder.mkdir()
+    folder = Path(db).parent / "llama-small"  # beside the database: a second run reuses the stored probes
+    folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(CPU_MODEL))
     strategies = folder / "strategies.json"
     strategies.write_text(json.dumps(CPU_STRATEGIES))
