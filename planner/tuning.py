@@ -190,6 +190,7 @@ def tune(
     **job: Any,
 ) -> TuneReport:
     """Probe the candidates the cost model ranks first until a measured plan fits with the planned headroom
+    (on ``gpus`` GPUs of this node: each probe runs that many ranks, and its worst rank is what counts)
     and no untested candidate is predicted faster than it by more than its measured noise (or ``max_probes``
     probes ran), and save that plan. ``study`` names the Optuna study (default: one per job and device), kept
     in ``db`` beside the plans and probes: an interrupted tune, run again, resumes; several machines on one
@@ -215,8 +216,13 @@ def tune(
     if spec.gpu_mem is None and spec.gpu is None:
         spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
     resolved = resolve(spec, db)
-    if resolved.hardware.world_size > 1:
-        raise InputError("tune probes one GPU (one data-parallel rank); give --gpus 1 --nodes 1")
+    if resolved.hardware.nodes > 1:
+        raise InputError(
+            "tune probes the plan on this node: give --nodes 1 (planner probe measures one node of a multi-node plan)"
+        )
+    from planner.probing import check_ranks
+
+    check_ranks(resolved, device)  # --gpus N: each probe runs N ranks on this node, the worst rank counts
     target = device_target(device)
     resolved, coef, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db, target=target)
     resolved = ResolvedJob(resolved.workload, target_hardware(resolved.hardware, target), resolved.readings)

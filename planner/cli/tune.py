@@ -10,7 +10,7 @@ import typer
 from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import JobSpec
 
-NOT_TUNED = ("gpus", "nodes", "nvme_path")  # a tune probes one GPU
+NOT_TUNED = ("nodes", "nvme_path")  # a tune probes the plan on this node's --gpus
 TUNE = "Tune"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from planner_helpers import CliResult
 
+from probes.fingerprint import host_fingerprint
 from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest, ProbeResult
 
 Cli = Callable[..., CliResult]
@@ -26,17 +27,19 @@ JOB: dict[str, Any] = dict(workload="sft", gpu_mem="12G", cpu_mem="64G", batch=1
 
 
 def truth(request: ProbeRequest) -> tuple[dict[str, float], float, int]:
-    """What the simulated device measures for a probe request: per-phase times, step time, peak reserved."""
+    """What the simulated device measures for a probe request: per-phase times, step time, peak reserved (the
+    worst rank's, for a probe of several ranks: the cost model predicts per GPU)."""
     from planner.calibration_data import device_target, probe_observation
     from search.calibration import predicted_quantities
     from search.coefficients import DEFAULT_COEFFICIENTS
 
     phases = [{"name": n, "time_s": 1.0, "peak_allocated_bytes": 1, "peak_reserved_bytes": 1} for n in PHASES]
     result = {"phases": phases, "extra": {"warmup_steps": 2}}  # steady: every phase timed
-    obs = probe_observation("sim", request.to_dict(), result, device_target("cuda"))
+    obs = probe_observation("sim", request.to_dict(), result, device_target(request.device))
     q = predicted_quantities(obs, TRUE_VALUES, DEFAULT_COEFFICIENTS)
     times = {n: q[(n, "time")] for n in PHASES}
-    return times, sum(times.values()), int(max(q[(n, "peak_reserved")] for n in PHASES))
+    reserved = "peak_reserved" if request.device == "cuda" else "peak_allocated"
+    return times, sum(times.values()), int(max(q[(n, reserved)] for n in PHASES))
 
 
 PHASES = ("forward", "backward", "optimizer_step")
@@ -48,13 +51,16 @@ class SimulatedDevice:
 
     def __init__(self, interrupt_at: int | None = None) -> None:
         self.ran: list[str] = []
+        self.requests: list[ProbeRequest] = []
         self.interrupt_at = interrupt_at
 
     def __call__(self, request: ProbeRequest) -> ProbeResult:
         if self.interrupt_at is not None and len(self.ran) + 1 == self.interrupt_at:
             raise KeyboardInterrupt
         self.ran.append(json.dumps(request.strategy, sort_keys=True))
+        self.requests.append(request)
         times, step, reserved = truth(request)
+        fingerprint = FINGERPRINT if request.device == "cuda" else host_fingerprint("cpu")
         budget = request.hardware["gpu_memory_bytes"]
         if reserved > budget:
             return ProbeResult(
@@ -69,14 +75,14 @@ class SimulatedDevice:
         )
         spread = {"min": 0.995 * step, "median": step, "max": 1.005 * step, "steps": 3}
         return ProbeResult(
-            outcome="ok", phases=phases, wall_s=5 * step, extra={"step_time_s": spread}, fingerprint=FINGERPRINT
+            outcome="ok", phases=phases, wall_s=5 * step, extra={"step_time_s": spread}, fingerprint=fingerprint
         )
 
 
-def _tune(db: Path | str, runner: SimulatedDevice, **options: Any) -> Any:
+def _tune(db: Path | str, runner: SimulatedDevice, model: str = "opt-350m", **options: Any) -> Any:
     from planner import tune
 
-    return tune("opt-350m", device="cuda", steps=3, runner=runner, db=str(db), **{**JOB, **options})
+    return tune(model, **{"device": "cuda", "steps": 3, "runner": runner, "db": str(db), **JOB, **options})
 
 
 def test_tune_confirms_the_fastest_plan_that_fits_the_device_with_few_probes(db: Path) -> None:
@@ -182,6 +188,23 @@ def test_tune_confirms_a_plan_on_the_cpu_backend(cli: Cli, db: Path, tmp_path: P
     assert report["rows"][0]["fits"] and report["rows"][0]["outcome"] == "ok"
     assert report["calibration_id"]  # refit to the probes it ran
     assert "probe 1/2: " in run.err  # progress on stderr
+
+
+def test_tune_on_two_gpus_of_this_node_probes_two_ranks(db: Path) -> None:
+    """--gpus 2: the candidates are ranked for two data-parallel ranks and every probe runs two (here, the
+    CPU backend's limit of four allows it; a tune for several nodes is refused in one line)."""
+    device = SimulatedDevice()
+    report = _tune(db, device, "opt-125m", max_probes=12, device="cpu", gpus=2)  # the CPU backend: <= 200M
+    assert report.plan is not None and report.plan.hardware["gpus"] == 2
+    assert device.requests and all(r.hardware["gpus"] == 2 for r in device.requests)
+    strategy = report.plan.strategy
+    assert strategy["micro_batch"] * strategy["grad_accum"] * 2 == JOB["batch"]  # per-rank share of the batch
+    from store.errors import InputError
+
+    with pytest.raises(InputError, match="give --nodes 1"):
+        _tune(db, SimulatedDevice(), "opt-125m", device="cpu", gpus=2, nodes=2)
+    with pytest.raises(InputError, match="at most 4 ranks"):
+        _tune(db, SimulatedDevice(), "opt-125m", device="cpu", gpus=8)
 
 
 def _tune_in_process(db: str, probes_at_most: int) -> int:
