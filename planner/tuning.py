@@ -17,7 +17,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from planner.inputs import JobSpec, ResolvedJob, resolve
@@ -28,22 +27,10 @@ from store.measurements import ProbeRequest, ProbeResult
 from store.records import RLHFStrategy, Strategy
 
 SPACE_SIZE = 24  # candidates a study asks over: the fastest predicted to fit
-ENQUEUED_FIRST = 3  # the predicted best, probed first
 NOISE_FLOOR = 0.02  # a step time is never known better than this
 MAX_PROBES = 50
 STUDY_PREFIX = "memplan-tune-"
 STUDY_OPEN_ATTEMPTS = 8
-
-
-@dataclass
-class _Round:
-    """What the tune knows so far: the measured candidates and the coefficients they calibrate."""
-
-    coef: Coefficients
-    job: ResolvedJob
-    measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate key -> outcome, probe, times
-    probes_run: int = 0
-    device_seconds: float = 0.0
 
 
 def candidate_key(strategy: Strategy | RLHFStrategy) -> str:
@@ -57,16 +44,18 @@ def study_name(job: ResolvedJob, device: str) -> str:
     return STUDY_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _parse(job: ResolvedJob, key: str) -> Strategy | RLHFStrategy:
+def parse_candidate(job: ResolvedJob, key: str) -> Strategy | RLHFStrategy:
+    """The strategy a candidate key names (the shape of the job's workload)."""
     data = json.loads(key)
     return RLHFStrategy.from_dict(data) if job.workload.is_rlhf else Strategy.from_dict(data)
 
 
-def _predicted(job: ResolvedJob, key: str, coef: Coefficients, device: str) -> Prediction:
+def predicted_for(job: ResolvedJob, key: str, coef: Coefficients, device: str) -> Prediction:
+    """The candidate's prediction as the probed device shows it (the CPU backend's view on ``cpu``)."""
     from planner.probe_device import device_coefficients, device_prediction
 
     return device_prediction(
-        predict(job.workload, _parse(job, key), job.hardware, device_coefficients(device, coef)), device
+        predict(job.workload, parse_candidate(job, key), job.hardware, device_coefficients(device, coef)), device
     )
 
 
@@ -83,7 +72,7 @@ def _space(job: ResolvedJob, coef: Coefficients) -> list[str]:
     return keys[:SPACE_SIZE]
 
 
-def _noise(result: ProbeResult) -> float:
+def step_noise(result: ProbeResult) -> float:
     """The measured relative spread of a probe's step time ((max - min) / median over its steps)."""
     spread = result.extra.get("step_time_s") or {}
     median = float(spread.get("median") or 0.0)
@@ -113,7 +102,7 @@ def _open_study(url: str, name: str, space: list[str]) -> Any:
     return study
 
 
-def _refit(base: Coefficients, target: str, db: str | None, device: str) -> dict[str, float]:
+def refit_values(base: Coefficients, target: str, db: str | None, device: str) -> dict[str, float]:
     """Calibration values refit to every stored probe of the device (no held-out pass: that is for the end)."""
     from planner.calibration_data import gather
     from search.calibration import calibrate
@@ -128,7 +117,7 @@ def _refit(base: Coefficients, target: str, db: str | None, device: str) -> dict
         return {}
 
 
-def _probe_once(
+def probe_candidate(
     job: ResolvedJob,
     key: str,
     *,
@@ -148,7 +137,7 @@ def _probe_once(
 
     planned = plan_probes(
         job,
-        [_parse(job, key)],
+        [parse_candidate(job, key)],
         device=device,
         steps=steps,
         layers=None,
@@ -236,7 +225,9 @@ def tune(
         from probes import run_probe
 
         runner = run_probe
-    return _rounds(
+    from planner.tuning_rounds import run_rounds
+
+    return run_rounds(
         resolved,
         the_study,
         space,
@@ -253,197 +244,4 @@ def tune(
         max_probes=max_probes,
         on_progress=on_progress,
         calibration_block=calibration_block,
-    )
-
-
-def _measured_so_far(study: Any) -> dict[str, dict[str, Any]]:
-    """What earlier runs of the study measured: its finished trials' outcomes, by candidate."""
-    from optuna.trial import TrialState
-
-    out: dict[str, dict[str, Any]] = {}
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if "candidate" in trial.params and "probe_id" in trial.user_attrs:
-            out[trial.params["candidate"]] = dict(trial.user_attrs)
-    return out
-
-
-def _running_elsewhere(study: Any, but: int | None = None) -> set[str]:
-    """The candidates of the study's running trials (but trial number ``but``, this run's own)."""
-    from optuna.trial import TrialState
-
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return {t.params["candidate"] for t in running if t.number != but and "candidate" in t.params}
-
-
-def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
-    fits = result.outcome == "ok" and result.peak_reserved_bytes <= budget
-    return {
-        "probe_id": probe_id,
-        "outcome": result.outcome,
-        "fits": fits,
-        "step_time_s": result.step_time_s if result.outcome == "ok" else None,
-        "peak_reserved_bytes": result.peak_reserved_bytes,
-        "noise": _noise(result),
-        "wall_s": result.wall_s,
-    }
-
-
-def _rounds(
-    job: ResolvedJob,
-    study: Any,
-    space: list[str],
-    *,
-    coef: Coefficients,
-    base: Coefficients,
-    target: str,
-    device: str,
-    steps: int,
-    timeout_s: float,
-    cap: int | None,
-    db: str | None,
-    runner: Callable[[ProbeRequest], ProbeResult],
-    prepare: bool,
-    max_probes: int,
-    on_progress: Callable[[str], None] | None,
-    calibration_block: dict[str, Any],
-) -> TuneReport:
-    """The tune's rounds (see the module docstring) and its report."""
-    from optuna.distributions import CategoricalDistribution
-    from optuna.trial import TrialState
-
-    from search.calibration import apply_values
-
-    distribution = {"candidate": CategoricalDistribution(space)}
-    measured = _measured_so_far(study)
-    state = _Round(coef, job, measured)
-    values: dict[str, float] = _refit(base, target, db, device) if measured else {}
-    if not study.trials:
-        for key in space[:ENQUEUED_FIRST]:
-            study.enqueue_trial({"candidate": key}, skip_if_exists=True)
-    stop = "probe budget spent"
-    for _ in range(4 * len(space) + max_probes):
-        hardware, fitted = apply_values(job.hardware, base, values) if values else (job.hardware, coef)
-        current = ResolvedJob(job.workload, hardware, job.readings)
-        predicted = {key: _predicted(current, key, fitted, device) for key in space}
-        best = min(
-            (k for k, m in state.measured.items() if m["fits"]),
-            key=lambda k: state.measured[k]["step_time_s"],
-            default=None,
-        )
-        untested = sorted((k for k in space if k not in state.measured), key=lambda k: predicted[k].step_time_s)
-        if best is not None:
-            floor = state.measured[best]["step_time_s"] * (1 - state.measured[best]["noise"])
-            if not any(predicted[k].step_time_s < floor for k in untested):
-                stop = "confirmed: no untested candidate is predicted faster than the measured best beyond its noise"
-                break
-        if not untested:
-            stop = "every candidate measured" if best else "every candidate measured; none fits"
-            break
-        if state.probes_run >= max_probes:
-            break
-        running = _running_elsewhere(study)  # candidates another machine on this study is probing now
-        if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study.enqueue_trial({"candidate": next((k for k in untested if k not in running), untested[0])})
-        trial = study.ask(distribution)
-        key = trial.params["candidate"]
-        if key in _running_elsewhere(study, but=trial.number):  # the sampler's pick, being probed elsewhere
-            trial.set_user_attr("duplicate", True)
-            study.tell(trial, state=TrialState.FAIL)
-            continue
-        if key in state.measured:  # the sampler's own pick, already measured: tell it again and go on
-            known = state.measured[key]
-            if known["fits"]:
-                study.tell(trial, known["step_time_s"])
-            else:
-                study.tell(trial, state=TrialState.FAIL)
-            continue
-        if on_progress is not None:
-            on_progress(f"probe {state.probes_run + 1}/{max_probes}: {_parse(job, key).describe()}")
-        try:
-            probe_id, result, ran = _probe_once(
-                current, key, device=device, steps=steps, timeout_s=timeout_s, memory_cap_bytes=cap, coef=fitted,
-                db=db, runner=runner, prepare=prepare,
-            )  # fmt: skip
-        except BaseException:  # an interrupt (or a failure) leaves no trial running, and the candidate queued
-            trial.set_user_attr("interrupted", True)
-            study.tell(trial, state=TrialState.FAIL)
-            study.enqueue_trial({"candidate": key})
-            raise
-        outcome = _outcome(result, probe_id, predicted[key].gpu_budget_bytes)
-        for name, value in outcome.items():
-            trial.set_user_attr(name, value)
-        if outcome["fits"]:
-            study.tell(trial, outcome["step_time_s"])
-        else:
-            study.tell(trial, state=TrialState.FAIL)
-        state.measured[key] = outcome
-        if ran:
-            state.probes_run += 1
-            state.device_seconds += result.wall_s
-            values = _refit(base, target, db, device)
-    return _report(job, study, space, state, values, base, target, device, db, stop, calibration_block)
-
-
-def _report(
-    job: ResolvedJob,
-    study: Any,
-    space: list[str],
-    state: _Round,
-    values: dict[str, float],
-    base: Coefficients,
-    target: str,
-    device: str,
-    db: str | None,
-    stop: str,
-    calibration_block: dict[str, Any],
-) -> TuneReport:
-    """Save the calibration of every probe so far and the confirmed plan; report each measured candidate."""
-    from planner.calibrating import calibrate
-    from planner.calibration_use import calibrated
-    from planner.reports import prediction_report
-    from planner.results import Plan
-    from planner.saved import save_plan
-
-    calibration_id = None
-    if state.probes_run:
-        try:
-            calibration_id = calibrate(device_fingerprint=target, db=db).calibration_id
-        except InputError:  # no probe of the device finished (every one ran out of memory): nothing to fit
-            calibration_id = None
-    if calibration_id is not None:
-        job, coef, calibration_block = calibrated(job, base, choice=calibration_id, db=db, target=target)
-    else:
-        coef = state.coef
-    rows = []
-    for key, m in state.measured.items():
-        prediction = _predicted(job, key, coef, device)
-        rows.append({"strategy": json.loads(key), "predicted_step_time_s": prediction.step_time_s, **m})
-    rows.sort(key=lambda r: (not r["fits"], r["step_time_s"] or float("inf")))
-    best = rows[0] if rows and rows[0]["fits"] else None
-    plan = None
-    if best is not None:
-        strategy = _parse(job, json.dumps(best["strategy"]))
-        prediction = predict(job.workload, strategy, job.hardware, coef)
-        report = prediction_report(job, strategy, prediction, calibration_block)
-        tuned = {
-            "study": study.study_name,
-            "probe_id": best["probe_id"],
-            "measured_step_time_s": best["step_time_s"],
-            "measured_peak_reserved_bytes": best["peak_reserved_bytes"],
-            "device": device,
-        }
-        plan = save_plan(Plan(**dict(report), search={"sampler": "tune", "tune": tuned}), db)
-    return TuneReport(
-        study=study.study_name,
-        device=device,
-        target=target,
-        candidates=len(space),
-        probes_run=state.probes_run,
-        device_seconds=state.device_seconds,
-        probes_measured=len(state.measured),
-        stop_reason=stop,
-        confirmed=stop.startswith("confirmed"),
-        calibration_id=calibration_id,
-        rows=rows,
-        plan=plan,
     )
