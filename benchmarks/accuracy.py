@@ -27,9 +27,14 @@ from typing import Any
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.calibration_data import gather, loop_row_observation, records_file_entries, target_of  # noqa: E402
+from planner.calibration_data import (  # noqa: E402
+    gather,
+    loop_row_observation,
+    records_file_entries,
+    stored_entries,
+    target_of,
+)
 from search.calibration import Observation, calibrate  # noqa: E402
-from store.db import open_storage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_MODEL = {
@@ -98,8 +103,7 @@ def observations_by_target(db: str, records: list[str]) -> dict[str, list[Observ
         probes, loop_rows = records_file_entries(path)
         entries += probes
         rows += loop_rows
-    with open_storage(db) as storage:
-        entries += [(p.probe_id, p.request.to_dict(), p.result.to_dict()) for p in storage.list_probes(limit=100_000)]
+    entries += stored_entries(db)
     targets = {target_of(r.get("fingerprint"))[0] for _, _, r in entries if r.get("outcome") == "ok"}
     out: dict[str, list[Observation]] = {}
     for target in sorted(targets):

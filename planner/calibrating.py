@@ -11,14 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from planner.calibration_data import gather, loop_row_observation, records_file_entries, target_of
+from planner.calibration_data import (
+    gather,
+    loop_row_observation,
+    records_file_entries,
+    stored_entries,
+    target_of,
+)
 from planner.results import CalibrationReport
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from search.calibration import CALIBRATION_VERSION, PARAMETERS
 from search.calibration import calibrate as fit_calibration
 from store.errors import InputError
-
-MAX_PROBES = 100_000  # stored probes read for a calibration
 
 
 def calibrate(
@@ -47,9 +51,7 @@ def calibrate(
         probes, rows = records_file_entries(path)
         entries.extend(probes)
         loop_rows.extend(rows)
-    with open_storage(db) as storage:
-        stored = storage.list_probes(limit=MAX_PROBES)
-    entries.extend((p.probe_id, p.request.to_dict(), p.result.to_dict()) for p in stored)
+    entries.extend(stored_entries(db))
     from planner.calibration_data import detected_target
 
     gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None)

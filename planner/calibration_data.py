@@ -70,11 +70,17 @@ def target_hardware(hardware: Hardware, target: str) -> Hardware:
     return hardware
 
 
-def timing_is_steady(strategy: dict[str, Any], result: dict[str, Any]) -> bool:
-    """Whether a probe's phase times are steady-state: ZeRO-3 needs two warm-up steps (its fetch trace)."""
-    from planner.records_check import probe_timing_is_steady
+MAX_STORED_PROBES = 100_000  # stored probes a calibration reads
 
-    return probe_timing_is_steady({"strategy": strategy}, result)[0]
+
+def stored_entries(db: str | None, device: str | None = None) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(probe id, request, result) of every probe stored in ``db`` (of one ``device`` kind when given), the
+    triples :func:`gather` takes."""
+    from store.db import open_storage
+
+    with open_storage(db) as storage:
+        stored = storage.list_probes(limit=MAX_STORED_PROBES, device=device)
+    return [(p.probe_id, p.request.to_dict(), p.result.to_dict()) for p in stored]
 
 
 def _resolved(model: str, fields: dict[str, Any]) -> ResolvedJob:
@@ -85,6 +91,7 @@ def probe_observation(label: str, request: dict[str, Any], result: dict[str, Any
     """A finished probe (its request and result as JSON) as an observation of ``target``; InputError when its
     job cannot be rebuilt."""
     from planner.probing import cut_workload
+    from planner.records_check import probe_timing_is_steady
 
     fields = job_fields(request["workload"], request["hardware"])
     if not target.startswith(("cpu:", "cuda:")):
@@ -94,7 +101,7 @@ def probe_observation(label: str, request: dict[str, Any], result: dict[str, Any
     parse = RLHFStrategy.from_dict if workload.is_rlhf else Strategy.from_dict
     strategy = parse(dict(request["strategy"]))
     device = str(request.get("device", "cuda"))
-    steady = timing_is_steady(request["strategy"], result)
+    steady = probe_timing_is_steady(request, result)[0]  # ZeRO-3 times only after two warm-up steps
     measured: list[tuple[str, str, float]] = []
     for phase in result.get("phases", []):
         if steady:

@@ -104,15 +104,13 @@ def _open_study(url: str, name: str, space: list[str]) -> Any:
 
 def refit_values(base: Coefficients, target: str, db: str | None, device: str) -> dict[str, float]:
     """Calibration values refit to every stored probe of the device (no held-out pass: that is for the end)."""
-    from planner.calibration_data import gather
+    from planner.calibration_data import gather, stored_entries
     from search.calibration import calibrate
-    from store.db import open_storage
 
-    with open_storage(db) as storage:
-        stored = storage.list_probes(limit=100_000, device=device)
-    entries = [(p.probe_id, p.request.to_dict(), p.result.to_dict()) for p in stored]
     try:
-        return dict(calibrate(gather(entries, target).observations, base, leave_one_out=False).values)
+        return dict(
+            calibrate(gather(stored_entries(db, device), target).observations, base, leave_one_out=False).values
+        )
     except (InputError, ValueError):
         return {}
 
