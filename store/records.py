@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from store.errors import InputError
 from store.loss_chunks import LOSSES
+from store.rollout import RolloutStrategy
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
@@ -469,9 +470,15 @@ class RLHFStrategy:
     grad_accum: int = 1
     empty_cache: str = "after-generation"
     allocator: str = "default"
+    # None: DeepSpeed generates (``hybrid_engine`` says how); a vLLM or SGLang engine otherwise (store.rollout)
+    rollout: RolloutStrategy | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        if self.rollout is not None and not isinstance(self.rollout, RolloutStrategy):
+            problems.append("rollout must be a rollout block (store.rollout.RolloutStrategy)")
+        elif self.rollout is not None and self.hybrid_engine is True:
+            problems.append(f"hybrid_engine must be false with a {self.rollout.engine} rollout engine")
         for name in ("generation_batch", "micro_batch", "grad_accum"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -502,6 +509,8 @@ class RLHFStrategy:
             "allocator",
         ):
             out[name] = getattr(self, name)
+        if self.rollout is not None:  # only then: older documents stay as they are
+            out["rollout"] = self.rollout.to_dict()
         return out
 
     @classmethod
@@ -530,6 +539,10 @@ class RLHFStrategy:
                     raise InputError(f"strategy: {name}: {exc}") from None
         if "critic" not in data:
             values["critic"] = None
+        if "rollout" in values:
+            values["rollout"] = RolloutStrategy.from_value(values["rollout"])
+            if values["rollout"] is not None and "hybrid_engine" not in values:
+                values["hybrid_engine"] = False  # the engine generates: DeepSpeed's hybrid engine is off
         return cls(**values)
 
     def with_(self, **changes: Any) -> RLHFStrategy:
@@ -544,6 +557,8 @@ class RLHFStrategy:
         parts.append(f"gen {self.generation_batch}, mb {self.micro_batch}x{self.grad_accum}")
         if self.hybrid_engine:
             parts.append("HE")
+        if self.rollout is not None:
+            parts.append(self.rollout.describe())
         if self.ema:
             parts.append("EMA")
         if self.empty_cache != "never":
