@@ -22,6 +22,7 @@ from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, describe_coef
 from search import predict as predict_strategy
 from search import search as run_search
 from search.batches import per_gpu_batch
+from search.choose.rlhf_search import ROLLOUT_FAMILIES
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
@@ -57,6 +58,20 @@ def _job(model: str | JobSpec, job: dict[str, Any], db: str | None = None) -> Re
     return resolve(job_spec(model, job), db)
 
 
+def rollout_families(rollout: str) -> tuple[str, ...]:
+    """``--rollout``: ``auto`` (every family) or a comma-separated list of them; InputError otherwise."""
+    if not isinstance(rollout, str):
+        raise InputError(f"--rollout must be auto or a comma-separated list of {', '.join(ROLLOUT_FAMILIES)}")
+    if rollout.strip() == "auto":
+        return ROLLOUT_FAMILIES
+    names = tuple(dict.fromkeys(name.strip() for name in rollout.split(",") if name.strip()))
+    unknown = [name for name in names if name not in ROLLOUT_FAMILIES]
+    if unknown or not names:
+        shown = ", ".join(unknown) or repr(rollout)
+        raise InputError(f"--rollout takes auto or any of {', '.join(ROLLOUT_FAMILIES)} (comma-separated), not {shown}")
+    return names
+
+
 def _lora_ranks(lora_rank: int | str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(ranks to search first, ranks to fall back to when nothing fits)."""
     if lora_rank == "auto":
@@ -80,6 +95,7 @@ def recommend(
     save: bool = True,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     calibration: str = "auto",
+    rollout: str = "auto",
     **job: Any,
 ) -> Plan:
     """The fastest strategy predicted to fit, with its DeepSpeed config and the next best.
@@ -89,6 +105,8 @@ def recommend(
     to the database (``db`` URL, ``PLANNER_DB``, or the user's data folder) unless ``save`` is False.
     ``calibration`` picks the coefficients fitted to probes (``planner.calibration_use``): ``auto`` uses the
     newest calibration of the job's GPU in ``db``, ``none`` the defaults, an id that calibration.
+    ``rollout`` (RLHF): what may generate the rollout, ``auto`` (all) or a comma-separated list of
+    ``hybrid-engine`` (DeepSpeed's own generation), ``vllm`` and ``sglang``.
     """
     from planner.calibration_use import calibrated
 
@@ -101,11 +119,14 @@ def recommend(
         shown = str(seed) if len(str(seed)) <= 24 else str(seed)[:21] + "..."
         raise InputError(f"--seed must be a whole number from 0 to {2**32 - 1} (the sampler's range), not {shown}")
     first, fallback = _lora_ranks(lora_rank)
-    result = run_search(workload, hardware, coefficients, lora_ranks=first, seed=seed)
+    rollouts = rollout_families(rollout)
+    result = run_search(workload, hardware, coefficients, lora_ranks=first, seed=seed, rollouts=rollouts)
     searched = {first: result}
     used_fallback = False
     if result.best is None and fallback:
-        retry = searched[fallback] = run_search(workload, hardware, coefficients, lora_ranks=fallback, seed=seed)
+        retry = searched[fallback] = run_search(
+            workload, hardware, coefficients, lora_ranks=fallback, seed=seed, rollouts=rollouts
+        )
         if retry.best is not None:
             result, used_fallback = retry, True
     chosen = result.best or result.ranked[0]

@@ -46,7 +46,8 @@ def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int
     """``recommended`` (the plan and its next best), ``grid`` (a fixed spread of layouts) or a JSON file."""
     workload, hardware = job.workload, job.hardware
     if which == "recommended":
-        result = search(workload, hardware, coef)
+        # the probe runs DeepSpeed's own generation: it probes the plans that use it
+        result = search(workload, hardware, coef, rollouts=("hybrid-engine",))
         chosen = list(result.feasible[: top + 1]) or list(result.ranked[:1])
         return [c.strategy for c in chosen]
     if which == "grid":
@@ -56,7 +57,14 @@ def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int
     if not items or not all(isinstance(item, dict) for item in items):
         raise InputError(f"--strategies: {which} must hold a strategy object or a list of them")
     parse = RLHFStrategy.from_dict if workload.is_rlhf else Strategy.from_dict
-    return [parse(item) for item in items]
+    parsed = [parse(item) for item in items]
+    for strategy in parsed:
+        if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
+            raise InputError(
+                f"--strategies: a {strategy.rollout.engine} rollout cannot be probed here: the probe generates with "
+                "DeepSpeed (its hybrid engine or HF generate); the engine's memory rules are predicted, not probed"
+            )
+    return parsed
 
 
 def _grid(job: ResolvedJob) -> Iterator[Strategy | RLHFStrategy]:

@@ -147,6 +147,7 @@ def render_prediction(report: PredictionReport) -> None:
     console.print(_breakdown_table(p))
     console.print(_phases_table(p, report.allocator_replay))
     _time_line(p)
+    _rollout_line(p)
     for note in p.notes:
         console.print(f"note: {note}")
 
@@ -157,6 +158,32 @@ def _time_line(p: Predicted) -> None:
     if p.dominant_time_term:
         share = p.time_terms[p.dominant_time_term] / max(p.step_time_s, 1e-12)
         console.print(f"dominant time term: {p.dominant_time_term.replace('_', ' ')} ({100 * share:.0f}% of the step)")
+
+
+def _rollout_line(p: Predicted) -> None:
+    """The rollout engine's settings and bytes, when a vLLM/SGLang engine generates."""
+    r = p.rollout
+    if not r:
+        return
+    name = {"vllm": "vLLM", "sglang": "SGLang"}.get(r["engine"], r["engine"])
+    knob = "gpu_memory_utilization" if r["engine"] == "vllm" else "mem_fraction_static"
+    span = r.get("fitting_utilization")
+    fitting = f" (fits {span[0]:.2f}-{span[1]:.2f})" if span else " (none fits)"
+    how = "solved" if r.get("utilization_solved") else "given"
+    console.print(
+        f"rollout: {name} {r['placement']}, tensor parallel {r['tensor_parallel']}, {knob} "
+        f"{r['gpu_memory_utilization']:.2f} {how}{fitting}, sleep level {r['sleep_level']}"
+        + (", DeepSpeed states offloaded during the rollout" if r.get("offload_training") else "")
+        + (", enforce_eager" if r.get("enforce_eager") else ", CUDA graphs"),
+        soft_wrap=True,
+    )
+    console.print(
+        f"  KV cache {_gib(r['kv_cache_bytes'])} for {r['kv_cache_tokens']:,} tokens "
+        f"({r['needed_kv_tokens']:,} needed: {r['sequences_per_replica']} sequences per replica, "
+        f"{r['max_running_sequences']} at once) · engine awake {_gib(r['awake_bytes'])}, asleep "
+        f"{_gib(r['asleep_bytes'])} per GPU · sleep backup {_gib(r['host_backup_bytes'])} host per GPU",
+        soft_wrap=True,
+    )
 
 
 def render_plan(plan: Plan) -> None:
@@ -194,6 +221,7 @@ def render_plan(plan: Plan) -> None:
     console.print(_breakdown_table(plan.predicted))
     console.print(_phases_table(plan.predicted, plan.allocator_replay))
     _time_line(plan.predicted)
+    _rollout_line(plan.predicted)
     effect = plan.empty_cache_effect
     if effect:
         chosen = effect["chosen"]

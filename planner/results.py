@@ -45,6 +45,8 @@ class Predicted(BaseModel):
     time_terms: dict[str, float] = {}  # seconds per step by mechanism (matmul, host_launch, cpu_adam, ...)
     dominant_time_term: str = ""  # the mechanism that takes most of the step
     reserved_uncertainty: float = 0.0  # peak reserved may differ by this fraction with the program around the step
+    # RLHF with a vLLM/SGLang rollout engine: its solved gpu_memory_utilization, KV cache and bytes
+    rollout: dict[str, Any] | None = None
 
 
 class Alternative(BaseModel):

@@ -60,8 +60,9 @@ def predicted_for(job: ResolvedJob, key: str, coef: Coefficients, device: str) -
 
 
 def _space(job: ResolvedJob, coef: Coefficients) -> list[str]:
-    """The candidates: distinct strategies the search predicts to fit, fastest first."""
-    result = search(job.workload, job.hardware, coef)
+    """The candidates: distinct strategies the search predicts to fit, fastest first (those a probe can run:
+    DeepSpeed's own generation for RLHF)."""
+    result = search(job.workload, job.hardware, coef, rollouts=("hybrid-engine",))
     keys: list[str] = []
     for candidate in result.feasible:
         key = candidate_key(candidate.strategy)

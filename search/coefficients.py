@@ -150,6 +150,32 @@ class Coefficients:
         "DeepSpeed inference workspace beside its KV cache (inference_context.h GenWorkSpace: 10 x hidden)",
     )
 
+    # --- rollout engines (search.rollout): assumed orders of magnitude until a probe calibrates them ---------
+    engine_step_host_s: float = _coef(
+        1.5e-3,
+        "s per decoding step",
+        "a vLLM/SGLang engine's own host work per decoding step (scheduler, input preparation, sampling, "
+        "detokenizing) at a few hundred running sequences; with CUDA graphs the step's kernels cost one replay",
+    )
+    engine_all_reduce_s: float = _coef(
+        1e-5,
+        "s per all-reduce",
+        "a decoding step's small tensor-parallel all-reduce inside a node (vLLM's custom all-reduce over NVLink: "
+        "about 10 us); two per layer",
+    )
+    engine_sync_s_per_tensor: float = _coef(
+        1e-4,
+        "s per weight tensor",
+        "the weight sync's host work per tensor: a gather context, an IPC handle or NCCL broadcast call, and the "
+        "engine's load_weights copy",
+    )
+    engine_sleep_wake_s: float = _coef(
+        0.3,
+        "s per sleep and wake",
+        "releasing the engine's KV cache to the driver at sleep and mapping it again at wake (vLLM's CuMemAllocator "
+        "unmap/map, prefix-cache reset), beyond any weight copies",
+    )
+
     def with_(self, **changes: float) -> Coefficients:
         return replace(self, **changes)
 

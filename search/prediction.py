@@ -49,6 +49,9 @@ class Prediction:
     time_terms: dict[str, float] = field(default_factory=dict)
     # Relative spread of peak reserved bytes between programs around the same step (``reserved_spread``).
     reserved_uncertainty: float = 0.0
+    # RLHF with a vLLM/SGLang rollout engine: its settings (the solved gpu_memory_utilization), KV cache and
+    # bytes (search.rollout.engine.ResolvedEngine.report); empty otherwise
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dominant_time_term(self) -> str:
@@ -119,4 +122,4 @@ class Prediction:
             "reserved_uncertainty": self.reserved_uncertainty,
             "phases": [phase.to_dict() for phase in self.phases],
             "notes": list(self.notes),
-        }
+        } | ({"rollout": dict(self.rollout)} if self.rollout else {})

@@ -21,6 +21,14 @@ def recommend_command(
     json_out: Json = False,
     db: Db = None,
     calibration: Calibration = "auto",
+    rollout: Annotated[
+        str,
+        typer.Option(
+            "--rollout",
+            help="RLHF: what may generate the rollout: auto, or a comma-separated list of hybrid-engine "
+            "(DeepSpeed's own generation), vllm, sglang.",
+        ),
+    ] = "auto",
 ) -> int:
     """Recommend the memory strategy that fits at the least step time, and save it as a plan.
 
@@ -28,7 +36,7 @@ def recommend_command(
     """
     from planner.api import recommend
 
-    plan = recommend(job, top=top, lora_rank=lora_rank, seed=seed, db=db, calibration=calibration)
+    plan = recommend(job, top=top, lora_rank=lora_rank, seed=seed, db=db, calibration=calibration, rollout=rollout)
     if json_out:
         print(plan.to_json())
     else:

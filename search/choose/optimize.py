@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from search.choose.candidates import Candidate, SearchResult
-from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
+from search.choose.rlhf_search import ROLLOUT_FAMILIES, exhaustive_rlhf, search_rlhf
 from search.choose.single_search import exhaustive_single, search_single
 from search.coefficients import Coefficients
 from store.records import Hardware, Workload
@@ -18,15 +18,27 @@ def search(
     lora_ranks: tuple[int, ...] = (0,),
     seed: int = 0,
     sampler: str = "auto",
+    rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
 ) -> SearchResult:
-    """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan)."""
-    run = search_rlhf if workload.is_rlhf else search_single
-    return run(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
+    """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan).
+
+    ``rollouts``: what may generate an RLHF rollout ("hybrid-engine" for DeepSpeed's own, "vllm", "sglang")."""
+    if workload.is_rlhf:
+        return search_rlhf(
+            workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler, rollouts=rollouts
+        )
+    return search_single(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
 
 
 def exhaustive(
-    workload: Workload, hardware: Hardware, coef: Coefficients, *, lora_ranks: tuple[int, ...] = (0,)
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    *,
+    lora_ranks: tuple[int, ...] = (0,),
+    rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
 ) -> Candidate | None:
     """The fastest fitting strategy by trying every point of the whole space (for tests and checks)."""
-    run = exhaustive_rlhf if workload.is_rlhf else exhaustive_single
-    return run(workload, hardware, coef, lora_ranks=lora_ranks)
+    if workload.is_rlhf:
+        return exhaustive_rlhf(workload, hardware, coef, lora_ranks=lora_ranks, rollouts=rollouts)
+    return exhaustive_single(workload, hardware, coef, lora_ranks=lora_ranks)

@@ -10,7 +10,6 @@ guarantee). Scores and ranking are those of ``search.choose.candidates``.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
@@ -29,11 +28,19 @@ from search.choose.rlhf_space import (
     shared_seconds,
     trained_layouts,
 )
+from search.choose.rlhf_tpe import rlhf_key, tpe_rlhf
+from search.choose.rollout_space import (
+    ROLLOUT_FAMILIES,
+    best_inner_engine,
+    engine_actor_seconds,
+    searched_generations,
+)
 from search.coefficients import Coefficients
 from search.rlhf.job import rlhf_context
 from search.rlhf.step import predict_rlhf, reserved_floor, rlhf_step, step_halves, step_of, step_time
 from search.step.assemble import finish_step, gpu_budget_bytes, score_step
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
+from store.rollout import RolloutStrategy
 
 RLHF_GRID_LIMIT = 512  # walking this many points whole costs about what 96 TPE trials cost
 RLHF_TPE_TRIALS = 96
@@ -49,6 +56,8 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
     splits are visited by that bound until no remaining one can win, and within a split the cache choices
     stop at the first that reaches the bound.
     """
+    if point.rollout is not None:
+        return best_inner_engine(point, workload, hardware, coef)
     ctx = rlhf_context(workload, hardware, coef)
     budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
     splits = []
@@ -80,27 +89,6 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
     return Candidate(strategy.with_(empty_cache=policy, allocator=allocator), prediction)
 
 
-def _trained_name(layout: TrainedModelStrategy) -> str:
-    return f"z{layout.zero_stage}/{layout.offload_optimizer}/{layout.offload_param}"
-
-
-def _frozen_name(block: FrozenModelStrategy) -> str:
-    return f"z{block.zero_stage}/{block.offload}"
-
-
-def _rlhf_key(p: RLHFOuterPoint) -> tuple:
-    critic = (None, None) if p.critic is None else (_trained_name(p.critic), p.critic.gradient_checkpointing)
-    return (
-        _trained_name(p.actor),
-        p.actor.gradient_checkpointing,
-        *critic,
-        _frozen_name(p.reference),
-        _frozen_name(p.reward),
-        p.hybrid_engine,
-        p.actor.lora_rank,
-    )
-
-
 def search_rlhf(
     workload: Workload,
     hardware: Hardware,
@@ -110,11 +98,13 @@ def search_rlhf(
     lora_ranks: tuple[int, ...] = (0,),
     n_trials: int = RLHF_TPE_TRIALS,
     sampler: str = "auto",
+    rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
 ) -> SearchResult:
     """The search over an RLHF step's outer knobs, inner knobs resolved exactly per point (``best_inner_rlhf``).
 
     Outer knobs: actor layout and checkpointing, critic layout and checkpointing (PPO), reference and reward
-    blocks, hybrid engine, LoRA rank (actor and critic). ``sampler``:
+    blocks, generation (DeepSpeed's hybrid engine, HF generate, or a vLLM/SGLang engine option of the families
+    in ``rollouts``: "hybrid-engine" stands for DeepSpeed's own generation), LoRA rank. ``sampler``:
 
     - ``grid`` (auto up to ``RLHF_GRID_LIMIT`` points): every point once, in order. Walked directly: Optuna's
       GridSampler rescans all trials after each one, which costs more than the predictions here.
@@ -124,8 +114,9 @@ def search_rlhf(
 
     Ranked fastest first (each evaluated point's best candidate); deterministic for a seed.
     """
-    points = list(rlhf_outer_points(workload, hardware, lora_ranks))
-    by_key = {_rlhf_key(p): p for p in points}
+    generations = searched_generations(workload, hardware, rollouts)
+    points = list(rlhf_outer_points(workload, hardware, lora_ranks, generations))
+    by_key = {rlhf_key(p): p for p in points}
     if sampler == "auto":
         sampler = "grid" if len(points) <= RLHF_GRID_LIMIT else "bound"
     evaluated: dict[tuple, Candidate] = {}
@@ -136,7 +127,15 @@ def search_rlhf(
     elif sampler == "bound":
         trials = _bound_walk(workload, hardware, coef, by_key, evaluated, n_trials=n_trials)
     else:
-        trials = _tpe_rlhf(workload, hardware, coef, by_key, evaluated, seed=seed, n_trials=n_trials)
+        trials = tpe_rlhf(
+            workload,
+            hardware,
+            lambda point: best_inner_rlhf(point, workload, hardware, coef),
+            by_key,
+            evaluated,
+            seed=seed,
+            n_trials=n_trials,
+        )
     order = {key: i for i, key in enumerate(by_key)}
     # equal times: the one with more headroom first, then the simpler (earlier) layout
     ranked = sorted(evaluated.items(), key=lambda kv: (*kv[1].rank_key, order[kv[0]]))
@@ -144,7 +143,7 @@ def search_rlhf(
         ranked=tuple(c for _, c in ranked),
         trials=trials,
         sampler=sampler,
-        fastest_ignoring_memory=fastest_rlhf_ignoring_memory(workload, hardware, coef, lora_ranks),
+        fastest_ignoring_memory=fastest_rlhf_ignoring_memory(workload, hardware, coef, lora_ranks, rollouts),
     )
 
 
@@ -170,15 +169,28 @@ def _bound_walk(
     budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
     splits = batch_choices(workload, hardware)
     least_shared = min(shared_seconds(ctx, split) for split in splits)
+    # an engine's rollout is one call, where DeepSpeed's generation pays the per-call overhead for every batch
+    least_engine_shared = min(
+        shared_seconds(ctx, split)
+        - coef.step_overhead_s * (ctx.job.prompts_per_gpu // split[0] * ctx.job.generate_passes - 1)
+        for split in splits
+    )
     constant = shared_bytes(ctx)
     per_role: dict[tuple, tuple[float, int, tuple[int, float, int]]] = {}
 
-    def role_bound(role: str, block: TrainedModelStrategy | FrozenModelStrategy, he: bool) -> tuple:
-        key = (role, block, he and role == "actor")
+    def role_bound(
+        role: str, block: TrainedModelStrategy | FrozenModelStrategy, he: bool, rollout: RolloutStrategy | None
+    ) -> tuple:
+        key = (role, block, (he, rollout) if role == "actor" else None)
         if key not in per_role:
+            if role == "actor" and rollout is not None:
+                assert isinstance(block, TrainedModelStrategy)
+                seconds = min(engine_actor_seconds(ctx, block, rollout, split) for split in splits)
+            else:
+                seconds = min(role_seconds(ctx, role, block, he, False, split) for split in splits)
             per_role[key] = (
-                min(role_seconds(ctx, role, block, he, False, split) for split in splits),
-                min(role_live_floor(ctx, role, block, he, split) for split in splits),
+                seconds,
+                min(role_live_floor(ctx, role, block, he, split, rollout is None) for split in splits),
                 role_bytes(ctx, role, block),
             )
         return per_role[key]
@@ -186,8 +198,8 @@ def _bound_walk(
     bounds = []
     for index, (key, p) in enumerate(by_key.items()):
         roles = [("actor", p.actor), ("critic", p.critic), ("reference", p.reference), ("reward", p.reward)]
-        parts = [role_bound(role, block, p.hybrid_engine) for role, block in roles if block is not None]
-        time = least_shared + sum(seconds for seconds, _, _ in parts)
+        parts = [role_bound(role, block, p.hybrid_engine, p.rollout) for role, block in roles if block is not None]
+        time = (least_shared if p.rollout is None else least_engine_shared) + sum(seconds for seconds, _, _ in parts)
         resident = constant + sum(size[0] for _, _, size in parts)
         cached = max(role_init_cached(ctx, role, block) for role, block in roles if block is not None)
         reserved = resident + max(max(live for _, live, _ in parts), cached)
@@ -213,63 +225,12 @@ def _bound_walk(
     return len(evaluated)
 
 
-def _tpe_rlhf(
+def fastest_rlhf_ignoring_memory(
     workload: Workload,
     hardware: Hardware,
     coef: Coefficients,
-    by_key: dict[tuple, RLHFOuterPoint],
-    evaluated: dict[tuple, Candidate],
-    *,
-    seed: int,
-    n_trials: int,
-) -> int:
-    """A seeded multivariate TPE study over the outer knobs; fills ``evaluated``, returns the trial count."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    points = list(by_key.values())
-    layouts = list(dict.fromkeys(_trained_name(p.actor) for p in points))
-    blocks = [_frozen_name(b) for b in frozen_blocks(hardware)]
-    space: dict[str, list] = {"actor": layouts, "actor_checkpointing": [False, True]}
-    if workload.has_critic:
-        space.update(critic=layouts, critic_checkpointing=[False, True])
-    ranks = list(dict.fromkeys(p.actor.lora_rank for p in points))
-    space.update(reference=blocks, reward=blocks, hybrid_engine=[True, False], lora_rank=ranks)
-
-    def objective(trial: optuna.Trial) -> float:
-        values = {name: trial.suggest_categorical(name, choices) for name, choices in space.items()}
-        key = (
-            values["actor"],
-            values["actor_checkpointing"],
-            values.get("critic"),
-            values.get("critic_checkpointing"),
-            values["reference"],
-            values["reward"],
-            values["hybrid_engine"],
-            values["lora_rank"],
-        )
-        if key not in evaluated:
-            evaluated[key] = best_inner_rlhf(by_key[key], workload, hardware, coef)
-        candidate = evaluated[key]
-        trial.set_user_attr("fits", candidate.prediction.fits)
-        return candidate.score
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study = optuna.create_study(
-            direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True)
-        )
-
-        def stop_when_all_seen(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-            if len(evaluated) == len(points):
-                study.stop()
-
-        study.optimize(objective, n_trials=min(n_trials, len(points)), callbacks=[stop_when_all_seen])
-    return len(study.trials)
-
-
-def fastest_rlhf_ignoring_memory(
-    workload: Workload, hardware: Hardware, coef: Coefficients, lora_ranks: tuple[int, ...] = (0,)
+    lora_ranks: tuple[int, ...] = (0,),
+    rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
 ) -> Candidate | None:
     """The fastest RLHF strategy if memory were unlimited (largest batches, no empty_cache).
 
@@ -286,9 +247,13 @@ def fastest_rlhf_ignoring_memory(
         def role_time(p: RLHFOuterPoint, role: str) -> float:
             return rlhf_step(workload, rlhf_strategy_at(p, batches), hardware, coef).role_time[role]
 
-        actor_options = [(a, he) for a in layouts for he in (True, False)]
-        actor, he = min(actor_options, key=lambda o: role_time(replace(point, actor=o[0], hybrid_engine=o[1]), "actor"))
-        point = replace(point, actor=actor, hybrid_engine=he)
+        generations = searched_generations(workload, hardware, rollouts)
+        actor_options = [(a, he, r) for a in layouts for he, r in generations]
+        actor, he, rollout = min(
+            actor_options,
+            key=lambda o: role_time(replace(point, actor=o[0], hybrid_engine=o[1], rollout=o[2]), "actor"),
+        )
+        point = replace(point, actor=actor, hybrid_engine=he, rollout=rollout)
         if workload.has_critic:
             point = replace(point, critic=min(layouts, key=lambda c: role_time(replace(point, critic=c), "critic")))
         point = replace(point, reference=min(blocks, key=lambda b: role_time(replace(point, reference=b), "reference")))
@@ -301,11 +266,17 @@ def fastest_rlhf_ignoring_memory(
 
 
 def exhaustive_rlhf(
-    workload: Workload, hardware: Hardware, coef: Coefficients, *, lora_ranks: tuple[int, ...] = (0,)
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    *,
+    lora_ranks: tuple[int, ...] = (0,),
+    rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
 ) -> Candidate | None:
     """The fastest fitting RLHF strategy over every outer point (each resolved by ``best_inner_rlhf``)."""
     best: Candidate | None = None
-    for point in rlhf_outer_points(workload, hardware, lora_ranks):
+    generations = searched_generations(workload, hardware, rollouts)
+    for point in rlhf_outer_points(workload, hardware, lora_ranks, generations):
         candidate = best_inner_rlhf(point, workload, hardware, coef)
         if candidate.prediction.fits and (best is None or candidate.rank_key < best.rank_key):
             best = candidate

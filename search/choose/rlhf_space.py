@@ -35,6 +35,7 @@ from store.records import (
     TrainedModelStrategy,
     Workload,
 )
+from store.rollout import RolloutStrategy
 
 FROZEN_BLOCKS: tuple[FrozenModelStrategy, ...] = (
     FrozenModelStrategy(0, "none"),
@@ -55,6 +56,7 @@ class RLHFOuterPoint:
     reference: FrozenModelStrategy
     reward: FrozenModelStrategy
     hybrid_engine: bool
+    rollout: RolloutStrategy | None = None  # a vLLM/SGLang engine generates (then hybrid_engine is False)
 
 
 def trained_layouts(workload: Workload, hardware: Hardware, lora_rank: int) -> list[TrainedModelStrategy]:
@@ -73,8 +75,20 @@ def frozen_blocks(hardware: Hardware) -> tuple[FrozenModelStrategy, ...]:
     return FROZEN_BLOCKS
 
 
+def generation_options(
+    rollouts: tuple[RolloutStrategy, ...] = (), deepspeed: bool = True
+) -> tuple[tuple[bool, RolloutStrategy | None], ...]:
+    """(hybrid_engine, rollout) pairs: DeepSpeed's generation with and without the hybrid engine, then each
+    engine option (:func:`search.choose.rollout_space.rollout_options`)."""
+    own = ((True, None), (False, None)) if deepspeed else ()
+    return own + tuple((False, rollout) for rollout in rollouts)
+
+
 def rlhf_outer_points(
-    workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...] = (0,)
+    workload: Workload,
+    hardware: Hardware,
+    lora_ranks: tuple[int, ...] = (0,),
+    generations: tuple[tuple[bool, RolloutStrategy | None], ...] = ((True, None), (False, None)),
 ) -> Iterator[RLHFOuterPoint]:
     """Every outer point in a fixed order (what the exhaustive search walks). LoRA applies to actor and critic."""
     rlhf_job(workload, hardware)  # the workload must be an RLHF step whose batch splits over the GPUs
@@ -86,8 +100,8 @@ def rlhf_outer_points(
             for critic in critics:
                 for reference in blocks:
                     for reward in blocks:
-                        for hybrid_engine in (True, False):
-                            yield RLHFOuterPoint(actor, critic, reference, reward, hybrid_engine)
+                        for hybrid_engine, rollout in generations:
+                            yield RLHFOuterPoint(actor, critic, reference, reward, hybrid_engine, rollout)
 
 
 def divisors(n: int) -> list[int]:
@@ -119,6 +133,7 @@ def rlhf_strategy_at(
         reference=point.reference,
         reward=point.reward,
         hybrid_engine=point.hybrid_engine,
+        rollout=point.rollout,
         ema=False,
         generation_batch=generation_batch,
         micro_batch=micro_batch,
@@ -182,6 +197,7 @@ def role_live_floor(
     block: TrainedModelStrategy | FrozenModelStrategy,
     hybrid_engine: bool,
     batches: tuple[int, int, int],
+    generates: bool = True,
 ) -> int:
     """The least a model's own moments (its generation, scoring forward, training) add to the resident bytes
     under a split, fragments included: live bytes plus within-phase fragments with expandable segments and
@@ -196,7 +212,7 @@ def role_live_floor(
         placed = trained_model(ctx, role, block, 1)
         live, _, factor = scoring_forward(ctx, placed, generation_batch)
         moments.append((live, factor))
-        if role == "actor":
+        if role == "actor" and generates:  # DeepSpeed's generation (a rollout engine's bytes only add)
             generation = generation_phase(ctx, placed, hybrid_engine, generation_batch)
             moments += [(m, generation.factor) for m in generation.moments]
         trained = trained_model(ctx, role, block, grad_accum)

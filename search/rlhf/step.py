@@ -96,17 +96,16 @@ def scoring_forward(
 
 
 @lru_cache(maxsize=16384)
-def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, generation_batch: int) -> StepHalf:
-    """Generation and scoring of the step's prompts, ``generation_batch`` prompts per call."""
+def scoring_half(ctx: RLHFContext, models: Models, generation_batch: int, generate_calls: int) -> StepHalf:
+    """The scoring forwards of the step's generated sequences, ``generation_batch`` prompts per call, and the
+    per-call overhead of ``generate_calls`` generate calls (the generation phase itself is the caller's)."""
     job = ctx.job
-    generation = generation_phase(ctx, models.actor, hybrid_engine, generation_batch)
     roles = [("actor", models.actor), ("critic", models.critic), ("reference", models.reference)]
     roles.append(("reward", models.reward))
     forwards = {role: scoring_forward(ctx, p, generation_batch) for role, p in roles if p is not None}
     role_time = {role: forwards[role][1] if role in forwards else 0.0 for role, _ in roles}
-    role_time["actor"] += generation.time_s
     calls = job.prompts_per_gpu // generation_batch
-    overhead = role_time["shared"] = ctx.coef.step_overhead_s * calls * (job.generate_passes + 1)
+    overhead = role_time["shared"] = ctx.coef.step_overhead_s * (calls + generate_calls)
     scoring_seconds = sum(seconds for _, seconds, _ in forwards.values())
     if ctx.workload.kind == "ppo":  # GAE: a Python loop over the generated positions, per generate call
         advantages = calls * gae_seconds(job.gen_len, ctx.coef)
@@ -134,8 +133,22 @@ def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, genera
             if p is not None
         ),
     )
-    time = {"generation": generation.time_s, "scoring": scoring_seconds, "overhead": overhead}
-    return _half([generation, scoring], time, role_time)
+    time = {"generation": 0.0, "scoring": scoring_seconds, "overhead": overhead}
+    return _half([scoring], time, role_time)
+
+
+@lru_cache(maxsize=16384)
+def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, generation_batch: int) -> StepHalf:
+    """Generation (DeepSpeed's: the hybrid engine or HF generate) and scoring of the step's prompts,
+    ``generation_batch`` prompts per call."""
+    job = ctx.job
+    generation = generation_phase(ctx, models.actor, hybrid_engine, generation_batch)
+    calls = job.prompts_per_gpu // generation_batch
+    scoring = scoring_half(ctx, models, generation_batch, calls * job.generate_passes)
+    role_time = dict(scoring.role_time)
+    role_time["actor"] += generation.time_s
+    time = dict(scoring.time, generation=generation.time_s)
+    return _half([generation, *scoring.phases], time, role_time)
 
 
 @lru_cache(maxsize=16384)
@@ -188,6 +201,10 @@ def training_half(
 
 def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
     """Validate, then build (from cached pieces) the policy-independent part of a prediction."""
+    if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
+        from search.rollout.step import engine_step  # the engine's step builds on this module's pieces
+
+        return engine_step(workload, strategy, hardware, coef)
     ctx = rlhf_context(workload, hardware, coef)
     check_rlhf_strategy(workload, strategy, ctx.job)
     return step_of(ctx, strategy)

@@ -8,6 +8,7 @@ search shares one Step between those choices (:func:`score_step`) and :func:`fin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from search.coefficients import Coefficients
 from search.prediction import PhasePrediction, Prediction
@@ -47,6 +48,9 @@ class Step:
     init_cached: int = 0  # bytes DeepSpeed's engine init left cached (search.model.states.init_cached_bytes)
     resident_sizes: Sizes = ()  # the tensor sizes each resident part was requested in (search.streams.sizes)
     engines: Engines = ()  # each trained engine's init and first-step allocations (search.streams.build)
+    # RLHF with a rollout engine on GPUs of its own (search.rollout): what each of those GPUs holds
+    separate_gpu_bytes: int = 0
+    rollout: dict[str, Any] = field(default_factory=dict)  # the rollout engine's report (Prediction.rollout)
     base_time_s: float = 0.0  # sum of ``time`` (derived)
     resident_bytes: int = 0  # sum of ``resident`` (derived)
     peak_allocated_bytes: int = 0  # resident plus the largest phase's live bytes (derived)
@@ -77,7 +81,7 @@ def score_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients)
     reserved, _, cache_seconds, _ = apply_policy(
         step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef, step.init_cached
     )
-    return max(reserved), step.base_time_s + cache_seconds
+    return max(max(reserved), step.separate_gpu_bytes), step.base_time_s + cache_seconds
 
 
 def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware, coef: Coefficients) -> Prediction:
@@ -97,9 +101,12 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
     for name, value in moment.as_dict().items():
         breakdown[name] = breakdown.get(name, 0) + value
     breakdown["fragmentation"] = reserved[peak] - step.resident_bytes - moment.total
+    peak_phase = phases[peak].name
+    if step.separate_gpu_bytes > max(reserved):  # the engine's own GPUs hold the most
+        breakdown, peak_phase = {"rollout_engine": step.separate_gpu_bytes}, "generation"
     return Prediction(
-        peak_allocated_bytes=max(allocated),
-        peak_reserved_bytes=max(reserved),
+        peak_allocated_bytes=max(max(allocated), step.separate_gpu_bytes),
+        peak_reserved_bytes=max(max(reserved), step.separate_gpu_bytes),
         gpu_budget_bytes=gpu_budget_bytes(hardware, coef),
         host_bytes=step.host_bytes,
         host_states_bytes=step.host_states,
@@ -109,7 +116,8 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
         phases=tuple(
             PhasePrediction(ph.name, allocated[i], reserved[i], ph.time_s, ph.count) for i, ph in enumerate(phases)
         ),
-        peak_phase=phases[peak].name,
+        peak_phase=peak_phase,
+        rollout=dict(step.rollout),
         time_breakdown=dict(step.time, empty_cache=cache_seconds),
         time_terms=dict(step.time_terms, empty_cache=cache_seconds) if cache_seconds else dict(step.time_terms),
         reserved_uncertainty=coef.reserved_spread,

@@ -17,7 +17,20 @@ from search.model.moments import Moment
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.streams.sizes import Sizes
 
-LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "kv_cache", "hybrid_engine", "buffers")
+LIVE_PARTS = (
+    "gradients",
+    "zero3_gathered",
+    "activations",
+    "logits",
+    "kv_cache",
+    "hybrid_engine",
+    "buffers",
+    # a vLLM/SGLang rollout engine's bytes on the trainer's GPU (search.rollout): outside the trainer's allocator
+    "rollout_engine",
+    # the trainer's states DeepSpeed's offload_states moved to the host for the rollout: negative, outside torch
+    "offloaded_states",
+)
+OUTSIDE_TORCH_PARTS = ("hybrid_engine", "rollout_engine", "offloaded_states")
 # Groups of phases repeated together within a step: generate/scoring calls; training micro-steps.
 INFERENCE, TRAINING, OPTIMIZER = "inference", "training", "optimizer"
 
@@ -46,9 +59,12 @@ def live(
     kv_cache: int = 0,
     hybrid_engine: int = 0,
     buffers: int = 0,
+    rollout_engine: int = 0,
+    offloaded_states: int = 0,
     transient: int,
 ) -> Live:
-    return Live((gradients, zero3_gathered, activations, logits, kv_cache, hybrid_engine, buffers), int(transient))
+    parts = (gradients, zero3_gathered, activations, logits, kv_cache, hybrid_engine, buffers)
+    return Live((*parts, rollout_engine, offloaded_states), int(transient))
 
 
 def live_of(parts: Moment, steady: int) -> Live:

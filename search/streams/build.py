@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from search.step.phases import LIVE_PARTS, OPTIMIZER, Live, StepPhase
+from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit
 from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 
 KV = LIVE_PARTS.index("kv_cache")
-HYBRID = LIVE_PARTS.index("hybrid_engine")
+OUTSIDE = tuple(LIVE_PARTS.index(part) for part in OUTSIDE_TORCH_PARTS)
 GRADIENTS = LIVE_PARTS.index("gradients")
 # (phase making its first optimizer step, parameter bytes, optimizer-state bytes, its init allocations, the
 # sizes of its weights as loaded)
@@ -88,18 +88,21 @@ class _Parts:
 
 def outside_torch(moment: Live) -> int:
     """The bytes of a moment that torch's allocator never sees: the hybrid engine's workspace, and a KV cache
-    inside it (then the moment's transient bytes, those through torch, leave the cache out)."""
+    inside it (then the moment's transient bytes, those through torch, leave the cache out); a rollout engine's
+    bytes and the states DeepSpeed moved out of the way for it (search.rollout)."""
     kv = moment.parts[KV]
-    kv_outside = kv if kv and moment.transient < moment.total - moment.parts[HYBRID] else 0
-    return moment.parts[HYBRID] + kv_outside
+    outside = sum(moment.parts[i] for i in OUTSIDE)
+    kv_outside = kv if kv and moment.transient < moment.total - outside else 0
+    return outside + kv_outside
 
 
 def _torch_parts(phase: StepPhase, k: int) -> dict[str, int]:
     """The bytes per part of moment ``k`` that go through torch's allocator."""
     m = phase.moments[k]
     parts = dict(zip(LIVE_PARTS, m.parts, strict=True))
-    parts.pop("hybrid_engine")
-    if outside_torch(m) > m.parts[HYBRID]:
+    for part in OUTSIDE_TORCH_PARTS:
+        parts.pop(part)
+    if outside_torch(m) > sum(m.parts[i] for i in OUTSIDE):
         parts["kv_cache"] = 0
     return parts
 
@@ -146,8 +149,8 @@ def _rest(phase: StepPhase, keeps: bool, ends: bool) -> dict[str, int]:
     """What a phase run leaves: its group's kept bytes (the smallest moment's non-transient ones, carried
     gradients; nothing once the group ``ends``) and, when the next phase of the group continues its work
     (``keeps``), everything."""
-    steady = min(m.total - m.transient - m.parts[HYBRID] for m in phase.moments)
-    targets = {part: 0 for part in LIVE_PARTS if part != "hybrid_engine"}
+    steady = min(m.total - m.transient - sum(m.parts[i] for i in OUTSIDE) for m in phase.moments)
+    targets = {part: 0 for part in LIVE_PARTS if part not in OUTSIDE_TORCH_PARTS}
     targets["gradients"] = 0 if ends else max(0, steady)
     return {} if keeps else targets
 
