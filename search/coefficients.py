@@ -149,6 +149,31 @@ class Coefficients:
         "hidden-size vectors per token of the generation batch",
         "DeepSpeed inference workspace beside its KV cache (inference_context.h GenWorkSpace: 10 x hidden)",
     )
+    # --- rollout engines: vLLM and SGLang (search.rollout) ------------------------------------------------
+    rollout_non_torch_bytes: float = _coef(
+        256 * 2**20,
+        "bytes per GPU",
+        "memory outside torch's allocator that an engine's first forward adds (lazily loaded kernels, attention "
+        "backend workspaces): vLLM v1's 'non-torch forward increase memory' logged 0.02-0.61 GiB at tp=1",
+    )
+    rollout_tp_comm_bytes: float = _coef(
+        1.79 * 2**30,
+        "bytes per GPU",
+        "NCCL and custom all-reduce buffers of a tensor-parallel group: vLLM's non-torch memory of "
+        "Llama-3-8B on an H100 grew from 1.79 to 3.58 GiB going from tp=1 to tp=2 (vllm PR 10511)",
+    )
+    rollout_graph_bytes_per_capture: float = _coef(
+        6 * 2**20,
+        "bytes per captured CUDA graph",
+        "graph objects and their share of the pool beyond the largest graph: vLLM counts at least 1 MiB a graph "
+        "(gpu_model_runner.profile_cudagraph_memory); 35 graphs of Llama-3.2-1B took 0.21 GiB (vllm PR 11349)",
+    )
+    rollout_sampler_fp32_copies: float = _coef(
+        2,
+        "fp32 tensors of rows x vocabulary",
+        "vLLM's sampler beside the fp32 logits: the softmax probabilities and random_sample's exponential noise "
+        "(v1/sample/ops/topk_topp_sampler.py forward_native, random_sample)",
+    )
 
     # --- rollout engines (search.rollout): assumed orders of magnitude until a probe calibrates them ---------
     engine_step_host_s: float = _coef(

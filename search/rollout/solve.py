@@ -1,0 +1,155 @@
+"""The utilizations (vLLM's ``gpu_memory_utilization``, SGLang's ``mem_fraction_static``) that serve a rollout.
+
+On the grid of hundredths users write: the least whose KV cache holds the rollout's sequences, each rounded up
+to whole blocks (vLLM ``v1/core/kv_cache_utils.py``: a request takes ``cdiv(tokens, block_size)`` blocks;
+SGLang: whole pages), and the most whose awake footprint fits beside the trainer. Both ends are exact for the
+engine's own rounding (``ceil`` of the requested bytes, ``floor`` of the blocks): the scan evaluates the engine
+rules at every hundredth rather than inverting them, and everything it tests is monotone in the utilization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
+from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_shape import EngineRefusal
+from search.rollout.sglang_rules import sglang_memory
+from search.rollout.vllm_rules import vllm_memory
+from store.records import ModelSpec
+
+STEPS = 100  # utilizations 0.01, 0.02, ... 1.00
+
+
+def utilization_range(
+    engine: str,
+    model: ModelSpec,
+    dtype: str,
+    tensor_parallel: int,
+    gpu_memory_bytes: int,
+    *,
+    sequences: int,
+    tokens_per_sequence: int,
+    room_bytes: int,
+    enforce_eager: bool,
+    own_process: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    free_bytes_at_start: int | None = None,
+    block_size: int | None = None,
+    kv_cache_dtype: str | None = None,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> tuple[float, float] | None:
+    """``(least, most)`` utilization, in hundredths, or None when no utilization works.
+
+    least (rounded up): the engine starts and its KV cache holds ``sequences`` sequences of
+    ``tokens_per_sequence`` tokens at once (vLLM's ``max_model_len`` is ``tokens_per_sequence``).
+    most (rounded down): the engine starts and its awake bytes (``EngineMemory.awake``) fit in ``room_bytes``,
+    the GPU bytes left beside the trainer. ``free_bytes_at_start``: free GPU memory before the engine starts
+    (vLLM refuses above it; SGLang sizes its pool from it, so it is required there). ``block_size``: vLLM's
+    block (16 by default) or SGLang's page (1). ``max_num_seqs`` / ``max_num_batched_tokens`` are SGLang's
+    ``cuda_graph_max_bs`` / ``chunked_prefill_size``.
+    """
+    if sequences < 1 or tokens_per_sequence < 1:
+        raise ValueError("sequences and tokens_per_sequence must be >= 1")
+    memory = _engine_rule(
+        engine,
+        model,
+        dtype,
+        tensor_parallel,
+        gpu_memory_bytes,
+        enforce_eager=enforce_eager,
+        own_process=own_process,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=tokens_per_sequence,
+        free_bytes_at_start=free_bytes_at_start,
+        block_size=block_size,
+        kv_cache_dtype=kv_cache_dtype,
+        coef=coef,
+    )
+    block = block_size or (16 if engine == "vllm" else 1)
+    needed_tokens = sequences * -(-tokens_per_sequence // block) * block  # whole blocks per sequence
+    least = next((k for k in range(1, STEPS + 1) if _holds(memory(k / STEPS), needed_tokens)), None)
+    most = next((k for k in range(STEPS, 0, -1) if _fits(memory(k / STEPS), room_bytes)), None)
+    if least is None or most is None or least > most:
+        return None
+    return least / STEPS, most / STEPS
+
+
+def _holds(memory: EngineMemory | None, needed_tokens: int) -> bool:
+    return memory is not None and memory.kv_tokens >= needed_tokens
+
+
+def _fits(memory: EngineMemory | None, room_bytes: int) -> bool:
+    return memory is not None and memory.awake <= room_bytes
+
+
+def _engine_rule(
+    engine: str,
+    model: ModelSpec,
+    dtype: str,
+    tensor_parallel: int,
+    gpu_memory_bytes: int,
+    *,
+    enforce_eager: bool,
+    own_process: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    free_bytes_at_start: int | None,
+    block_size: int | None,
+    kv_cache_dtype: str | None,
+    coef: Coefficients,
+) -> Callable[[float], EngineMemory | None]:
+    """The engine's memory at a utilization, or None where the engine refuses to start."""
+
+    def vllm(u: float) -> EngineMemory:
+        return vllm_memory(
+            model,
+            dtype,
+            tensor_parallel,
+            gpu_memory_bytes,
+            u,
+            enforce_eager=enforce_eager,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            own_process=own_process,
+            block_size=block_size or 16,
+            kv_cache_dtype=kv_cache_dtype,
+            max_model_len=max_model_len,
+            free_bytes_at_start=free_bytes_at_start,
+            coef=coef,
+        )
+
+    def sglang(u: float) -> EngineMemory:
+        if free_bytes_at_start is None:
+            raise ValueError("SGLang sizes its KV pool from the free memory at start: give free_bytes_at_start")
+        return sglang_memory(
+            model,
+            dtype,
+            tensor_parallel,
+            gpu_memory_bytes,
+            u,
+            free_bytes_at_start=free_bytes_at_start,
+            enforce_eager=enforce_eager,
+            own_process=own_process,
+            chunked_prefill_size=max_num_batched_tokens,
+            cuda_graph_max_bs=max_num_seqs,
+            page_size=block_size or 1,
+            kv_cache_dtype=kv_cache_dtype,
+            coef=coef,
+        )
+
+    rules = {"vllm": vllm, "sglang": sglang}
+    if engine not in rules:
+        raise ValueError(f"engine must be vllm or sglang, not {engine!r}")
+    rule = rules[engine]
+
+    def at(u: float) -> EngineMemory | None:
+        try:
+            return rule(u)
+        except EngineRefusal:
+            return None
+
+    return at
