@@ -29,8 +29,7 @@ from search.coefficients import Coefficients
 from search.model.placement import TrainedPlacement
 from search.rlhf.job import RLHFContext, rlhf_context
 from search.rlhf.models import trained_model
-from search.rollout.engine import replica_sequences
-from search.rollout.engine_memory import DEFAULT_MAX_NUM_SEQS
+from search.rollout.engine import engine_limits, replica_sequences
 from search.rollout.step import engine_step_of, trainer_hardware
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
 from search.step.assemble import finish_step, gpu_budget_bytes, score_step
@@ -109,7 +108,7 @@ def engine_actor_seconds(
     without_generation = role_seconds(ctx, "actor", block, False, False, batches)
     without_generation -= generation_phase(ctx, placed, False, batches[0]).time_s
     sequences = replica_sequences(ctx, rollout)
-    running = min(sequences, DEFAULT_MAX_NUM_SEQS)
+    running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
     tp = rollout.tensor_parallel
     generate = job.generate_passes * rollout_seconds(
         w.model, sequences, job.prompt_len, job.gen_len, running, w.dtype, tp, rollout.enforce_eager, hw, coef

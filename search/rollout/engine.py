@@ -13,19 +13,85 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from search.rollout.engine_memory import (
-    BLOCK_SIZE,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    EngineMemory,
-    engine_memory,
-    utilization_range,
-)
-
+from search.coefficients import Coefficients
 from search.rlhf.job import RLHFContext
+from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_shape import EngineRefusal
+from search.rollout.sglang_rules import sglang_memory
+from search.rollout.solve import utilization_range
+from search.rollout.vllm_rules import vllm_default_batch, vllm_memory
+from store.records import ModelSpec
 from store.rollout import RolloutStrategy
 
 ENGINE_OWN_PROCESS = True  # OpenRLHF's engines are Ray actors: a process (and a CUDA context) of their own
+VLLM_BLOCK_SIZE = 16  # vLLM's default KV block (CacheConfig.block_size); SGLang's page is 1 token
+# SGLang's server arguments the planner leaves at a value its launcher takes on an 80 GB GPU (server_args.py:
+# chunked_prefill_size, cuda_graph_max_bs); the rollout's own batch decides what runs, these size the profile
+SGLANG_CHUNKED_PREFILL = 8192
+SGLANG_GRAPH_MAX_BS = 256
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """The batch limits an engine starts with: vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` (the
+    ``vllm.LLM`` defaults for the GPU), SGLang's ``cuda_graph_max_bs`` / ``chunked_prefill_size``; the KV block."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block: int
+
+
+def engine_limits(engine: str, gpu_memory_bytes: int, gpu_name: str) -> EngineLimits:
+    """The limits of ``engine`` on this GPU (see :class:`EngineLimits`)."""
+    if engine == "vllm":
+        tokens, seqs = vllm_default_batch(gpu_memory_bytes, gpu_name)
+        return EngineLimits(seqs, tokens, VLLM_BLOCK_SIZE)
+    return EngineLimits(SGLANG_GRAPH_MAX_BS, SGLANG_CHUNKED_PREFILL, 1)
+
+
+def engine_memory_at(
+    rollout: RolloutStrategy,
+    model: ModelSpec,
+    dtype: str,
+    gpu_memory_bytes: int,
+    utilization: float,
+    limits: EngineLimits,
+    max_model_len: int,
+    free_bytes_at_start: int,
+    coef: Coefficients,
+) -> EngineMemory | None:
+    """One replica's bytes per GPU at ``utilization``; None where the engine would refuse to start."""
+    try:
+        if rollout.engine == "vllm":
+            return vllm_memory(
+                model,
+                dtype,
+                rollout.tensor_parallel,
+                gpu_memory_bytes,
+                utilization,
+                enforce_eager=rollout.enforce_eager,
+                max_num_seqs=limits.max_num_seqs,
+                max_num_batched_tokens=limits.max_num_batched_tokens,
+                own_process=ENGINE_OWN_PROCESS,
+                max_model_len=max_model_len,
+                free_bytes_at_start=free_bytes_at_start,
+                coef=coef,
+            )
+        return sglang_memory(
+            model,
+            dtype,
+            rollout.tensor_parallel,
+            gpu_memory_bytes,
+            utilization,
+            free_bytes_at_start=free_bytes_at_start,
+            enforce_eager=rollout.enforce_eager,
+            own_process=ENGINE_OWN_PROCESS,
+            chunked_prefill_size=limits.max_num_batched_tokens,
+            cuda_graph_max_bs=limits.max_num_seqs,
+            coef=coef,
+        )
+    except EngineRefusal:
+        return None
 
 
 @dataclass(frozen=True)
@@ -89,39 +155,14 @@ def resolve_engine(
     tokens = ctx.job.seq_len
     if rollout.colocated:
         beside = rollout_trainer_bytes if rollout.sleep_level else max(rollout_trainer_bytes, trainer_peak)
-        room = budget - beside
-        free_at_start = hw.gpu_memory_bytes - beside
+        room, free_at_start = budget - beside, hw.gpu_memory_bytes - beside
     else:
         room, free_at_start = budget, hw.gpu_memory_bytes
-    running = min(sequences, DEFAULT_MAX_NUM_SEQS)
-    common = {
-        "enforce_eager": rollout.enforce_eager,
-        "own_process": ENGINE_OWN_PROCESS,
-        "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
-        "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        "max_model_len": tokens,
-        "free_bytes_at_start": free_at_start,
-    }
-    fitting = utilization_range(
-        rollout.engine,
-        w.model,
-        w.dtype,
-        rollout.tensor_parallel,
-        hw.gpu_memory_bytes,
-        sequences=running,
-        tokens_per_sequence=tokens,
-        room_bytes=room,
-        **common,
-    )
-    notes: list[str] = []
-    solved = rollout.gpu_memory_utilization is None
-    if not solved:
-        utilization = float(rollout.gpu_memory_utilization)
-    elif fitting is not None:
-        low, high = fitting
-        utilization = max(low, min(high, round((low + high) / 2 - 0.005, 2)))
-    else:
-        least = utilization_range(
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
+    running = min(sequences, limits.max_num_seqs)
+
+    def fitting_range(room_bytes: int) -> tuple[float, float] | None:
+        return utilization_range(
             rollout.engine,
             w.model,
             w.dtype,
@@ -129,19 +170,44 @@ def resolve_engine(
             hw.gpu_memory_bytes,
             sequences=running,
             tokens_per_sequence=tokens,
-            room_bytes=hw.gpu_memory_bytes * 4,
-            **common,
+            room_bytes=room_bytes,
+            enforce_eager=rollout.enforce_eager,
+            own_process=ENGINE_OWN_PROCESS,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            free_bytes_at_start=free_at_start,
+            block_size=limits.block,
+            coef=ctx.coef,
         )
-        utilization = least[0] if least else 1.0
+
+    fitting = fitting_range(room)
+    notes: list[str] = []
+    solved = rollout.gpu_memory_utilization is None
+    if rollout.gpu_memory_utilization is not None:
+        utilization = float(rollout.gpu_memory_utilization)
+    elif fitting is not None:
+        low, high = fitting
+        utilization = max(low, min(high, round((low + high) / 2 - 0.005, 2)))
+    else:
+        least = fitting_range(2**62)  # what holds the rollout, whatever it leaves the trainer
+        utilization = least[0] if least else 0.99
         notes.append(
-            f"no {rollout.engine} gpu_memory_utilization both holds the rollout's KV cache ({running} sequences "
-            f"of {tokens} tokens) and fits beside the trainer"
+            f"no {rollout.engine} utilization both holds the rollout's KV cache ({running} sequences of {tokens} "
+            "tokens at once) and fits beside the trainer"
         )
-    memory = engine_memory(
-        rollout.engine, w.model, w.dtype, rollout.tensor_parallel, hw.gpu_memory_bytes, utilization, **common
+    memory = engine_memory_at(
+        rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, limits, tokens, free_at_start, ctx.coef
     )
-    per_sequence = ceil(tokens / BLOCK_SIZE) * BLOCK_SIZE
-    max_running = max(1, min(DEFAULT_MAX_NUM_SEQS, memory.kv_tokens // per_sequence))
+    if memory is None:  # it would not start here: count what it asks for, so the plan does not fit
+        notes.append(f"{rollout.engine} would refuse to start at utilization {utilization:.2f} beside the trainer")
+        memory = engine_memory_at(
+            rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, limits, tokens, 2**62, ctx.coef
+        )
+    if memory is None:
+        memory = engine_memory_at(rollout, w.model, w.dtype, 2**62, utilization, limits, tokens, 2**62, ctx.coef)
+    assert memory is not None
+    per_sequence = ceil(tokens / limits.block) * limits.block
+    max_running = max(1, min(limits.max_num_seqs, memory.kv_tokens // per_sequence))
     if max_running < running:
         notes.append(
             f"the engine's KV cache holds {max_running} of the {running} sequences a replica runs at once: the "
