@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from search.coefficients import Coefficients
+from search.model.host import HostMemory
 from search.prediction import PhasePrediction, Prediction
 from search.step.fragments import Structure, apply_policy
 from search.step.phases import StepPhase
@@ -38,7 +39,7 @@ class Step:
     resident: dict[str, int]  # bytes resident through every phase, by breakdown name
     phases: tuple[StepPhase, ...]
     repeats: dict[str, int]  # runs of each phase group per step
-    host_bytes: int  # host memory per node
+    host: HostMemory  # host memory per node by phase and part (search.model.host); later parts add theirs
     host_states: int  # Prediction.host_states_bytes
     time: dict[str, float]  # seconds per step by activity, without empty_cache
     notes: tuple[str, ...] = ()
@@ -58,6 +59,11 @@ class Step:
         object.__setattr__(self, "peak_allocated_bytes", self.resident_bytes + max(ph.live for ph in self.phases))
         structure = tuple((ph.name, ph.group, self.repeats[ph.group] > 1) for ph in self.phases)
         object.__setattr__(self, "structure", structure)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory per node: the largest of the host's phases."""
+        return self.host.bytes
 
 
 def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficients, init_cached: int = 0) -> int:
@@ -101,7 +107,10 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
         peak_allocated_bytes=max(allocated),
         peak_reserved_bytes=max(reserved),
         gpu_budget_bytes=gpu_budget_bytes(hardware, coef),
-        host_bytes=step.host_bytes,
+        host_bytes=step.host.bytes,
+        host_breakdown=step.host.breakdown,
+        host_peak_phase=step.host.peak_phase,
+        host_phases=step.host.totals,
         host_states_bytes=step.host_states,
         host_budget_bytes=hardware.cpu_memory_bytes,
         step_time_s=step.base_time_s + cache_seconds,
