@@ -329,9 +329,12 @@ def check(
             f"{prediction.gpu_budget_bytes / 2**30:.2f} GiB"
         )
     if not prediction.fits_host:
+        parts = prediction.host_breakdown
+        largest = max(parts, key=lambda name: parts[name]) if parts else ""
         reasons.append(
-            f"host: predicted {prediction.host_bytes / 2**30:.2f} GiB exceeds --cpu-mem "
+            f"host: predicted {prediction.host_bytes / 2**30:.2f} GiB per node exceeds --cpu-mem "
             f"{prediction.host_budget_bytes / 2**30:.2f} GiB"
+            + (f" (largest part: {largest.replace('_', ' ')} {parts[largest] / 2**30:.2f} GiB)" if largest else "")
         )
     return CheckResult(fits=prediction.fits, reasons=reasons, report=report)
 

@@ -144,12 +144,41 @@ def render_prediction(report: PredictionReport) -> None:
         f"peak allocated {_gib(p.peak_allocated_bytes)} · peak reserved {_gib(p.peak_reserved_bytes)} · "
         f"host {_gib(p.host_bytes)} of {_gib(p.host_budget_bytes)} · step {_seconds(p.step_time_s)}"
     )
+    _host_line(p)
     console.print(_breakdown_table(p))
     console.print(_phases_table(p, report.allocator_replay))
     _time_line(p)
     _rollout_line(p)
     for note in p.notes:
         console.print(f"note: {note}")
+
+
+HOST_PARTS_SHOWN = 3  # the largest parts named on the host line; the rest are summed as "other"
+
+
+def host_line(p: Predicted) -> str:
+    """Host memory per node in one line: the peak against ``--cpu-mem``, the largest parts of the phase that
+    sets it, and the other phase's total (loading happens before training, so the two never add)."""
+    line = f"host per node {_gib(p.host_bytes)} of {_gib(p.host_budget_bytes)}"
+    if p.host_peak_phase == "loading":
+        line += " while loading the models (before training)"
+    parts = sorted(p.host_breakdown.items(), key=lambda kv: -kv[1])
+    shown = [f"{name.replace('_', ' ')} {value / GIB:.2f}" for name, value in parts[:HOST_PARTS_SHOWN]]
+    rest = sum(value for _, value in parts[HOST_PARTS_SHOWN:])
+    if rest:
+        shown.append(f"other {rest / GIB:.2f}")
+    if shown:
+        line += ": " + ", ".join(shown) + " GiB"
+    labels = {"steady": "through training", "loading": "model loading (before training)"}
+    for phase, value in p.host_phases.items():
+        if phase != p.host_peak_phase and value:
+            line += f"; {labels.get(phase, phase)} {_gib(value)}"
+    return line
+
+
+def _host_line(p: Predicted) -> None:
+    style = "green" if p.host_bytes <= p.host_budget_bytes else "red"
+    console.print(f"[{style}]{host_line(p)}[/{style}]", soft_wrap=True)
 
 
 def _time_line(p: Predicted) -> None:
@@ -218,6 +247,7 @@ def render_plan(plan: Plan) -> None:
             f"{describe(f.strategy)}, {_seconds(f.predicted.step_time_s)}, "
             f"{_gib(f.predicted.peak_reserved_bytes)} peak[/dim]"
         )
+    _host_line(plan.predicted)
     console.print(_breakdown_table(plan.predicted))
     console.print(_phases_table(plan.predicted, plan.allocator_replay))
     _time_line(plan.predicted)

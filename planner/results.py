@@ -36,6 +36,10 @@ class Predicted(BaseModel):
     gpu_budget_bytes: int
     host_bytes: int
     host_budget_bytes: int
+    # host bytes per node of the phase that sets host_bytes, by part (search.model.host); sums to host_bytes
+    host_breakdown: dict[str, int] = {}
+    host_peak_phase: str = ""  # "steady" (through training) or "loading" (the models' 16-bit copies before it)
+    host_phases: dict[str, int] = {}  # host bytes per node of each phase; host_bytes is the largest
     step_time_s: float
     peak_phase: str
     breakdown: dict[str, int]

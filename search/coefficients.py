@@ -25,7 +25,10 @@ class Coefficients:
         32 * 2**20, "bytes", "cuBLAS workspace that torch allocates through the caching allocator"
     )
     host_buffer_factor: float = _coef(
-        1.5, "multiplier", "DeepSpeed's additional_buffer_factor for pinned host buffers in its estimators"
+        1.5,
+        "multiplier",
+        "DeepSpeed's additional_buffer_factor in its estimators: offloaded states x this is their host memory "
+        "with pinned buffers, unless DeepSpeed's own host buffers come to more (search.model.host)",
     )
     # --- activations ------------------------------------------------------------------------------
     eager_softmax_bytes: float = _coef(

@@ -45,6 +45,11 @@ class Prediction:
     # parameters) with the pinned staging buffers beside them, without the estimators' slack factor that
     # ``host_bytes`` applies. On the CPU backend these live in the same memory as the "device" tensors.
     host_states_bytes: int = 0
+    # Host bytes per node of the phase that sets ``host_bytes`` (search.model.host: ``steady`` through training
+    # or ``loading`` before it, never both at once), by part; the parts sum to ``host_bytes``.
+    host_breakdown: dict[str, int] = field(default_factory=dict)
+    host_peak_phase: str = "steady"
+    host_phases: dict[str, int] = field(default_factory=dict)  # bytes per node of each host phase
     # Seconds per step by mechanism (search.model.roofline terms: matmul, elementwise, host_launch, ...).
     time_terms: dict[str, float] = field(default_factory=dict)
     # Relative spread of peak reserved bytes between programs around the same step (``reserved_spread``).
@@ -113,6 +118,9 @@ class Prediction:
             "gpu_budget_bytes": self.gpu_budget_bytes,
             "host_bytes": self.host_bytes,
             "host_budget_bytes": self.host_budget_bytes,
+            "host_breakdown": dict(self.host_breakdown),
+            "host_peak_phase": self.host_peak_phase,
+            "host_phases": dict(self.host_phases),
             "step_time_s": round(self.step_time_s, 6),
             "peak_phase": self.peak_phase,
             "breakdown": dict(self.breakdown),

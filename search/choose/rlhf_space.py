@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from search.batches import divisors as increasing_divisors
 from search.choose.single_space import outer_points
+from search.model.host import trained_host_bytes
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
@@ -246,7 +247,7 @@ def role_bytes(
         return frozen.resident, frozen.host, d * frozen.params // (n if frozen.block.zero_stage == 3 else 1)
     p = trained_model(ctx, role, block, 1)
     resident = p.states.parameters + p.states.optimizer_states + p.persistent_gradients + p.buffers
-    return resident, coef.host_buffer_factor * p.states.host, d * p.resident // (n if p.layout.zero_stage == 3 else 1)
+    return resident, trained_host_bytes(p, coef), d * p.resident // (n if p.layout.zero_stage == 3 else 1)
 
 
 def role_init_cached(ctx: RLHFContext, role: str, block: TrainedModelStrategy | FrozenModelStrategy) -> int:

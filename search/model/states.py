@@ -32,6 +32,8 @@ class ModelStates:
     zero3_gathered: int  # ZeRO-3: gathered parameters and their full gradients of the live module
     step_transient: int  # extra bytes only during the optimizer step
     host: int  # states offloaded to the host, per GPU, before pinned-buffer slack
+    host_parameters: int = 0  # of ``host``: the 16-bit parameter partition offloaded to CPU memory
+    host_nvme: int = 0  # of ``host``: ZeRO-Infinity's swap buffers of the states offloaded to NVMe
 
     @property
     def gpu_total(self) -> int:
@@ -91,10 +93,12 @@ def model_states(
     # DeepSpeed's default parameter buffers (5 x 1e8 elements).
     host_optimizer = 16 * min(t // n, ZERO3_SUB_GROUP_SIZE) if offload_optimizer == "nvme" else fp32_partition
     host_params = 5 * 100_000_000 * d if offload_param == "nvme" else lp_params
+    nvme = (host_optimizer if offload_optimizer == "nvme" else 0) + (host_params if offload_param == "nvme" else 0)
     if offload_param != "none":
-        return ModelStates(0, 0, 0, gathered, 0, host_optimizer + host_params)
+        on_cpu = host_params if offload_param == "cpu" else 0
+        return ModelStates(0, 0, 0, gathered, 0, host_optimizer + host_params, on_cpu, nvme)
     if offload_opt:
-        return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer)
+        return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer, 0, nvme)
     # The fp32 gradient exists only while its sub-group steps (stage3.py _prepare_fp32_grad_for_sub_group):
     # a flattened 16-bit copy and its fp32 upcast of at most sub_group_size elements.
     step_elements = min(t // n, ZERO3_SUB_GROUP_SIZE)

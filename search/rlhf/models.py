@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from search.model.host import LOADING, STEADY, HostMemory, add_parts, per_node, trained_host
 from search.model.placement import (
     FrozenPlacement,
     TrainedPlacement,
@@ -30,8 +31,13 @@ class Models:
     reference: FrozenPlacement
     reward: FrozenPlacement
     resident: dict[str, int]
-    host_bytes: int
+    host: HostMemory  # host memory per node by phase and part
     host_states: int  # bytes per GPU in host memory (offloaded states, staging buffers), without slack
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory per node: the larger of the steady and loading phases."""
+        return self.host.bytes
 
     @property
     def trained(self) -> list[TrainedPlacement]:
@@ -82,14 +88,16 @@ def place_models(
         "experience": experience_bytes(ctx.job.sequences_per_gpu, ctx.job.seq_len, dtype),
         "buffers": int(coef.cublas_workspace_bytes) + sum(p.buffers for p in trained),
     }
-    # Host per node: offloaded states with DeepSpeed's pinned-buffer slack, offloaded frozen weights and
-    # EMA copy; or, when larger, every local rank loading one model's 16-bit copy (one model at a time).
-    offloaded = coef.host_buffer_factor * sum(p.states.host for p in trained)
-    offloaded += reference.host + reward.host + ema_host
+    # Host per node (search.model.host): offloaded states with DeepSpeed's pinned buffers and the estimators'
+    # slack, offloaded frozen weights and EMA copy through training; or, when larger, every local rank loading
+    # one model's 16-bit copy before training (one model at a time).
+    g = ctx.hardware.gpus
+    steady = add_parts(*(trained_host(p, coef) for p in trained))
+    steady.update(frozen_models=reference.host + reward.host, ema=ema_host)
     loading = max(
         [d * p.resident // (n if p.layout.zero_stage == 3 else 1) for p in trained]
         + [d * p.params // (n if p.block.zero_stage == 3 else 1) for p in (reference, reward)]
     )
-    host = int(max(offloaded, loading) * ctx.hardware.gpus)
+    host = HostMemory({STEADY: per_node(steady, g), LOADING: {"model_loading": loading * g}})
     host_states = sum(p.states.host + p.work.host for p in trained) + reference.host + reward.host + ema_host
     return Models(actor, critic, reference, reward, resident, host, host_states)

@@ -251,7 +251,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
             INFERENCE: ctx.job.prompts_per_gpu // s.generation_batch,
             TRAINING: ctx.workload.ppo_epochs * s.grad_accum,
         },
-        host_bytes=models.host_bytes,
+        host=models.host,
         host_states=models.host_states,
         time=time,
         role_time=role_time,

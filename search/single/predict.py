@@ -13,6 +13,7 @@ Checked against CPU probes of tiny models (``tests/probes/test_cost_model_accura
 from __future__ import annotations
 
 from search.coefficients import Coefficients
+from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
 from search.model.moments import Moment, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
 from search.model.states import init_cached_bytes
@@ -126,11 +127,12 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         "optimizer": seconds.optimizer,
         "overhead": coef.step_overhead_s * s.grad_accum,
     }
-    # --- host memory per node: offloaded states with DeepSpeed's pinned-buffer slack, or, when larger, every
-    # local rank loading its 16-bit copy of the model before deepspeed.initialize (ZeRO-3 builds it
-    # partitioned under zero.Init).
+    # --- host memory per node (search.model.host): offloaded states with DeepSpeed's pinned buffers and the
+    # estimators' slack through training; or, when larger, every local rank loading its 16-bit copy of the
+    # model before deepspeed.initialize (ZeRO-3 builds it partitioned under zero.Init).
     loading = hardware.gpus * d * placed.resident // (n if s.zero_stage == 3 else 1)
-    host = int(max(coef.host_buffer_factor * states.host * hardware.gpus, loading))
+    held = per_node(trained_host(placed, coef), hardware.gpus)
+    host = HostMemory({STEADY: held, LOADING: {"model_loading": loading}})
     notes = []
     if s.lora_rank and s.lora_rank * 8 > model.hidden_size:
         notes.append(f"LoRA rank {s.lora_rank} is large for hidden size {model.hidden_size}")
@@ -138,7 +140,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         resident=resident,
         phases=tuple(phases),
         repeats={TRAINING: s.grad_accum, OPTIMIZER: 1},
-        host_bytes=host,
+        host=host,
         host_states=states.host + work.host,
         time=time,
         time_terms=dict(seconds.terms, overhead=coef.step_overhead_s * s.grad_accum),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from search.coefficients import Coefficients
+from search.model.host import HostMemory
 from search.prediction import PhasePrediction, Prediction
 from search.step.fragments import Structure, apply_policy
 from search.step.phases import StepPhase
@@ -39,7 +40,7 @@ class Step:
     resident: dict[str, int]  # bytes resident through every phase, by breakdown name
     phases: tuple[StepPhase, ...]
     repeats: dict[str, int]  # runs of each phase group per step
-    host_bytes: int  # host memory per node
+    host: HostMemory  # host memory per node by phase and part (search.model.host); later parts add theirs
     host_states: int  # Prediction.host_states_bytes
     time: dict[str, float]  # seconds per step by activity, without empty_cache
     notes: tuple[str, ...] = ()
@@ -62,6 +63,11 @@ class Step:
         object.__setattr__(self, "peak_allocated_bytes", self.resident_bytes + max(ph.live for ph in self.phases))
         structure = tuple((ph.name, ph.group, self.repeats[ph.group] > 1) for ph in self.phases)
         object.__setattr__(self, "structure", structure)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory per node: the largest of the host's phases."""
+        return self.host.bytes
 
 
 def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficients, init_cached: int = 0) -> int:
@@ -108,7 +114,10 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
         peak_allocated_bytes=max(max(allocated), step.separate_gpu_bytes),
         peak_reserved_bytes=max(max(reserved), step.separate_gpu_bytes),
         gpu_budget_bytes=gpu_budget_bytes(hardware, coef),
-        host_bytes=step.host_bytes,
+        host_bytes=step.host.bytes,
+        host_breakdown=step.host.breakdown,
+        host_peak_phase=step.host.peak_phase,
+        host_phases=step.host.totals,
         host_states_bytes=step.host_states,
         host_budget_bytes=hardware.cpu_memory_bytes,
         step_time_s=step.base_time_s + cache_seconds,

@@ -113,6 +113,12 @@ def check_predicted_block(predicted: dict[str, Any], hardware: dict[str, Any]) -
     assert predicted["peak_allocated_bytes"] == max(p["peak_allocated_bytes"] for p in phases)
     # ... and the breakdown explains exactly the peak phase's reserved bytes.
     assert sum(breakdown.values()) == predicted["peak_reserved_bytes"]
+    # Host memory per node: the parts of the host phase that sets it (steady or loading) add up to it.
+    host = predicted["host_breakdown"]
+    assert all(_is_int(v) and v > 0 for v in host.values()), host
+    assert sum(host.values()) == predicted["host_bytes"]
+    assert predicted["host_phases"][predicted["host_peak_phase"]] == predicted["host_bytes"]
+    assert predicted["host_bytes"] == max(predicted["host_phases"].values())
 
 
 def fits_by_numbers(predicted: dict[str, Any], hardware: dict[str, Any]) -> bool:
