@@ -25,14 +25,16 @@ def what_would_fit(
     """Readable lines, one per change that makes a full fine-tune (or, first, LoRA) fit.
 
     ``searched`` holds searches of this very job that the caller already ran, by LoRA ranks (``recommend``'s
-    LoRA fallback): they are not run again.
+    LoRA fallback): they are not run again. The changes are weighed with DeepSpeed's own generation for RLHF
+    (a vLLM/SGLang rollout's dozens of knob variants per point would make each of these searches seconds long):
+    a change found this way fits with an engine rollout too where the engine can sleep.
     """
     workload, hardware = job.workload, job.hardware
     lines: list[str] = []
 
     def fits(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> str | None:
         try:
-            best = run_search(w, h, coef, lora_ranks=ranks).best
+            best = run_search(w, h, coef, lora_ranks=ranks, rollouts=("hybrid-engine",)).best
         except ValueError:  # the batch does not split over the new GPU count
             return None
         return None if best is None else best.strategy.describe()

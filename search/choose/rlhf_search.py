@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
+from search.choose.engine_inner import best_inner_engine
 from search.choose.rlhf_space import (
     RLHFOuterPoint,
     batch_choices,
@@ -31,9 +32,13 @@ from search.choose.rlhf_space import (
 from search.choose.rlhf_tpe import rlhf_key, tpe_rlhf
 from search.choose.rollout_space import (
     ROLLOUT_FAMILIES,
-    best_inner_engine,
     engine_actor_seconds,
+    engine_floor_bytes,
+    fastest_knobs,
+    knob_variants,
+    offloadable_bound,
     searched_generations,
+    smallest_knobs,
 )
 from search.coefficients import Coefficients
 from search.rlhf.job import rlhf_context
@@ -118,7 +123,9 @@ def search_rlhf(
     points = list(rlhf_outer_points(workload, hardware, lora_ranks, generations))
     by_key = {rlhf_key(p): p for p in points}
     if sampler == "auto":
-        sampler = "grid" if len(points) <= RLHF_GRID_LIMIT else "bound"
+        # an engine point resolves dozens of knob variants and splits: the bound walk (exact too) spares them
+        engines = any(p.rollout is not None for p in points)
+        sampler = "grid" if len(points) <= RLHF_GRID_LIMIT and not engines else "bound"
     evaluated: dict[tuple, Candidate] = {}
     if sampler == "grid":
         for key, point in by_key.items():
@@ -163,7 +170,9 @@ def _bound_walk(
     bytes and host memory, also sums over models, plus the most that any one model's moments must add,
     bound its memory. Points are resolved by ``best_inner_rlhf``
     in order of that bound until no remaining point can beat the best found, nor the ``RLHF_ALTERNATIVES``-th
-    best that fits (while fewer fit, until ``n_trials`` points are resolved).
+    best that fits (while fewer fit, until ``n_trials`` points are resolved). When nothing fits, it stops after
+    ``n_trials`` points' worth (an engine point counts as its knob variants): the closest plan it reports is then
+    the closest of those, not provably of all.
     """
     ctx = rlhf_context(workload, hardware, coef)
     budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
@@ -185,7 +194,8 @@ def _bound_walk(
         if key not in per_role:
             if role == "actor" and rollout is not None:
                 assert isinstance(block, TrainedModelStrategy)
-                seconds = min(engine_actor_seconds(ctx, block, rollout, split) for split in splits)
+                fastest = fastest_knobs(rollout)
+                seconds = min(engine_actor_seconds(ctx, block, fastest, split) for split in splits)
             else:
                 seconds = min(role_seconds(ctx, role, block, he, False, split) for split in splits)
             per_role[key] = (
@@ -203,6 +213,10 @@ def _bound_walk(
         resident = constant + sum(size[0] for _, _, size in parts)
         cached = max(role_init_cached(ctx, role, block) for role, block in roles if block is not None)
         reserved = resident + max(max(live for _, live, _ in parts), cached)
+        if p.rollout is not None:  # the engine awake beside the least the trainer keeps for the rollout
+            smallest = smallest_knobs(p.rollout)
+            movable = sum(offloadable_bound(ctx, role, block) for role, block in roles if block is not None)
+            reserved = max(reserved, resident - movable * smallest.offload_training + engine_floor_bytes(ctx, smallest))
         host = max(sum(size[1] for _, _, size in parts), max(size[2] for _, _, size in parts)) * hardware.gpus
         # float sums in another order than the step's: keep the bound a hair below
         bound = penalized_score(time * (1 - 1e-9), reserved, budget, int(host * (1 - 1e-9)), host_budget)
@@ -210,15 +224,20 @@ def _bound_walk(
     bounds.sort()
     best = float("inf")
     fitting: list[float] = []  # the best scores that fit, at most RLHF_ALTERNATIVES
+    spent = 0  # points resolved, an engine point counting as its knob variants (each costs a DeepSpeed point)
     for bound, _, key in bounds:
         if bound > best:  # cannot win; resolve it only as a possible alternative
             if len(fitting) >= RLHF_ALTERNATIVES:
                 wanted = bound <= fitting[-1]
             else:
-                wanted = bound < INFEASIBLE_PENALTY_S and len(evaluated) < n_trials
+                wanted = bound < INFEASIBLE_PENALTY_S and spent < n_trials
             if not wanted:
                 break
-        candidate = evaluated[key] = best_inner_rlhf(by_key[key], workload, hardware, coef)
+        elif bound >= INFEASIBLE_PENALTY_S and not fitting and spent >= n_trials:
+            break  # nothing fits: the closest of ``n_trials`` points' worth is the answer, not provably the closest
+        point = by_key[key]
+        spent += 1 if point.rollout is None else len(knob_variants(point.rollout))
+        candidate = evaluated[key] = best_inner_rlhf(point, workload, hardware, coef)
         best = min(best, candidate.score)
         if candidate.prediction.fits:
             fitting = sorted([*fitting, candidate.score])[:RLHF_ALTERNATIVES]

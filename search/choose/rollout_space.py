@@ -16,26 +16,21 @@ training moments (the engine only adds).
 
 from __future__ import annotations
 
-from search.choose.candidates import Candidate, penalized_score
+from functools import lru_cache
+
 from search.choose.rlhf_space import (
-    RLHFOuterPoint,
-    batch_choices,
-    cache_choices,
     generation_options,
-    rlhf_strategy_at,
     role_seconds,
 )
-from search.coefficients import Coefficients
 from search.model.placement import TrainedPlacement
-from search.rlhf.job import RLHFContext, rlhf_context
+from search.rlhf.job import RLHFContext
 from search.rlhf.models import trained_model
-from search.rollout.engine import engine_limits, replica_sequences
-from search.rollout.step import engine_step_of, trainer_hardware
+from search.rollout.engine import ENGINE_OWN_PROCESS, engine_limits, engine_memory_at, replica_sequences
+from search.rollout.solve import utilization_range
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
-from search.step.assemble import finish_step, gpu_budget_bytes, score_step
 from search.streams.sizes import weight_tensors
 from store.errors import InputError
-from store.records import Hardware, TrainedModelStrategy, Workload
+from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
 # what generates the rollout: DeepSpeed ("hybrid-engine": its hybrid engine or HF generate), vLLM, SGLang
@@ -75,14 +70,13 @@ def tensor_parallel_choices(hardware: Hardware) -> tuple[int, ...]:
 
 
 def rollout_options(workload: Workload, hardware: Hardware) -> tuple[RolloutStrategy, ...]:
-    """Every engine option the search weighs for this workload and hardware (see the module docstring)."""
+    """The engine placements the search walks as outer points: each engine colocated at each tensor-parallel
+    size, and on a quarter of each node's GPUs; their knobs (sleep level, offload_training, enforce_eager) are
+    resolved per point (:func:`knob_variants`)."""
     options = []
     for engine in SEARCHED_ENGINES:
         for tp in tensor_parallel_choices(hardware):
-            for sleep in SEARCHED_SLEEP_LEVELS:
-                for offload in (False, True):
-                    for eager in (False, True):
-                        options.append(RolloutStrategy(engine, "colocate", 0, tp, None, sleep, offload, eager))
+            options.append(RolloutStrategy(engine, "colocate", 0, tp, None, 2, True, False))
         engine_gpus = max(1, hardware.gpus // 4)
         trainer_gpus = hardware.gpus - engine_gpus
         if trainer_gpus >= 1 and workload.global_batch % (trainer_gpus * hardware.nodes) == 0:
@@ -90,6 +84,33 @@ def rollout_options(workload: Workload, hardware: Hardware) -> tuple[RolloutStra
                 if engine_gpus % tp == 0:
                     options.append(RolloutStrategy(engine, "separate", engine_gpus, tp, None, 0, False, False))
     return tuple(options)
+
+
+def knob_variants(rollout: RolloutStrategy) -> tuple[RolloutStrategy, ...]:
+    """The knobs the search tries for one engine placement, simplest first: colocated, sleep levels 0 and 2
+    with and without DeepSpeed's offload_states, CUDA graphs and enforce_eager; on GPUs of its own, graphs or not."""
+    if not rollout.colocated:
+        return tuple(rollout.with_(enforce_eager=eager) for eager in (False, True))
+    return tuple(
+        rollout.with_(sleep_level=sleep, offload_training=offload, enforce_eager=eager)
+        for sleep in SEARCHED_SLEEP_LEVELS
+        for offload in (False, True)
+        for eager in (False, True)
+    )
+
+
+def fastest_knobs(rollout: RolloutStrategy) -> RolloutStrategy:
+    """The variant no other is faster than: awake throughout, nothing moved, CUDA graphs."""
+    if not rollout.colocated:
+        return rollout.with_(enforce_eager=False)
+    return rollout.with_(sleep_level=0, offload_training=False, enforce_eager=False)
+
+
+def smallest_knobs(rollout: RolloutStrategy) -> RolloutStrategy:
+    """The variant no other holds less GPU memory than during the rollout: states moved, no graph pool."""
+    if not rollout.colocated:
+        return rollout.with_(enforce_eager=True)
+    return rollout.with_(sleep_level=2, offload_training=True, enforce_eager=True)
 
 
 def engine_actor_seconds(
@@ -120,26 +141,56 @@ def engine_actor_seconds(
     return max(0.0, without_generation) + generate + sleep + sync
 
 
-def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
-    """``best_inner_rlhf`` for a point whose rollout runs on an engine: every split and cache choice, exactly
-    (the engine's share of the GPU depends on the whole split). The candidate's strategy carries the solved
-    ``gpu_memory_utilization``."""
-    assert point.rollout is not None
-    trainer = trainer_hardware(hardware, point.rollout)
-    ctx = rlhf_context(workload, trainer, coef)
-    budget, host_budget = gpu_budget_bytes(trainer, coef), trainer.cpu_memory_bytes
-    best: tuple[float, int, int] | None = None
-    chosen = None
-    for i, batches in enumerate(batch_choices(workload, trainer)):
-        strategy = rlhf_strategy_at(point, batches)
-        step = engine_step_of(ctx, strategy)
-        for j, (policy, allocator) in enumerate(cache_choices()):
-            reserved, seconds = score_step(step, policy, allocator, coef)
-            score = penalized_score(seconds, reserved, budget, step.host_bytes, host_budget)
-            if best is None or (score, i, j) < best:
-                best, chosen = (score, i, j), (strategy, step, policy, allocator)
-    assert chosen is not None
-    strategy, step, policy, allocator = chosen
-    prediction = finish_step(step, policy, allocator, trainer, coef)
-    solved = point.rollout.with_(gpu_memory_utilization=prediction.rollout["gpu_memory_utilization"])
-    return Candidate(strategy.with_(empty_cache=policy, allocator=allocator, rollout=solved), prediction)
+def engine_floor_bytes(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
+    """The least GPU bytes the engine holds awake: at the least utilization that holds the rollout's KV cache,
+    started on an empty GPU (what it leaves the trainer only lowers the most it may take). 0 on GPUs of its own."""
+    if not rollout.colocated:
+        return 0
+    return _engine_floor(ctx, rollout)
+
+
+@lru_cache(maxsize=1024)
+def _engine_floor(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
+    w, hw = ctx.workload, ctx.hardware
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
+    running = min(replica_sequences(ctx, rollout), limits.max_num_seqs)
+    fitting = utilization_range(
+        rollout.engine,
+        w.model,
+        w.dtype,
+        rollout.tensor_parallel,
+        hw.gpu_memory_bytes,
+        sequences=running,
+        tokens_per_sequence=ctx.job.seq_len,
+        room_bytes=2**62,
+        enforce_eager=rollout.enforce_eager,
+        own_process=ENGINE_OWN_PROCESS,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        free_bytes_at_start=hw.gpu_memory_bytes,
+        block_size=limits.block,
+        coef=ctx.coef,
+    )
+    if fitting is None:
+        return 2**62  # it cannot hold the rollout on this GPU at all
+    memory = engine_memory_at(
+        rollout,
+        w.model,
+        w.dtype,
+        hw.gpu_memory_bytes,
+        fitting[0],
+        limits,
+        ctx.job.seq_len,
+        hw.gpu_memory_bytes,
+        ctx.coef,
+    )
+    return memory.awake if memory is not None else 2**62
+
+
+def offloadable_bound(ctx: RLHFContext, role: str, block: TrainedModelStrategy | FrozenModelStrategy) -> int:
+    """The most DeepSpeed's offload_states can move off the GPU for the rollout from one model (see
+    :func:`search.rollout.step.offloadable_states`): a trained model's optimizer states and ZeRO-3 gradients."""
+    if role in ("reference", "reward") or not isinstance(block, TrainedModelStrategy):
+        return 0
+    p = trained_model(ctx, role, block, 1)
+    return p.states.optimizer_states + p.persistent_gradients

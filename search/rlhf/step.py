@@ -273,6 +273,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
     )
 
 
+@lru_cache(maxsize=4096)
 def models_resident_sizes(ctx: RLHFContext, models: Models) -> Sizes:
     """The tensor sizes of the step's resident parts: the trained models' weights (flat under ZeRO-1/2
     without LoRA), their fp32 states as flat partitions, the frozen models' weights tensor by tensor."""

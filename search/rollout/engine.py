@@ -10,13 +10,14 @@ takes the middle of that range, as far from one failure as from the other, and s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil
 from typing import Any
 
 from search.coefficients import Coefficients
 from search.rlhf.job import RLHFContext
 from search.rollout.engine_memory import EngineMemory
-from search.rollout.engine_shape import EngineRefusal
+from search.rollout.engine_shape import EngineRefusal, context_bytes, weights_per_gpu
 from search.rollout.sglang_rules import sglang_memory
 from search.rollout.solve import utilization_range
 from search.rollout.vllm_rules import vllm_default_batch, vllm_memory
@@ -132,6 +133,31 @@ class ResolvedEngine:
         }
 
 
+def refused_memory(
+    rollout: RolloutStrategy,
+    model: ModelSpec,
+    dtype: str,
+    gpu_memory_bytes: int,
+    utilization: float,
+    coef: Coefficients,
+) -> EngineMemory:
+    """An engine that would not start (its budget holds no KV cache): what it asks for, with its weights and
+    its process's context, and a KV cache of nothing."""
+    return EngineMemory(
+        engine=rollout.engine,
+        utilization=utilization,
+        requested=ceil(gpu_memory_bytes * utilization),
+        weights=weights_per_gpu(model, dtype, rollout.tensor_parallel),
+        activation_peak=0,
+        non_torch=0,
+        kv_cache=0,
+        kv_tokens=0,
+        cuda_graphs=0,
+        context=context_bytes(ENGINE_OWN_PROCESS, coef),
+        outside=context_bytes(ENGINE_OWN_PROCESS, coef),
+    )
+
+
 def replica_sequences(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
     """Sequences one engine replica generates per step (per generate pass).
 
@@ -144,6 +170,7 @@ def replica_sequences(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
     return ceil(w.global_batch * w.samples_per_prompt / replicas)
 
 
+@lru_cache(maxsize=16384)
 def resolve_engine(
     ctx: RLHFContext, rollout: RolloutStrategy, budget: int, rollout_trainer_bytes: int, trainer_peak: int
 ) -> ResolvedEngine:
@@ -155,7 +182,7 @@ def resolve_engine(
     tokens = ctx.job.seq_len
     if rollout.colocated:
         beside = rollout_trainer_bytes if rollout.sleep_level else max(rollout_trainer_bytes, trainer_peak)
-        room, free_at_start = budget - beside, hw.gpu_memory_bytes - beside
+        room, free_at_start = budget - beside, max(0, hw.gpu_memory_bytes - beside)
     else:
         room, free_at_start = budget, hw.gpu_memory_bytes
     limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
@@ -201,7 +228,7 @@ def resolve_engine(
     if memory is None:  # it would not start here: count what it asks for, so the plan does not fit
         notes.append(f"{rollout.engine} would refuse to start at utilization {utilization:.2f} beside the trainer")
         memory = engine_memory_at(
-            rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, limits, tokens, 2**62, ctx.coef
+            rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, limits, tokens, hw.gpu_memory_bytes, ctx.coef
         )
     if memory is None:
         memory = engine_memory_at(rollout, w.model, w.dtype, 2**62, utilization, limits, tokens, 2**62, ctx.coef)

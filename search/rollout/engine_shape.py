@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.activations import activations, logits_bytes
@@ -55,6 +56,7 @@ def is_mla(model: ModelSpec) -> bool:
     return bool(model.hf_config.get("kv_lora_rank"))
 
 
+@lru_cache(maxsize=1024)
 def cache_layers(model: ModelSpec) -> int:
     """Layers with a KV cache of their own, every one counted as full attention (see the module docstring)."""
     if not model.kv_windows:
@@ -67,6 +69,7 @@ def kv_heads_per_gpu(model: ModelSpec, tensor_parallel: int) -> int:
     return 1 if is_mla(model) else max(1, model.num_kv_heads // tensor_parallel)
 
 
+@lru_cache(maxsize=1024)
 def layer_token_bytes(model: ModelSpec, dtype: str, tensor_parallel: int, kv_cache_dtype: str | None = None) -> int:
     """Bytes one token takes in one layer's KV cache on one GPU of a replica."""
     size = kv_element_bytes(dtype, kv_cache_dtype)
@@ -87,6 +90,7 @@ def kv_bytes_per_token(model: ModelSpec, dtype: str, tensor_parallel: int, *, kv
     return cache_layers(model) * layer_token_bytes(model, dtype, tensor_parallel, kv_cache_dtype)
 
 
+@lru_cache(maxsize=1024)
 def weights_per_gpu(model: ModelSpec, dtype: str, tensor_parallel: int) -> int:
     """Bytes of the 16-bit weights on one rank: every matrix split over the ranks (vocabulary-parallel embedding
     and head, column/row-parallel linears), except that K and V projections are replicated with their heads
@@ -136,6 +140,7 @@ def sampler_peak(model: ModelSpec, dtype: str, tokens: int, rows: int, coef: Coe
     return int(hidden + logits + working)
 
 
+@lru_cache(maxsize=1024)
 def profile_peak(model: ModelSpec, dtype: str, tensor_parallel: int, tokens: int, rows: int, coef: Coefficients) -> int:
     """Torch's peak above the weights over a forward of ``tokens`` tokens and then the sampler over ``rows``
     rows: the larger of the two moments (the forward's working set is freed before the sampler runs)."""
@@ -143,6 +148,7 @@ def profile_peak(model: ModelSpec, dtype: str, tensor_parallel: int, tokens: int
     return max(forward, sampler_peak(model, dtype, tokens, rows, coef))
 
 
+@lru_cache(maxsize=1024)
 def graph_pool(
     model: ModelSpec, dtype: str, tensor_parallel: int, largest: int, graphs: int, coef: Coefficients
 ) -> int:

@@ -10,6 +10,7 @@ rules at every hundredth rather than inverting them, and everything it tests is 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.rollout.engine_memory import EngineMemory
@@ -21,6 +22,7 @@ from store.records import ModelSpec
 STEPS = 100  # utilizations 0.01, 0.02, ... 1.00
 
 
+@lru_cache(maxsize=4096)
 def utilization_range(
     engine: str,
     model: ModelSpec,
@@ -52,6 +54,10 @@ def utilization_range(
     """
     if sequences < 1 or tokens_per_sequence < 1:
         raise ValueError("sequences and tokens_per_sequence must be >= 1")
+    # Refusals are a prefix (too little budget for any KV cache) and, for vLLM, a suffix (more requested than is
+    # free at start-up); KV tokens and the awake bytes grow with the utilization in between. So each end is a
+    # binary search over the hundredths, with the start-up check applied apart (vLLM request_memory).
+    vllm_check = engine == "vllm" and free_bytes_at_start is not None
     memory = _engine_rule(
         engine,
         model,
@@ -63,18 +69,57 @@ def utilization_range(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=tokens_per_sequence,
-        free_bytes_at_start=free_bytes_at_start,
+        free_bytes_at_start=None if vllm_check else free_bytes_at_start,
         block_size=block_size,
         kv_cache_dtype=kv_cache_dtype,
         coef=coef,
     )
+
+    def starts(m: EngineMemory) -> bool:
+        return not vllm_check or free_bytes_at_start - m.context >= m.requested  # type: ignore[operator]
+
     block = block_size or (16 if engine == "vllm" else 1)
     needed_tokens = sequences * -(-tokens_per_sequence // block) * block  # whole blocks per sequence
-    least = next((k for k in range(1, STEPS + 1) if _holds(memory(k / STEPS), needed_tokens)), None)
-    most = next((k for k in range(STEPS, 0, -1) if _fits(memory(k / STEPS), room_bytes)), None)
-    if least is None or most is None or least > most:
+    least = _first(lambda k: _holds(memory(k / STEPS), needed_tokens))
+    if least is None or not starts(memory(least / STEPS)):  # type: ignore[arg-type]
+        return None
+    lowest = _first(lambda k: memory(k / STEPS) is not None)
+    assert lowest is not None
+
+    def fits(k: int) -> bool:
+        m = memory(k / STEPS)
+        return m is not None and starts(m) and _fits(m, room_bytes)
+
+    if not fits(lowest):
+        return None
+    most = _last(fits, lowest)
+    if least > most:
         return None
     return least / STEPS, most / STEPS
+
+
+def _first(holds: Callable[[int], bool]) -> int | None:
+    """The least k in 1..STEPS where ``holds`` (false below it, true from it on), or None."""
+    low, high = 1, STEPS + 1
+    while low < high:
+        mid = (low + high) // 2
+        if holds(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low if low <= STEPS else None
+
+
+def _last(holds: Callable[[int], bool], start: int) -> int:
+    """The largest k in start..STEPS where ``holds`` (true from ``start`` up to it, false above)."""
+    low, high = start, STEPS
+    while low < high:
+        mid = (low + high + 1) // 2
+        if holds(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _holds(memory: EngineMemory | None, needed_tokens: int) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from search.coefficients import Coefficients
+from search.model.host import STEADY
 from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
 from search.rlhf.models import Models, place_models
 from search.rlhf.step import (
@@ -176,15 +177,19 @@ def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
     }
     role_time = {role: scoring.role_time[role] + training.role_time.get(role, 0.0) for role in scoring.role_time}
     role_time["actor"] += sum(engine_time.values())
-    host = models.host_bytes + ctx.hardware.gpus * (
-        engine.memory.host_backup(rollout.sleep_level) * rollout.colocated + offloaded
+    # pinned host buffers per node: DeepSpeed keeps those of offload_states once made (hp_params_pin_buffers...),
+    # vLLM holds the level-1 copy of its weights while it sleeps, that is while the trainer works
+    backup = engine.memory.host_backup(rollout.sleep_level) if rollout.colocated else 0
+    host = models.host.plus(
+        STEADY,
+        {"rollout_weight_backup": ctx.hardware.gpus * backup, "offloaded_for_rollout": ctx.hardware.gpus * offloaded},
     )
     return Step(
         resident=models.resident,
         phases=(generation, *trainer_phases, sync),
         repeats={"inference": job.prompts_per_gpu // s.generation_batch, "training": w.ppo_epochs * s.grad_accum}
         | {ROLLOUT: 1},
-        host_bytes=host,
+        host=host,
         host_states=models.host_states,
         time=time,
         role_time=role_time,
