@@ -92,17 +92,24 @@ def write_configs(path: Path, configs: Any, *, force: bool = False, per_model: b
     if per_model is None:
         per_model = isinstance(configs, dict) and "actor" in configs
     targets = config_paths(checked_output(path), configs, per_model=per_model)
+    return write_texts({target: json.dumps(config, indent=2) + "\n" for target, config in targets.items()}, force=force)
+
+
+def write_texts(targets: dict[Path, str], *, force: bool = False) -> list[Path]:
+    """Write each text to its path atomically: every file or, on any problem, none (InputError, one line).
+
+    Refuses before writing anything when a target exists (without ``force``) or is a folder."""
     for target in targets:
-        checked_output(target)  # the per-model names are longer than the one given
-    for target in targets:  # refuse before writing anything
-        if target.exists() and not force:
-            raise InputError(f"{target} exists; pass --force to overwrite it")
+        checked_output(target)  # companion names are longer than the one given
+    for target in targets:
         if target.is_dir():
             raise InputError(f"{target} is a folder; give a file name such as {target / 'ds_config.json'}")
+        if target.exists() and not force:
+            raise InputError(f"{target} exists; pass --force to overwrite it")
     written: list[Path] = []
     try:
-        for target, config in targets.items():
-            written.append(write_json_atomic(target, config, force=True))
+        for target, text in targets.items():
+            written.append(write_text_atomic(target, text, force=True))
     except InputError:
         for done in written:
             done.unlink(missing_ok=True)

@@ -9,7 +9,19 @@ from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
 from search import Prediction, replay_memory
 from search.model.activations import source as activation_source
-from store.records import RLHFStrategy, Strategy
+from store.errors import InputError
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
+
+
+def _framework_launch(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict[str, Any]]:
+    """OpenRLHF 0.11 (``openrlhf_ray``), veRL and TRL launch flags and gaps; a plan one of them cannot take
+    gets its reason as the gap (the report is never refused for it)."""
+    from probes.frameworks import launch_entries
+
+    try:
+        return launch_entries(strategy, workload, hardware)
+    except InputError as exc:
+        return {"frameworks": {"flags": [], "gaps": [str(exc)]}}
 
 
 def predicted_block(prediction: Prediction) -> Predicted:
@@ -61,6 +73,8 @@ def prediction_report(
         w, h = job.workload, job.hardware
         launch = {"deepspeed_chat": deepspeed_chat_flags(strategy, w, h), "openrlhf": openrlhf_flags(strategy, w, h)}
         gaps = {"deepspeed_chat": deepspeed_chat_gaps(strategy, w, h), "openrlhf": openrlhf_gaps(strategy, w, h)}
+        for name, entry in _framework_launch(strategy, w, h).items():
+            launch[name], gaps[name] = entry["flags"], entry["gaps"]
         return PredictionReport(
             **common,
             ds_configs=render_rlhf_ds_configs(strategy, job.workload, job.hardware),

@@ -89,19 +89,26 @@ def calibrations(db: str | None = None, limit: int = 20, target: str | None = No
 
 
 def export(
-    plan_id: str | None = None, output: str | Path = "ds_config.json", *, force: bool = False, db: str | None = None
+    plan_id: str | None = None,
+    output: str | Path | None = None,
+    *,
+    force: bool = False,
+    db: str | None = None,
+    format: str = "deepspeed",
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Write the DeepSpeed config of a saved plan (the latest by default) to ``output``.
+    """Write a saved plan (the latest by default) in ``format`` to ``output``.
 
-    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``,
-    ...). Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
-    DeepSpeed key). Refuses to overwrite an existing file unless ``force``.
+    ``format="deepspeed"`` (the default; ``output`` defaults to ``ds_config.json``) writes the DeepSpeed config;
+    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``, ...).
+    ``openrlhf``, ``verl`` (RLHF), ``trl``, ``hf`` and ``accelerate`` (single-model; ``trl`` also GRPO) write that
+    framework's files (a launch script, a config and the DeepSpeed config it points at: ``probes.frameworks``);
+    the returned document then has an ``export`` block whose ``gaps`` say what the framework cannot express of
+    the plan. Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
+    DeepSpeed key). Refuses to overwrite an existing file unless ``force``; writes all files or none.
     """
-    from planner.files import checked_output, write_configs
+    from planner.exporting import write_export
 
-    record = plan(plan_id, db)
-    paths = write_configs(checked_output(output), record.ds_config, force=force)
-    return paths, record.document
+    return write_export(plan(plan_id, db), format, output, force=force, db=db)
 
 
 def plan_job(document: dict[str, Any]) -> JobSpec:

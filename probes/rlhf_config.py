@@ -40,6 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from probes.ds_config import EMPTY_CACHE_PLACEMENT, STEPS_PER_PRINT, outside_settings, render_ds_config
+from probes.frameworks.common import check_rlhf, max_out_tokens
 from store.ds_defaults import PIN_MEMORY, zero3_buckets
 from store.errors import InputError
 from store.records import (
@@ -77,7 +78,7 @@ HYBRID_ENGINE_SETTINGS: dict[str, Any] = {
 # DeepSpeed-Chat's LoRA target: a substring of module names; "layers." matches OPT's
 # "model.decoder.layers.N" and Llama-style "model.layers.N" (its default "decoder.layers." fits OPT only).
 DSCHAT_LORA_MODULE_NAME = "layers."
-OPENRLHF_STYLES: tuple[str, ...] = ("classic", "dotted")
+OPENRLHF_STYLES: tuple[str, ...] = ("classic", "dotted")  # probes.frameworks.openrlhf.STYLES
 
 
 # --- DeepSpeed configs --------------------------------------------------------------------------------
@@ -132,17 +133,8 @@ def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware:
     return configs
 
 
-def _check_rlhf(strategy: RLHFStrategy, workload: Workload) -> None:
-    if not workload.is_rlhf:
-        raise InputError(f"RLHF configs need a ppo, remax or grpo workload, not {workload.kind!r}")
-    if not workload.prompt_len or not workload.gen_len:
-        raise InputError("RLHF configs need the prompt and generation lengths (--prompt-len P --gen-len G)")
-    if workload.has_critic and strategy.critic is None:
-        raise InputError("strategy: ppo trains a critic; give the strategy a critic block")
-
-
-def _max_out_tokens(workload: Workload) -> int:
-    return int(workload.prompt_len or 0) + int(workload.gen_len or 0)
+_check_rlhf = check_rlhf
+_max_out_tokens = max_out_tokens
 
 
 def _frozen_config(
@@ -293,138 +285,29 @@ def deepspeed_chat_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Ha
     return gaps
 
 
-# --- OpenRLHF -----------------------------------------------------------------------------------------
+# --- OpenRLHF (probes.frameworks.openrlhf) ------------------------------------------------------------
 
 
 def openrlhf_flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: str = "classic") -> list[str]:
-    """Flags for OpenRLHF's PPO trainer (model, data and Ray placement flags not included).
+    """Flags for OpenRLHF's PPO trainer (model, data and logging flags not included).
 
-    ``style="classic"``: the flat option names of ``openrlhf.cli.train_ppo`` and of ``train_ppo_ray``
-    before 0.11 (``--zero_stage``, ``--adam_offload``, ``--micro_train_batch_size`` ...).
-    ``style="dotted"``: the dotted names of ``openrlhf.cli.train_ppo_ray`` in OpenRLHF 0.11 (checked
-    against 0.11.2: ``--ds.zero_stage``, ``--ds.adam_offload``, ``--ref.offload`` / ``--reward.offload``,
-    ``--data.max_len`` = prompt + generation, ``--ds.param_dtype``), plus ``--train.colocate_all`` and
-    each model's node/GPU counts, so that every model shares every GPU as the planner assumes.
-
-    OpenRLHF has one setting for both trained models where the strategy has two: ``--zero_stage`` is the
-    actor's stage (the critic trains at the same stage), ``--adam_offload`` is given when either offloads
-    its optimizer, ``--gradient_checkpointing`` and ``--lora_rank`` are the actor's. The frozen models
-    take ZeRO-3 exactly when ``--zero_stage`` is 3. ``--rollout_batch_size`` is the workload's global
-    batch of prompts, ``--train_batch_size`` the strategy's global batch of sequences. GRPO adds
-    ``--advantage_estimator group_norm --n_samples_per_prompt k``; OpenRLHF has no ReMax estimator
-    (choices: gae, reinforce, rloo, reinforce_baseline, group_norm, dr_grpo), so ReMax gets
-    ``--advantage_estimator reinforce``: the same models (no critic) without ReMax's greedy-baseline
-    rollout. Everything that does not carry over is listed by :func:`openrlhf_gaps`.
+    ``style="classic"``: the flat option names of ``train_ppo_ray`` up to OpenRLHF 0.9.1.post1 (``--zero_stage``,
+    ``--adam_offload``, ``--micro_train_batch_size``, ``--vllm_num_engines`` ...). ``style="dotted"``: the dotted
+    names of OpenRLHF 0.10.2 and later, checked against 0.11.2 (``--ds.zero_stage``, ``--vllm.num_engines``,
+    ``--train.colocate_all`` and each model's node/GPU counts). A plan with a rollout engine
+    (``strategy.rollout``) adds the vLLM engine flags. See :mod:`probes.frameworks.openrlhf`; what does not
+    carry over is listed by :func:`openrlhf_gaps`.
     """
-    if style not in OPENRLHF_STYLES:
-        raise InputError(f"OpenRLHF flag style must be one of {', '.join(OPENRLHF_STYLES)}, not {style!r}")
-    _check_rlhf(strategy, workload)
-    actor, critic = strategy.actor, strategy.critic if workload.has_critic else None
-    adam_offload = actor.offload_optimizer != "none" or (critic is not None and critic.offload_optimizer != "none")
-    dotted = style == "dotted"
-    flags = ["--ds.zero_stage" if dotted else "--zero_stage", str(actor.zero_stage)]
-    if adam_offload:
-        flags.append("--ds.adam_offload" if dotted else "--adam_offload")
-    if actor.gradient_checkpointing:
-        flags.append("--actor.gradient_checkpointing_enable" if dotted else "--gradient_checkpointing")
-    if dotted:
-        flags += ["--ref.offload"] if strategy.reference.offload != "none" else []
-        flags += ["--reward.offload"] if strategy.reward.offload != "none" else []
-    elif strategy.reference.offload != "none" or strategy.reward.offload != "none":
-        flags.append("--ref_reward_offload")
-    micro_train = strategy.micro_batch
-    train_batch = strategy.micro_batch * strategy.grad_accum * hardware.world_size
-    names = (
-        ("--train.micro_batch_size", "--train.batch_size", "--rollout.micro_batch_size", "--rollout.batch_size")
-        if dotted
-        else ("--micro_train_batch_size", "--train_batch_size", "--micro_rollout_batch_size", "--rollout_batch_size")
-    )
-    for name, value in zip(
-        names, (micro_train, train_batch, strategy.generation_batch, workload.global_batch), strict=True
-    ):
-        flags += [name, str(value)]
-    flags += ["--train.max_epochs" if dotted else "--max_epochs", str(workload.ppo_epochs)]
-    if dotted:
-        flags += ["--data.max_len", str(_max_out_tokens(workload)), "--rollout.max_new_tokens", str(workload.gen_len)]
-        if workload.dtype in ("bf16", "fp16"):
-            flags += ["--ds.param_dtype", workload.dtype]
-    else:
-        flags += ["--prompt_max_len", str(workload.prompt_len), "--generate_max_len", str(workload.gen_len)]
-        if workload.dtype == "bf16":
-            flags.append("--bf16")
-    if actor.lora_rank:
-        flags += ["--ds.lora.rank" if dotted else "--lora_rank", str(actor.lora_rank)]
-    if strategy.ema:
-        flags.append("--train.enable_ema" if dotted else "--enable_ema")
-    estimator = {"grpo": "group_norm", "remax": "reinforce"}.get(workload.kind)
-    if estimator:
-        flags += ["--algo.advantage.estimator" if dotted else "--advantage_estimator", estimator]
-    if workload.kind == "grpo" or workload.samples_per_prompt > 1:
-        flags += [
-            "--rollout.n_samples_per_prompt" if dotted else "--n_samples_per_prompt",
-            str(workload.samples_per_prompt),
-        ]
-    if dotted:
-        flags.append("--train.colocate_all")
-        roles = ("actor", "critic", "ref", "reward") if critic is not None else ("actor", "ref", "reward")
-        for role in roles:
-            flags += [f"--{role}.num_nodes", str(hardware.nodes), f"--{role}.num_gpus_per_node", str(hardware.gpus)]
-    return flags
+    from probes.frameworks.openrlhf import flags
+
+    return flags(strategy, workload, hardware, style)
 
 
 def openrlhf_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: str = "classic") -> list[str]:
     """What of this strategy :func:`openrlhf_flags` cannot express, one sentence each (empty: nothing)."""
-    if style not in OPENRLHF_STYLES:
-        raise InputError(f"OpenRLHF flag style must be one of {', '.join(OPENRLHF_STYLES)}, not {style!r}")
-    _check_rlhf(strategy, workload)
-    actor, critic = strategy.actor, strategy.critic if workload.has_critic else None
-    gaps: list[str] = []
-    if critic is not None:
-        for knob, label in (
-            ("zero_stage", "--zero_stage"),
-            ("gradient_checkpointing", "--gradient_checkpointing"),
-            ("lora_rank", "--lora_rank"),
-        ):
-            if getattr(critic, knob) != getattr(actor, knob):
-                gaps.append(f"OpenRLHF's {label} is one setting for actor and critic; the strategy's critic differs")
-        if (actor.offload_optimizer == "none") != (critic.offload_optimizer == "none"):
-            gaps.append("--adam_offload offloads the optimizer of both actor and critic; the strategy offloads one")
-    for role, block in (("actor", actor), ("critic", critic)):
-        if block is None:
-            continue
-        if block.offload_param != "none":
-            gaps.append(f"OpenRLHF cannot offload the {role}'s parameters (only Adam states, --adam_offload)")
-        if block.offload_optimizer == "nvme":
-            gaps.append(f"OpenRLHF offloads the {role}'s optimizer to the CPU only, not NVMe")
-    frozen_stage = 3 if actor.zero_stage == 3 else 0
-    for role, block in (("reference", strategy.reference), ("reward", strategy.reward)):
-        if block.zero_stage != frozen_stage:
-            gaps.append(
-                f"OpenRLHF holds the {role} model at ZeRO-{frozen_stage} (ZeRO-3 exactly when --zero_stage is 3); "
-                f"the strategy asks for ZeRO-{block.zero_stage}"
-            )
-    if style == "classic" and strategy.reference.offload != strategy.reward.offload:
-        gaps.append("--ref_reward_offload offloads reference and reward together; the strategy offloads one")
-    if style == "classic" and workload.dtype == "fp16":
-        gaps.append("classic OpenRLHF has --bf16 only (else fp32); fp16 cannot be asked for")
-    if style == "dotted" and workload.dtype == "fp32":
-        gaps.append("OpenRLHF 0.11's --ds.param_dtype takes bf16 or fp16; fp32 cannot be asked for")
-    if strategy.hybrid_engine:
-        gaps.append(
-            "OpenRLHF has no DeepSpeed hybrid engine: it generates with the actor's own generate() "
-            "(classic) or with vLLM engines (Ray)"
-        )
-    if workload.kind == "remax":
-        gaps.append(
-            "OpenRLHF has no ReMax estimator; --advantage_estimator reinforce runs the same models without "
-            "ReMax's greedy-baseline generation (one rollout per prompt, not two)"
-        )
-    if style == "dotted":
-        gaps.append(
-            "OpenRLHF 0.11 generates with vLLM engines (--vllm.num_engines, --vllm.gpu_memory_utilization); "
-            "their memory is not the generation phase the planner models"
-        )
-    return gaps
+    from probes.frameworks.openrlhf import gaps
+
+    return gaps(strategy, workload, hardware, style)
 
 
 # --- Settings outside the configs ---------------------------------------------------------------------

@@ -183,3 +183,112 @@ def test_export_with_no_plans_yet(cli: Cli, db: Path, tmp_path: Path) -> None:
     out = tmp_path / "ds.json"
     assert_one_error_line(cli("export", "-o", out, "--db", db), "no plans")
     assert not out.exists()
+
+
+# --- export --format: the frameworks' files (probes.frameworks) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class FormatPlans:
+    db: Path
+    grpo: str  # GRPO with a colocated vLLM rollout
+    sft: str
+
+
+@pytest.fixture(scope="module")
+def format_plans(tmp_path_factory: pytest.TempPathFactory) -> FormatPlans:
+    """Plans saved through the API: GRPO with a vLLM rollout (the search does not choose engines yet), and SFT."""
+    from planner import predict
+    from planner.results import Plan
+    from planner.saved import save_plan
+
+    db = tmp_path_factory.mktemp("formats") / "plans.db"
+    job = {"gpu_mem": "24G", "cpu_mem": "64G", "batch": 16}
+    rollout = {"engine": "vllm", "gpu_memory_utilization": 0.4, "sleep_level": 1}
+    grpo = predict(
+        "opt-125m",
+        workload="grpo",
+        prompt_len=128,
+        gen_len=128,
+        strategy={"actor": {"zero_stage": 2}, "hybrid_engine": False, "rollout": rollout, "micro_batch": 2},
+        **job,
+    )
+    sft = predict("opt-125m", workload="sft", seq_len=512, strategy={"zero_stage": 3, "micro_batch": 4}, **job)
+    ids = [save_plan(Plan(**report.model_dump()), str(db)).plan_id for report in (grpo, sft)]
+    assert all(ids)
+    return FormatPlans(db, str(ids[0]), str(ids[1]))
+
+
+@pytest.mark.parametrize("fmt,files", [("openrlhf", ["run_openrlhf.sh"]), ("verl", ["run_verl.sh"])])
+def test_export_rlhf_script_formats(cli: Cli, format_plans: FormatPlans, tmp_path: Path, fmt: str, files) -> None:
+    out = tmp_path / files[0]
+    result = cli("export", format_plans.grpo, "--format", fmt, "-o", out, "--db", format_plans.db)
+    assert result.rc == 0, result.err
+    assert _listing(tmp_path) == files and f"wrote {out}" in result.out
+    text = out.read_text()
+    assert "Not expressible" in result.out  # the plan's empty_cache after-generation at least
+    for line in result.out.splitlines():
+        if line.startswith("  - "):
+            assert f"# - {line[4:]}" in text  # each printed gap is also in the script
+    assert '"${ACTOR_MODEL:?' in text
+    engine = "--vllm.gpu_memory_utilization 0.4" if fmt == "openrlhf" else "rollout.gpu_memory_utilization=0.4"
+    assert engine in text
+
+
+def test_export_trl_writes_python_yaml_and_ds_config(cli: Cli, format_plans: FormatPlans, tmp_path: Path) -> None:
+    import ast
+
+    import yaml
+
+    out = tmp_path / "grpo.py"
+    result = cli("export", format_plans.grpo, "--format", "trl", "-o", out, "--db", format_plans.db)
+    assert result.rc == 0, result.err
+    assert _listing(tmp_path) == ["grpo.ds_config.json", "grpo.py", "grpo.yaml"]
+    ast.parse(out.read_text())
+    config = yaml.safe_load((tmp_path / "grpo.yaml").read_text())
+    assert config["use_vllm"] is True and config["vllm_mode"] == "colocate" and config["num_generations"] >= 2
+    assert config["deepspeed"] == str(tmp_path / "grpo.ds_config.json")
+    assert json.loads((tmp_path / "grpo.ds_config.json").read_text())["train_batch_size"] == "auto"
+    assert "level 2" in result.out  # TRL sleeps vLLM at level 2, the plan asks for 1
+
+
+@pytest.mark.parametrize("fmt", ["hf", "accelerate", "trl"])
+def test_export_single_model_formats(cli: Cli, format_plans: FormatPlans, tmp_path: Path, fmt: str) -> None:
+    result = cli("export", format_plans.sft, "--format", fmt, "-o", tmp_path / "job.x", "--db", format_plans.db)
+    assert result.rc == 0, result.err
+    assert len(_listing(tmp_path)) >= 2  # the framework's file and the DeepSpeed config it points at
+    configs = [json.loads(p.read_text()) for p in tmp_path.iterdir() if p.read_text().startswith("{")]
+    assert [c["zero_optimization"]["stage"] for c in configs] == [3]  # hf: job.x itself; others: job.ds_config.json
+
+
+def test_export_format_errors_are_one_line(cli: Cli, format_plans: FormatPlans, tmp_path: Path) -> None:
+    out = tmp_path / "x"
+    db = format_plans.db
+    assert_one_error_line(cli("export", format_plans.grpo, "--format", "yaml", "-o", out, "--db", db), "--format")
+    assert_one_error_line(cli("export", format_plans.grpo, "--format", "hf", "-o", out, "--db", db), "single-model")
+    assert_one_error_line(cli("export", format_plans.sft, "--format", "verl", "-o", out, "--db", db), "RLHF plans")
+    assert _listing(tmp_path) == []
+
+
+def test_export_format_refuses_to_overwrite_any_file(cli: Cli, format_plans: FormatPlans, tmp_path: Path) -> None:
+    companion = tmp_path / "cfg.yaml"
+    companion.write_text("keep me\n")
+    result = cli("export", format_plans.grpo, "--format", "trl", "-o", tmp_path / "cfg.py", "--db", format_plans.db)
+    assert_one_error_line(result, "--force")
+    assert _listing(tmp_path) == ["cfg.yaml"] and companion.read_text() == "keep me\n"
+    forced = cli(
+        "export", format_plans.grpo, "--format", "trl", "-o", tmp_path / "cfg.py", "-f", "--db", format_plans.db
+    )
+    assert forced.rc == 0, forced.err
+    assert _listing(tmp_path) == ["cfg.ds_config.json", "cfg.py", "cfg.yaml"] and "keep me" not in companion.read_text()
+
+
+def test_export_api_format_argument(format_plans: FormatPlans, tmp_path: Path, monkeypatch) -> None:
+    from planner import export
+
+    monkeypatch.chdir(tmp_path)
+    paths, document = export(format_plans.sft, db=str(format_plans.db))  # old call: the DeepSpeed config
+    assert paths == [Path("ds_config.json")] and "export" not in document
+    paths, document = export(format_plans.grpo, db=str(format_plans.db), format="openrlhf")
+    assert paths == [Path("run_openrlhf.sh")] and document["export"]["format"] == "openrlhf"
+    assert document["plan_id"] == format_plans.grpo and document["export"]["gaps"]

@@ -1,0 +1,47 @@
+"""``export --format``: a saved plan written as the files of the framework that runs it.
+
+``deepspeed`` (the default) writes the plan's DeepSpeed config(s) as stored; the other formats
+(:data:`probes.frameworks.FORMATS`) rebuild the plan's workload, hardware and strategy from its document and
+render them with :mod:`probes.frameworks`: the files go beside ``-o`` (all or none), and what the framework
+cannot express of the plan comes back with them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.files import checked_output, write_configs, write_texts
+from probes.frameworks import DEFAULT_OUTPUTS, check_format, file_layout, render
+
+if TYPE_CHECKING:
+    from store.db import PlanRecord
+
+
+def default_output(fmt: str) -> str:
+    """The file ``-o`` names when left out, by format (``ds_config.json`` for ``deepspeed``)."""
+    return DEFAULT_OUTPUTS[check_format(fmt)]
+
+
+def write_export(
+    record: PlanRecord, fmt: str, output: str | Path | None, *, force: bool, db: str | None
+) -> tuple[list[Path], dict[str, Any]]:
+    """Write ``record`` in format ``fmt``; returns the paths written and the plan's document, which for a
+    framework format carries ``plan_id`` and an ``export`` block (format, files by role, gaps, notes)."""
+    check_format(fmt)
+    target = checked_output(default_output(fmt) if output is None else output)
+    if fmt == "deepspeed":
+        return write_configs(target, record.ds_config, force=force), record.document
+    from planner.inputs import resolve
+    from planner.saved import plan_job
+    from store.records import RLHFStrategy, Strategy
+
+    document = record.document
+    job = resolve(plan_job(document), db)
+    parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
+    strategy = parse(document["strategy"])
+    layout = file_layout(fmt, str(target))
+    rendered = render(fmt, strategy, job.workload, job.hardware, layout)
+    paths = write_texts({Path(layout[role]): text for role, text in rendered.files.items()}, force=force)
+    block = {"format": fmt, "files": layout, "gaps": list(rendered.gaps), "notes": list(rendered.notes)}
+    return paths, {**document, "plan_id": record.plan_id, "export": block}
