@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search import DEFAULT_COEFFICIENTS, predict  # noqa: E402
-from search.rlhf.step import rlhf_step  # noqa: E402
+from search.rlhf.predict import rlhf_step  # noqa: E402
 from search.step.replayed import replay_step  # noqa: E402
 from store.gpus import generic_gpu  # noqa: E402
 from store.models import get_model  # noqa: E402

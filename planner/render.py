@@ -198,10 +198,9 @@ def _rollout_line(p: Predicted) -> None:
     knob = "gpu_memory_utilization" if r["engine"] == "vllm" else "mem_fraction_static"
     span = r.get("fitting_utilization")
     fitting = f" (fits {span[0]:.2f}-{span[1]:.2f})" if span else " (none fits)"
-    how = "solved" if r.get("utilization_solved") else "given"
     console.print(
         f"rollout: {name} {r['placement']}, tensor parallel {r['tensor_parallel']}, {knob} "
-        f"{r['gpu_memory_utilization']:.2f} {how}{fitting}, sleep level {r['sleep_level']}"
+        f"{r['gpu_memory_utilization']:.2f}{fitting}, sleep level {r['sleep_level']}"
         + (", DeepSpeed states offloaded during the rollout" if r.get("offload_training") else "")
         + (", enforce_eager" if r.get("enforce_eager") else ", CUDA graphs"),
         soft_wrap=True,

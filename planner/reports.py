@@ -33,6 +33,13 @@ def alternative(strategy: Strategy | RLHFStrategy, prediction: Prediction) -> Al
     return Alternative(strategy=strategy.to_dict(), predicted=predicted_block(prediction))
 
 
+def _trainer(strategy: RLHFStrategy, hardware: Hardware) -> Hardware:
+    """The GPUs DeepSpeed trains on: all of them, less those a separate rollout engine has to itself."""
+    from search.rollout.step import trainer_hardware
+
+    return hardware if strategy.rollout is None else trainer_hardware(hardware, strategy.rollout)
+
+
 def prediction_report(
     job: ResolvedJob,
     strategy: Strategy | RLHFStrategy,
@@ -57,7 +64,10 @@ def prediction_report(
         "fits": prediction.fits,
         "predicted": predicted_block(prediction),
         "readings": list(job.readings),
-        "allocator_replay": replay_memory(job.workload, strategy, job.hardware).to_dict(),
+        # the replay has no rollout engine's turn (its process, the cache emptied for it): none for such a plan
+        "allocator_replay": None
+        if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None
+        else replay_memory(job.workload, strategy, job.hardware).to_dict(),
         "calibration": calibration,
     }
     if isinstance(strategy, RLHFStrategy):
@@ -77,7 +87,7 @@ def prediction_report(
             launch[name], gaps[name] = entry["flags"], entry["gaps"]
         return PredictionReport(
             **common,
-            ds_configs=render_rlhf_ds_configs(strategy, job.workload, job.hardware),
+            ds_configs=render_rlhf_ds_configs(strategy, job.workload, _trainer(strategy, job.hardware)),
             outside_settings=rlhf_outside_settings(strategy),
             launch={name: flags for name, flags in launch.items() if flags},
             launch_gaps={name: notes for name, notes in gaps.items() if notes},

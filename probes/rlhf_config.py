@@ -331,7 +331,24 @@ def rlhf_outside_settings(strategy: RLHFStrategy) -> dict[str, str]:
             if role == "critic":
                 text = text.replace('task_type="CAUSAL_LM"', 'modules_to_save=["value head"]')
             settings[f"{role}.lora"] = f"{what}: {text}"
-    if strategy.hybrid_engine:
+    rollout = strategy.rollout
+    if rollout is not None:
+        name = {"vllm": "vLLM", "sglang": "SGLang"}[rollout.engine]
+        knob = "gpu_memory_utilization" if rollout.engine == "vllm" else "mem_fraction_static"
+        share = "the planner's" if rollout.gpu_memory_utilization is None else f"{rollout.gpu_memory_utilization:.2f}"
+        where = "on every training GPU" if rollout.colocated else f"on {rollout.engine_gpus} GPUs of each node"
+        settings["generation"] = (
+            f"generate with a {name} engine {where} (tensor parallel {rollout.tensor_parallel}, {knob} {share}"
+            + (", enforce_eager" if rollout.enforce_eager else "")
+            + f"), asleep at level {rollout.sleep_level} while the trainer works"
+            + (
+                "; offload the DeepSpeed states during the rollout (engine.offload_states())"
+                if rollout.offload_training
+                else ""
+            )
+            + "; sync the actor's weights into it after each training step (planner export --format openrlhf|trl|verl)"
+        )
+    elif strategy.hybrid_engine:
         settings["generation"] = (
             "generate with actor_engine.module.generate(..., use_cache=True) between actor_engine.eval() and "
             'actor_engine.train(); the actor config\'s "hybrid_engine" block makes deepspeed.initialize return '

@@ -26,7 +26,7 @@ from search.predictor import (
     replay_memory,
     replay_timeline,
 )
-from search.rlhf.step import predict_rlhf
+from search.rlhf.predict import predict_rlhf
 from store.phases import PHASES
 
 RLHF_PHASES: tuple[str, ...] = PHASES["ppo"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.prediction import Prediction
-from search.rlhf.step import predict_rlhf, rlhf_step
+from search.rlhf.predict import predict_rlhf, rlhf_step
 from search.single.predict import predict_single_model, single_step
 from search.step.assemble import Step
 from search.step.replayed import StepReplayed, StepTimeline, replay_step, step_timeline

@@ -42,7 +42,8 @@ from search.choose.rollout_space import (
 )
 from search.coefficients import Coefficients
 from search.rlhf.job import rlhf_context
-from search.rlhf.step import predict_rlhf, reserved_floor, rlhf_step, step_halves, step_of, step_time
+from search.rlhf.predict import predict_rlhf, rlhf_step
+from search.rlhf.step import reserved_floor, step_halves, step_of, step_time
 from search.step.assemble import finish_step, gpu_budget_bytes, score_step
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
@@ -144,8 +145,9 @@ def search_rlhf(
             n_trials=n_trials,
         )
     order = {key: i for i, key in enumerate(by_key)}
-    # equal times: the one with more headroom first, then the simpler (earlier) layout
-    ranked = sorted(evaluated.items(), key=lambda kv: (*kv[1].rank_key, order[kv[0]]))
+    # equal times: vLLM before SGLang (their time models are alike, and every framework runs vLLM), then the
+    # one with more headroom, then the simpler (earlier) layout
+    ranked = sorted(evaluated.items(), key=lambda kv: (kv[1].score, _sglang(kv[1]), *kv[1].rank_key[1:], order[kv[0]]))
     return SearchResult(
         ranked=tuple(c for _, c in ranked),
         trials=trials,
@@ -244,6 +246,11 @@ def _bound_walk(
     return len(evaluated)
 
 
+def _sglang(candidate: Candidate) -> bool:
+    rollout = getattr(candidate.strategy, "rollout", None)
+    return rollout is not None and rollout.engine == "sglang"
+
+
 def fastest_rlhf_ignoring_memory(
     workload: Workload,
     hardware: Hardware,
@@ -254,7 +261,8 @@ def fastest_rlhf_ignoring_memory(
     """The fastest RLHF strategy if memory were unlimited (largest batches, no empty_cache).
 
     Step time is a sum of per-model times, each depending only on that model's block (the actor's also on
-    the hybrid engine), so each model's fastest block is chosen on its own: a few dozen predictions.
+    how it generates), so each model's fastest block is chosen on its own: a few dozen predictions. Engines
+    count colocated, with their fastest knobs: one on GPUs of its own changes every model's share of the batch.
     """
     batches = batch_choices(workload, hardware)[0]
     blocks = frozen_blocks(hardware)
@@ -266,7 +274,11 @@ def fastest_rlhf_ignoring_memory(
         def role_time(p: RLHFOuterPoint, role: str) -> float:
             return rlhf_step(workload, rlhf_strategy_at(p, batches), hardware, coef).role_time[role]
 
-        generations = searched_generations(workload, hardware, rollouts)
+        generations = [
+            (he, r if r is None else fastest_knobs(r))
+            for he, r in searched_generations(workload, hardware, rollouts)
+            if r is None or r.colocated
+        ]
         actor_options = [(a, he, r) for a in layouts for he, r in generations]
         actor, he, rollout = min(
             actor_options,

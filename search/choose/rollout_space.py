@@ -25,6 +25,7 @@ from search.choose.rlhf_space import (
 from search.model.placement import TrainedPlacement
 from search.rlhf.job import RLHFContext
 from search.rlhf.models import trained_model
+from search.rlhf.step import generation_phase
 from search.rollout.engine import ENGINE_OWN_PROCESS, engine_limits, engine_memory_at, replica_sequences
 from search.rollout.solve import utilization_range
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
@@ -124,8 +125,6 @@ def engine_actor_seconds(
     the sleep/wake cycle (no offload_states: that depends on the critic too, and only adds)."""
     w, job, coef, hw = ctx.workload, ctx.job, ctx.coef, ctx.hardware
     placed: TrainedPlacement = trained_model(ctx, "actor", block, 1)
-    from search.rlhf.step import generation_phase
-
     without_generation = role_seconds(ctx, "actor", block, False, False, batches)
     without_generation -= generation_phase(ctx, placed, False, batches[0]).time_s
     sequences = replica_sequences(ctx, rollout)

@@ -27,17 +27,16 @@ from search.coefficients import Coefficients
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
-from search.prediction import Prediction
-from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
+from search.rlhf.job import RLHFContext
 from search.rlhf.memory import forward_live, generation_live, training_live
 from search.rlhf.models import Models, place_models, trained_model
 from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, generation_time, trained_forward_time
-from search.step.assemble import Step, finish_step
+from search.step.assemble import Step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
 from search.streams.init import engine_init
 from search.streams.sizes import Sizes, inference_sizes, resident_sizes, sizes_of, training_sizes, weight_tensors
-from store.records import Hardware, RLHFStrategy, TrainedModelStrategy, Workload
+from store.records import RLHFStrategy, TrainedModelStrategy
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,17 +198,6 @@ def training_half(
     return _half(phases, time, role_time)
 
 
-def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
-    """Validate, then build (from cached pieces) the policy-independent part of a prediction."""
-    if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
-        from search.rollout.step import engine_step  # the engine's step builds on this module's pieces
-
-        return engine_step(workload, strategy, hardware, coef)
-    ctx = rlhf_context(workload, hardware, coef)
-    check_rlhf_strategy(workload, strategy, ctx.job)
-    return step_of(ctx, strategy)
-
-
 def step_halves(ctx: RLHFContext, s: RLHFStrategy) -> tuple[Models, StepHalf, StepHalf]:
     """The cached pieces of a (valid) strategy's step."""
     models = place_models(ctx, s.actor, s.critic, s.reference, s.reward, s.ema)
@@ -310,14 +298,3 @@ def reserved_floor(models: Models, halves: tuple[StepHalf, ...], coef: Coefficie
     """The least peak reserved bytes any ``empty_cache`` policy and allocator can give the step."""
     phases = tuple(phase for half in halves for phase in half.phases)
     return step_reserved_floor(sum(models.resident.values()), phases, coef, models_init_cached(models, dtype))
-
-
-def predict_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Prediction:
-    """Predicted peak memory per GPU, host memory per node and step time of an RLHF strategy.
-
-    Phases ``generation``, ``scoring``, ``actor_training`` and (PPO) ``critic_training``; the breakdown is
-    that of the peak phase's peak moment and sums to its peak reserved bytes. InputError for a strategy that
-    does not fit the workload (a critic block for remax/grpo or none for ppo, batches that do not divide).
-    """
-    step = rlhf_step(workload, strategy, hardware, coef)
-    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)

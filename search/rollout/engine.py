@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil
+from math import ceil, floor
 from typing import Any
 
 from search.coefficients import Coefficients
@@ -116,7 +116,6 @@ class ResolvedEngine:
             "placement": self.rollout.placement,
             "tensor_parallel": self.rollout.tensor_parallel,
             "gpu_memory_utilization": self.rollout.gpu_memory_utilization,
-            "utilization_solved": self.solved,
             "fitting_utilization": list(self.fitting) if self.fitting else None,
             "sleep_level": self.rollout.sleep_level,
             "offload_training": self.rollout.offload_training,
@@ -214,7 +213,7 @@ def resolve_engine(
         utilization = float(rollout.gpu_memory_utilization)
     elif fitting is not None:
         low, high = fitting
-        utilization = max(low, min(high, round((low + high) / 2 - 0.005, 2)))
+        utilization = floor((low + high) * 50 + 1e-6) / 100  # the middle, to the hundredth below
     else:
         least = fitting_range(2**62)  # what holds the rollout, whatever it leaves the trainer
         utilization = least[0] if least else 0.99

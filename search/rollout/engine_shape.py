@@ -56,7 +56,6 @@ def is_mla(model: ModelSpec) -> bool:
     return bool(model.hf_config.get("kv_lora_rank"))
 
 
-@lru_cache(maxsize=1024)
 def cache_layers(model: ModelSpec) -> int:
     """Layers with a KV cache of their own, every one counted as full attention (see the module docstring)."""
     if not model.kv_windows:
@@ -69,7 +68,6 @@ def kv_heads_per_gpu(model: ModelSpec, tensor_parallel: int) -> int:
     return 1 if is_mla(model) else max(1, model.num_kv_heads // tensor_parallel)
 
 
-@lru_cache(maxsize=1024)
 def layer_token_bytes(model: ModelSpec, dtype: str, tensor_parallel: int, kv_cache_dtype: str | None = None) -> int:
     """Bytes one token takes in one layer's KV cache on one GPU of a replica."""
     size = kv_element_bytes(dtype, kv_cache_dtype)

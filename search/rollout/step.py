@@ -124,6 +124,7 @@ def engine_phases(
         0.0,
         generate_s + sleep_s + offload_s,
         1,
+        fresh=rollout.colocated,  # the trainer's cache is emptied before the engine wakes
     )
     # the engine wakes its weights (level 1: from host memory; 2: empty, filled by the sync), the trainer
     # gathers one ZeRO-3 module at a time and hands each tensor over

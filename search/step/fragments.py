@@ -49,6 +49,17 @@ def release_plan(
     return sees, releases
 
 
+def _cut_at_fresh(sees: tuple[tuple[int, ...], ...], fresh: tuple[bool, ...]) -> tuple[tuple[int, ...], ...]:
+    """``sees`` without what a fresh phase's cache emptying released: phase p no longer finds phase q when a
+    fresh phase lies after q and up to p along the step (wrapping into the next step)."""
+    m = len(fresh)
+
+    def released(q: int, p: int) -> bool:
+        return any(fresh[(q + i) % m] for i in range(1, (p - q) % m + 1 if p != q else m + 1))
+
+    return tuple(tuple(q for q in seen if not released(q, p)) for p, seen in enumerate(sees))
+
+
 def apply_policy(
     phases: tuple[StepPhase, ...],
     structure: Structure,
@@ -66,9 +77,13 @@ def apply_policy(
     ``init_cached`` (blocks DeepSpeed's init freed, which only the moment's activations reuse). Then the
     caching allocator's one rule across phases: it returns nothing to the device until ``empty_cache``
     (CUDACachingAllocator.cpp: segments are freed only by release_cached_blocks), so a phase reserves at
-    least what every phase it follows without a call in between reserved.
+    least what every phase it follows without a call in between reserved. A ``fresh`` phase follows a call
+    whatever the policy (what came before it is released), and a rollout engine's bytes are the engine's, not
+    the trainer's allocator's: they count in their phase only.
     """
     sees, releases = release_plan(structure, empty_cache)
+    if any(phase.fresh for phase in phases):
+        sees = _cut_at_fresh(sees, tuple(phase.fresh for phase in phases))
     scale = coef.frag_expandable_factor if allocator == "expandable-segments" else 1.0
     residue = [scale * ph.factor * ph.carry * ph.transient for ph in phases]
     within = scale * coef.frag_within_step
@@ -78,13 +93,15 @@ def apply_policy(
         share = within * phase.factor
         best, best_live, best_k = -1, -1, 0
         for k, (live, transient) in enumerate(phase.moment_bytes):
-            unreused = max(0, init_cached - phase.moment_activations[k])
+            unreused = 0 if phase.fresh else max(0, init_cached - phase.moment_activations[k])
             total = resident + live + int(share * transient + carried) + unreused
             if total > best or (total == best and live > best_live):
                 best, best_live, best_k = total, live, k
         reserved.append(best)
         chosen.append(best_k)
     own = list(reserved)
+    engine = [phase.engine_bytes[k] for phase, k in zip(phases, chosen, strict=True)]
+    reserved = [total - outside for total, outside in zip(reserved, engine, strict=True)]  # the trainer's own
     for _ in range(len(phases)):  # reserved only grows until a call: the closure over ``sees``
         changed = False
         for p, seen in enumerate(sees):
@@ -93,6 +110,7 @@ def apply_policy(
                     reserved[p], changed = reserved[q], True
         if not changed:
             break
+    reserved = [total + outside for total, outside in zip(reserved, engine, strict=True)]
     # each empty_cache call costs the release and, later, the cudaMalloc of what it released
     cache_seconds = 0.0
     for p, cached in releases:

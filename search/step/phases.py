@@ -91,12 +91,18 @@ class StepPhase:
     sizes: Sizes = ()  # the tensor sizes each live part is requested in (search.streams.sizes)
     moment_sizes: tuple[Sizes, ...] = ()  # per moment, where the moments are different models' (scoring)
     kv_layers: int = 0  # generation: layers whose K and V grow token by token in torch's allocator
+    # torch.cuda.empty_cache() runs right before it whatever the policy (a colocated rollout engine's turn:
+    # DeepSpeed's offload_states and the frameworks empty the trainer's cache before the engine wakes)
+    fresh: bool = False
+    engine_bytes: tuple[int, ...] = ()  # per moment, a rollout engine's bytes: outside torch's allocator (derived)
 
     def __post_init__(self) -> None:
         moment_bytes = tuple((m.total, m.transient) for m in self.moments)
         activations = LIVE_PARTS.index("activations")
         object.__setattr__(self, "moment_activations", tuple(m.parts[activations] for m in self.moments))
         object.__setattr__(self, "moment_bytes", moment_bytes)
+        engine = LIVE_PARTS.index("rollout_engine")
+        object.__setattr__(self, "engine_bytes", tuple(m.parts[engine] for m in self.moments))
         object.__setattr__(self, "transient", max(transient for _, transient in moment_bytes))
         object.__setattr__(self, "live", max(live for live, _ in moment_bytes))
 

@@ -21,8 +21,10 @@ def ppo_doc(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
     from planner_helpers import run_main
 
     db = tmp_path_factory.mktemp("ppo") / "plans.db"
+    # DeepSpeed-Chat's step 3: DeepSpeed generates (test_rollout_cli.py has the vLLM/SGLang engines)
+    deepspeed = ("--rollout", "hybrid-engine")
     result = run_main(
-        ["recommend", "--model", "opt-1.3b", "--gpu-mem", "24G", *HOST, *PAIRING, "--json", "--db", str(db)]
+        ["recommend", "--model", "opt-1.3b", "--gpu-mem", "24G", *HOST, *PAIRING, *deepspeed, "--json", "--db", str(db)]
     )
     assert result.rc == 0, result.err
     return result.json(), db

@@ -22,13 +22,15 @@ from search.choose.rlhf_space import (
     shared_seconds,
 )
 from search.rlhf.job import rlhf_context
-from search.rlhf.step import reserved_floor, rlhf_step, step_halves
+from search.rlhf.predict import rlhf_step
+from search.rlhf.step import reserved_floor, step_halves
 from store.gpus import generic_gpu, get_gpu
 from store.models import get_model
 from store.records import Hardware, Workload
 
 GiB = 2**30
 C = DEFAULT_COEFFICIENTS
+DS = ("hybrid-engine",)  # DeepSpeed's own generation: rollout engines have their own tests (test_rollout_search.py)
 
 CASES = {
     # DeepSpeed-Chat's OPT-1.3b actor with OPT-350m critic and reward model on one 24 GB GPU
@@ -59,7 +61,7 @@ def _job(name: str) -> tuple[Workload, Hardware]:
 
 @pytest.fixture(scope="module")
 def optima() -> dict[str, Candidate | None]:
-    return {name: exhaustive_rlhf(*_job(name), C) for name in CASES}
+    return {name: exhaustive_rlhf(*_job(name), C, rollouts=DS) for name in CASES}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -67,7 +69,7 @@ def optima() -> dict[str, Candidate | None]:
 def test_search_finds_the_exhaustive_optimum(name: str, sampler: str, optima: dict[str, Candidate | None]) -> None:
     workload, hardware = _job(name)
     expected = optima[name]
-    found = search_rlhf(workload, hardware, C, sampler=sampler).best
+    found = search_rlhf(workload, hardware, C, sampler=sampler, rollouts=DS).best
     if expected is None:
         assert found is None
         return
@@ -87,21 +89,21 @@ def test_the_spread_means_something(optima: dict[str, Candidate | None]) -> None
 def test_search_is_deterministic_with_a_seed() -> None:
     workload, hardware = _job("opt-1.3b-ppo-2xRTX-4090")
     for sampler in ("auto", "tpe"):
-        first = search_rlhf(workload, hardware, C, seed=7, sampler=sampler, n_trials=24)
-        second = search_rlhf(workload, hardware, C, seed=7, sampler=sampler, n_trials=24)
+        first = search_rlhf(workload, hardware, C, seed=7, sampler=sampler, n_trials=24, rollouts=DS)
+        second = search_rlhf(workload, hardware, C, seed=7, sampler=sampler, n_trials=24, rollouts=DS)
         assert [c.strategy for c in first.ranked] == [c.strategy for c in second.ranked]
         assert first.sampler == ("bound" if sampler == "auto" else "tpe")
 
 
 def test_generic_entry_points_route_rlhf_workloads(optima: dict[str, Candidate | None]) -> None:
     workload, hardware = _job("opt-125m-grpo-16G")
-    assert search(workload, hardware, C).best == search_rlhf(workload, hardware, C).best
-    assert exhaustive(workload, hardware, C) == optima["opt-125m-grpo-16G"]
+    assert search(workload, hardware, C, rollouts=DS).best == search_rlhf(workload, hardware, C, rollouts=DS).best
+    assert exhaustive(workload, hardware, C, rollouts=DS) == optima["opt-125m-grpo-16G"]
 
 
 def test_ranked_candidates_keep_every_batch_exact_and_fastest_first() -> None:
     workload, hardware = _job("opt-1.3b-ppo-24G")
-    result = search_rlhf(workload, hardware, C)
+    result = search_rlhf(workload, hardware, C, rollouts=DS)
     prompts = workload.global_batch // hardware.world_size
     for candidate in result.ranked:
         s = candidate.strategy
@@ -170,7 +172,7 @@ def test_ppo_search_is_fast() -> None:
     (``benchmarks/latency.py`` times the command)."""
     workload, hardware = _job("opt-1.3b-ppo-24G")
     points = len(list(rlhf_outer_points(workload, hardware)))
-    result = search_rlhf(workload, hardware, C)
+    result = search_rlhf(workload, hardware, C, rollouts=DS)
     assert result.sampler == "bound"
     assert result.trials <= points // 50
     assert result.best is not None

@@ -6,7 +6,7 @@ import pytest
 
 from search.coefficients import Coefficients
 from search.model.activations import layer_activation_bytes, layer_saved_tensors
-from search.rlhf.step import rlhf_step
+from search.rlhf.predict import rlhf_step
 from search.single.predict import single_step
 from search.step.assemble import Step
 from search.step.replayed import stream_of

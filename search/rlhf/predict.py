@@ -1,0 +1,32 @@
+"""An RLHF step, whoever generates its rollout: DeepSpeed (:mod:`search.rlhf.step`) or a vLLM/SGLang engine
+(:mod:`search.rollout.step`); and its prediction."""
+
+from __future__ import annotations
+
+from search.coefficients import Coefficients
+from search.prediction import Prediction
+from search.rlhf.job import check_rlhf_strategy, rlhf_context
+from search.rlhf.step import step_of
+from search.rollout.step import engine_step
+from search.step.assemble import Step, finish_step
+from store.records import Hardware, RLHFStrategy, Workload
+
+
+def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """Validate, then build (from cached pieces) the policy-independent part of a prediction."""
+    if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
+        return engine_step(workload, strategy, hardware, coef)
+    ctx = rlhf_context(workload, hardware, coef)
+    check_rlhf_strategy(workload, strategy, ctx.job)
+    return step_of(ctx, strategy)
+
+
+def predict_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """Predicted peak memory per GPU, host memory per node and step time of an RLHF strategy.
+
+    Phases ``generation``, ``scoring``, ``actor_training`` and (PPO) ``critic_training``; the breakdown is
+    that of the peak phase's peak moment and sums to its peak reserved bytes. InputError for a strategy that
+    does not fit the workload (a critic block for remax/grpo or none for ppo, batches that do not divide).
+    """
+    step = rlhf_step(workload, strategy, hardware, coef)
+    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
