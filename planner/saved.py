@@ -131,6 +131,11 @@ def memory_plot(
     job = resolve(plan_job(document))
     parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
     strategy = parse(document["strategy"])
+    if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
+        raise InputError(
+            f"plan {record.plan_id} generates with {strategy.rollout.engine}: the allocator replay has no rollout "
+            "engine's turn, so --plot draws plans whose rollout DeepSpeed generates"
+        )
     timeline = replay_timeline(job.workload, strategy, job.hardware)
     title = f"plan {record.plan_id}: {job.workload.model.name} {job.workload.kind}, {strategy.describe()}"
     return write_memory_plot(timeline, path, title, force=force)

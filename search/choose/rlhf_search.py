@@ -147,7 +147,7 @@ def search_rlhf(
     order = {key: i for i, key in enumerate(by_key)}
     # equal times: vLLM before SGLang (their time models are alike, and every framework runs vLLM), then the
     # one with more headroom, then the simpler (earlier) layout
-    ranked = sorted(evaluated.items(), key=lambda kv: (kv[1].score, _sglang(kv[1]), *kv[1].rank_key[1:], order[kv[0]]))
+    ranked = sorted(evaluated.items(), key=lambda kv: (*preference(kv[1]), order[kv[0]]))
     return SearchResult(
         ranked=tuple(c for _, c in ranked),
         trials=trials,
@@ -246,9 +246,10 @@ def _bound_walk(
     return len(evaluated)
 
 
-def _sglang(candidate: Candidate) -> bool:
+def preference(candidate: Candidate) -> tuple[float, bool, int]:
+    """The RLHF order of preference: the score, then (equal times) vLLM before SGLang, then less peak reserved."""
     rollout = getattr(candidate.strategy, "rollout", None)
-    return rollout is not None and rollout.engine == "sglang"
+    return (candidate.score, rollout is not None and rollout.engine == "sglang", candidate.rank_key[1])
 
 
 def fastest_rlhf_ignoring_memory(
@@ -309,6 +310,6 @@ def exhaustive_rlhf(
     generations = searched_generations(workload, hardware, rollouts)
     for point in rlhf_outer_points(workload, hardware, lora_ranks, generations):
         candidate = best_inner_rlhf(point, workload, hardware, coef)
-        if candidate.prediction.fits and (best is None or candidate.rank_key < best.rank_key):
+        if candidate.prediction.fits and (best is None or preference(candidate) < preference(best)):
             best = candidate
     return best

@@ -11,6 +11,8 @@ from planner_helpers import assert_one_error_line
 
 
 def _plan(cli, db: Path, *extra: str) -> str:
+    if "--rollout" not in extra:  # the replay draws DeepSpeed's generation (an engine plan is refused)
+        extra = (*extra, "--rollout", "hybrid-engine")
     result = cli("recommend", "--model", "opt-125m", "--gpu-mem", "24G", "--cpu-mem", "64G", "--db", db, *extra)
     assert result.rc == 0, result.err
     found = re.search(r"planner export (\w+)", result.out)
@@ -31,6 +33,13 @@ def test_plot_draws_every_phase_and_prints_the_same_as_a_table(cli, db: Path, tm
         assert f"<title>{row[0]}</title>" in page
         allocated, reserved = float(row[1]), float(row[3])
         assert 0 < allocated <= reserved  # the allocator reserves at least what it hands out
+
+
+def test_a_plan_with_a_rollout_engine_is_not_drawn(cli, db: Path, tmp_path: Path) -> None:
+    plan_id = _plan(cli, db, "--rollout", "vllm", "--workload", "grpo")
+    result = cli("explain", plan_id, "--plot", tmp_path / "m.html", "--db", db)
+    assert_one_error_line(result, "vllm", "allocator replay")
+    assert not (tmp_path / "m.html").exists()
 
 
 def test_plot_marks_the_empty_cache_calls(tmp_path: Path) -> None:
