@@ -13,6 +13,7 @@ among those, which is all a plan that does not fit is ranked by.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_score
 from search.choose.rlhf_space import RLHFOuterPoint, batch_choices, cache_choices, rlhf_strategy_at
@@ -32,20 +33,42 @@ from search.rollout.timing import (
 )
 from search.step.assemble import finish_step, gpu_budget_bytes, score_step
 from search.streams.sizes import weight_tensors
-from store.records import Hardware, RLHFStrategy, Workload
+from store.records import FrozenModelStrategy, Hardware, RLHFStrategy, TrainedModelStrategy, Workload
+from store.rollout import RolloutStrategy
 
+MOVING = RolloutStrategy(offload_training=True)  # any engine that offloads the trainer's states for its turn
 INFEASIBLE_PAIRS = 12  # pairs built for a point none of whose pairs can fit (its score only ranks how close it is)
 
 
-def step_bounds(ctx: RLHFContext, s: RLHFStrategy) -> tuple[float, int, int]:
-    """Lower bounds of the step seconds, peak reserved bytes and host bytes of ``s`` (an engine strategy)
-    before its engine is resolved: no fragments, the engine at the least it can take."""
-    rollout = s.rollout
-    assert rollout is not None
+@lru_cache(maxsize=65536)
+def _trainer_bounds(
+    ctx: RLHFContext,
+    actor: TrainedModelStrategy,
+    critic: TrainedModelStrategy | None,
+    reference: FrozenModelStrategy,
+    reward: FrozenModelStrategy,
+    ema: bool,
+    batches: tuple[int, int, int],
+) -> tuple[float, int, int, int, int, int]:
+    """The trainer's share of :func:`step_bounds`, the same for every engine variant: (seconds of the scoring
+    and training halves, their least reserved bytes, resident bytes, their most live bytes, host bytes, the
+    bytes offload_states can move)."""
+    generation_batch, micro_batch, grad_accum = batches
+    models = place_models(ctx, actor, critic, reference, reward, ema)
+    scoring = scoring_half(ctx, models, generation_batch, 1)
+    training = training_half(ctx, actor, critic, ema, micro_batch, grad_accum)
+    seconds = sum(scoring.time.values()) + sum(training.time.values())
+    floor = reserved_floor(models, (scoring, training), ctx.coef, ctx.workload.dtype)
+    movable = offloadable_states(models, MOVING)
+    resident = sum(models.resident.values())
+    return seconds, floor, resident, max(scoring.live, training.live), models.host_bytes, movable
+
+
+@lru_cache(maxsize=4096)
+def _engine_seconds(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> float:
+    """The engine's share of :func:`step_bounds`: the rollout with every sequence running at once, sleep and
+    wake, and the weight sync."""
     w, job, coef, hw = ctx.workload, ctx.job, ctx.coef, ctx.hardware
-    models = place_models(ctx, s.actor, s.critic, s.reference, s.reward, s.ema)
-    scoring = scoring_half(ctx, models, s.generation_batch, 1)
-    training = training_half(ctx, s.actor, s.critic, s.ema, s.micro_batch, s.grad_accum)
     tp = rollout.tensor_parallel
     sequences = replica_sequences(ctx, rollout)
     running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
@@ -54,21 +77,45 @@ def step_bounds(ctx: RLHFContext, s: RLHFStrategy) -> tuple[float, int, int]:
     )
     weights = int(engine_weight_bytes(w.model, w.dtype, tp))
     sleep = sleep_wake_seconds(weights, rollout.sleep_level, hw, coef) if rollout.colocated else 0.0
-    offloaded = offloadable_states(models, rollout) if rollout.colocated else 0
     tensors = len(weight_tensors(w.model, w.dtype))
-    zero3 = s.actor.zero_stage == 3
     sync = weight_sync_seconds(w.model, w.dtype, zero3, rollout.colocated, tp, tensors, hw, coef)
-    halves = sum(scoring.time.values()) + sum(training.time.values())
-    seconds = (halves + generate + sleep + offload_states_seconds(offloaded, hw, coef) + sync) * (1 - 1e-9)
-    resident = sum(models.resident.values())
-    # the trainer's phases with their least fragments (what the sleeping engine keeps only adds)
-    reserved = reserved_floor(models, (scoring, training), coef, w.dtype)
+    return generate + sleep + sync
+
+
+def step_bounds(ctx: RLHFContext, s: RLHFStrategy) -> tuple[float, int, int]:
+    """Lower bounds of the step seconds, peak reserved bytes and host bytes of ``s`` (an engine strategy)
+    before its engine is resolved: no fragments beyond the least any policy leaves, the engine at the least it
+    can take."""
+    assert s.rollout is not None
+    point = RLHFOuterPoint(s.actor, s.critic, s.reference, s.reward, False, s.rollout)
+    return _bounds(ctx, point, s.rollout, (s.generation_batch, s.micro_batch, s.grad_accum), s.ema)
+
+
+def _bounds(
+    ctx: RLHFContext, point: RLHFOuterPoint, rollout: RolloutStrategy, batches: tuple[int, int, int], ema: bool
+) -> tuple[float, int, int]:
+    trainer = _trainer_bounds(ctx, point.actor, point.critic, point.reference, point.reward, ema, batches)
+    return _combine(ctx, trainer, _engine_part(ctx, rollout, point.actor.zero_stage == 3))
+
+
+def _engine_part(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> tuple[RolloutStrategy, float, int]:
+    floor = engine_floor_bytes(ctx, rollout) if rollout.colocated else 0
+    return rollout, _engine_seconds(ctx, rollout, zero3), floor
+
+
+def _combine(
+    ctx: RLHFContext, trainer: tuple[float, int, int, int, int, int], engine: tuple[RolloutStrategy, float, int]
+) -> tuple[float, int, int]:
+    halves, floor, resident, live, host, movable = trainer
+    rollout, engine_s, engine_floor = engine
+    offloaded = movable if (rollout.colocated and rollout.offload_training) else 0
+    seconds = (halves + engine_s + offload_states_seconds(offloaded, ctx.hardware, ctx.coef)) * (1 - 1e-9)
+    reserved = floor  # the trainer's phases with their least fragments (what the sleeping engine keeps only adds)
     if rollout.colocated:
-        engine = engine_floor_bytes(ctx, rollout)
-        reserved = max(reserved, resident - offloaded + engine)
+        reserved = max(reserved, resident - offloaded + engine_floor)
         if rollout.sleep_level == 0:
-            reserved = max(reserved, resident + max(scoring.live, training.live) + engine)
-    return seconds, reserved, models.host_bytes
+            reserved = max(reserved, resident + live + engine_floor)
+    return seconds, reserved, host
 
 
 def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
@@ -81,19 +128,26 @@ def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardw
     budget, host_budget = gpu_budget_bytes(trainer, coef), trainer.cpu_memory_bytes
     pairs = []
     splits = batch_choices(workload, trainer)
-    for v, variant in enumerate(knob_variants(point.rollout)):
-        for i, batches in enumerate(splits):
-            strategy = rlhf_strategy_at(replace(point, rollout=variant), batches)
-            seconds, reserved, host = step_bounds(ctx, strategy)
-            pairs.append((penalized_score(seconds, reserved, budget, host, host_budget), v, i, strategy))
-    pairs.sort(key=lambda pair: pair[:3])
+    variants = knob_variants(point.rollout)
+    zero3 = point.actor.zero_stage == 3
+    engines = [_engine_part(ctx, variant, zero3) for variant in variants]
+    trainers = [
+        _trainer_bounds(ctx, point.actor, point.critic, point.reference, point.reward, False, batches)
+        for batches in splits
+    ]
+    for v, engine in enumerate(engines):
+        for i, part in enumerate(trainers):
+            seconds, reserved, host = _combine(ctx, part, engine)
+            pairs.append((penalized_score(seconds, reserved, budget, host, host_budget), v, i))
+    pairs.sort()
     if pairs[0][0] >= INFEASIBLE_PENALTY_S:  # nothing here can fit: its closest of the most promising pairs
         pairs = pairs[:INFEASIBLE_PAIRS]
     best: tuple[float, int, int, int] | None = None
     chosen = None
-    for bound, v, i, strategy in pairs:
+    for bound, v, i in pairs:
         if best is not None and bound > best[0]:
             break
+        strategy = rlhf_strategy_at(replace(point, rollout=variants[v]), splits[i])
         step = engine_step_of(ctx, strategy)
         for j, (policy, allocator) in enumerate(cache_choices()):
             reserved, seconds = score_step(step, policy, allocator, coef)

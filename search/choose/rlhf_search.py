@@ -37,6 +37,7 @@ from search.choose.rollout_space import (
     fastest_knobs,
     knob_variants,
     offloadable_bound,
+    preference,
     searched_generations,
     smallest_knobs,
 )
@@ -246,12 +247,6 @@ def _bound_walk(
     return len(evaluated)
 
 
-def preference(candidate: Candidate) -> tuple[float, bool, int]:
-    """The RLHF order of preference: the score, then (equal times) vLLM before SGLang, then less peak reserved."""
-    rollout = getattr(candidate.strategy, "rollout", None)
-    return (candidate.score, rollout is not None and rollout.engine == "sglang", candidate.rank_key[1])
-
-
 def fastest_rlhf_ignoring_memory(
     workload: Workload,
     hardware: Hardware,
@@ -267,6 +262,7 @@ def fastest_rlhf_ignoring_memory(
     """
     batches = batch_choices(workload, hardware)[0]
     blocks = frozen_blocks(hardware)
+    ctx = rlhf_context(workload, hardware, coef)
     fastest: Candidate | None = None
     for rank in lora_ranks:
         layouts = trained_layouts(workload, hardware, rank)
@@ -281,10 +277,16 @@ def fastest_rlhf_ignoring_memory(
             if r is None or r.colocated
         ]
         actor_options = [(a, he, r) for a in layouts for he, r in generations]
-        actor, he, rollout = min(
-            actor_options,
-            key=lambda o: role_time(replace(point, actor=o[0], hybrid_engine=o[1], rollout=o[2]), "actor"),
-        )
+
+        def actor_time(
+            option: tuple[TrainedModelStrategy, bool, RolloutStrategy | None], point: RLHFOuterPoint = point
+        ) -> float:
+            actor, he, rollout = option
+            if rollout is not None:  # with memory unlimited every sequence runs at once: the engine's bound is exact
+                return engine_actor_seconds(ctx, actor, rollout, batches)
+            return role_time(replace(point, actor=actor, hybrid_engine=he, rollout=None), "actor")
+
+        actor, he, rollout = min(actor_options, key=actor_time)
         point = replace(point, actor=actor, hybrid_engine=he, rollout=rollout)
         if workload.has_critic:
             point = replace(point, critic=min(layouts, key=lambda c: role_time(replace(point, critic=c), "critic")))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from search.choose.candidates import Candidate
 from search.choose.rlhf_space import (
     generation_options,
     role_seconds,
@@ -47,6 +48,12 @@ def searched_generations(
         raise InputError(f"rollout engines must be among {', '.join(ROLLOUT_FAMILIES)}, not {', '.join(unknown)}")
     engines = tuple(r for r in rollout_options(workload, hardware) if r.engine in rollouts)
     return generation_options(engines, deepspeed="hybrid-engine" in rollouts)
+
+
+def preference(candidate: Candidate) -> tuple[float, bool, int]:
+    """The RLHF order of preference: the score, then (equal times) vLLM before SGLang, then less peak reserved."""
+    rollout = getattr(candidate.strategy, "rollout", None)
+    return (candidate.score, rollout is not None and rollout.engine == "sglang", candidate.rank_key[1])
 
 
 def generation_name(hybrid_engine: bool, rollout: RolloutStrategy | None) -> str:
@@ -88,18 +95,22 @@ def rollout_options(workload: Workload, hardware: Hardware) -> tuple[RolloutStra
 
 
 def knob_variants(rollout: RolloutStrategy) -> tuple[RolloutStrategy, ...]:
-    """The knobs the search tries for one engine placement, simplest first: colocated, sleep levels 0 and 2
-    with and without DeepSpeed's offload_states, CUDA graphs and enforce_eager; on GPUs of its own, graphs or not."""
+    """The knobs the search tries for one engine placement, simplest first: colocated, sleep level 0 (the engine
+    keeps its bytes through training) and 2, each with CUDA graphs and with enforce_eager, and at level 2 with and
+    without DeepSpeed's offload_states; on GPUs of its own, graphs or not. offload_states beside an engine that
+    never sleeps is left out: training then holds the engine and every trainer state at once, more than the
+    rollout does, so moving states for the rollout lowers no peak and costs PCIe time."""
     if not rollout.colocated:
         return tuple(rollout.with_(enforce_eager=eager) for eager in (False, True))
     return tuple(
         rollout.with_(sleep_level=sleep, offload_training=offload, enforce_eager=eager)
         for sleep in SEARCHED_SLEEP_LEVELS
-        for offload in (False, True)
+        for offload in ((False,) if sleep == 0 else (False, True))
         for eager in (False, True)
     )
 
 
+@lru_cache(maxsize=256)
 def fastest_knobs(rollout: RolloutStrategy) -> RolloutStrategy:
     """The variant no other is faster than: awake throughout, nothing moved, CUDA graphs."""
     if not rollout.colocated:
@@ -107,6 +118,7 @@ def fastest_knobs(rollout: RolloutStrategy) -> RolloutStrategy:
     return rollout.with_(sleep_level=0, offload_training=False, enforce_eager=False)
 
 
+@lru_cache(maxsize=256)
 def smallest_knobs(rollout: RolloutStrategy) -> RolloutStrategy:
     """The variant no other holds less GPU memory than during the rollout: states moved, no graph pool."""
     if not rollout.colocated:
@@ -186,6 +198,7 @@ def _engine_floor(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
     return memory.awake if memory is not None else 2**62
 
 
+@lru_cache(maxsize=4096)
 def offloadable_bound(ctx: RLHFContext, role: str, block: TrainedModelStrategy | FrozenModelStrategy) -> int:
     """The most DeepSpeed's offload_states can move off the GPU for the rollout from one model (see
     :func:`search.rollout.step.offloadable_states`): a trained model's optimizer states and ZeRO-3 gradients."""
