@@ -27,8 +27,7 @@ from search.model.placement import TrainedPlacement
 from search.rlhf.job import RLHFContext
 from search.rlhf.models import trained_model
 from search.rlhf.step import generation_phase
-from search.rollout.engine import ENGINE_OWN_PROCESS, engine_limits, engine_memory_at, replica_sequences
-from search.rollout.solve import utilization_range
+from search.rollout.engine import engine_limits, engine_memory_at, replica_sequences, utilization_span
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
 from search.streams.sizes import weight_tensors
 from store.errors import InputError
@@ -165,23 +164,7 @@ def _engine_floor(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
     w, hw = ctx.workload, ctx.hardware
     limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
     running = min(replica_sequences(ctx, rollout), limits.max_num_seqs)
-    fitting = utilization_range(
-        rollout.engine,
-        w.model,
-        w.dtype,
-        rollout.tensor_parallel,
-        hw.gpu_memory_bytes,
-        sequences=running,
-        tokens_per_sequence=ctx.job.seq_len,
-        room_bytes=2**62,
-        enforce_eager=rollout.enforce_eager,
-        own_process=ENGINE_OWN_PROCESS,
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
-        free_bytes_at_start=hw.gpu_memory_bytes,
-        block_size=limits.block,
-        coef=ctx.coef,
-    )
+    fitting = utilization_span(ctx, rollout, running, 2**62, hw.gpu_memory_bytes)
     if fitting is None:
         return 2**62  # it cannot hold the rollout on this GPU at all
     memory = engine_memory_at(

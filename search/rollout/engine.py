@@ -132,6 +132,32 @@ class ResolvedEngine:
         }
 
 
+def utilization_span(
+    ctx: RLHFContext, rollout: RolloutStrategy, running: int, room_bytes: int, free_at_start: int
+) -> tuple[float, float] | None:
+    """:func:`search.rollout.solve.utilization_range` for ``rollout`` on the trainer's GPU of ``ctx``: ``running``
+    sequences of prompt + generation tokens at once, ``room_bytes`` beside the trainer, ``free_at_start`` free."""
+    w, hw = ctx.workload, ctx.hardware
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
+    return utilization_range(
+        rollout.engine,
+        w.model,
+        w.dtype,
+        rollout.tensor_parallel,
+        hw.gpu_memory_bytes,
+        sequences=running,
+        tokens_per_sequence=ctx.job.seq_len,
+        room_bytes=room_bytes,
+        enforce_eager=rollout.enforce_eager,
+        own_process=ENGINE_OWN_PROCESS,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        free_bytes_at_start=free_at_start,
+        block_size=limits.block,
+        coef=ctx.coef,
+    )
+
+
 def refused_memory(
     rollout: RolloutStrategy,
     model: ModelSpec,
@@ -188,23 +214,7 @@ def resolve_engine(
     running = min(sequences, limits.max_num_seqs)
 
     def fitting_range(room_bytes: int) -> tuple[float, float] | None:
-        return utilization_range(
-            rollout.engine,
-            w.model,
-            w.dtype,
-            rollout.tensor_parallel,
-            hw.gpu_memory_bytes,
-            sequences=running,
-            tokens_per_sequence=tokens,
-            room_bytes=room_bytes,
-            enforce_eager=rollout.enforce_eager,
-            own_process=ENGINE_OWN_PROCESS,
-            max_num_seqs=limits.max_num_seqs,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            free_bytes_at_start=free_at_start,
-            block_size=limits.block,
-            coef=ctx.coef,
-        )
+        return utilization_span(ctx, rollout, running, room_bytes, free_at_start)
 
     fitting = fitting_range(room)
     notes: list[str] = []
