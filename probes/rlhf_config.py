@@ -247,6 +247,11 @@ def deepspeed_chat_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Ha
     actor, critic = strategy.actor, strategy.critic
     assert critic is not None
     gaps: list[str] = []
+    if strategy.rollout is not None:
+        gaps.append(
+            f"DeepSpeed-Chat generates with DeepSpeed (its hybrid engine or HF generate); it has no "
+            f"{strategy.rollout.engine} rollout engine"
+        )
     offload = actor.offload_optimizer != "none" or critic.offload_optimizer != "none"
     if offload and (actor.offload_optimizer == "none" or critic.offload_optimizer == "none"):
         gaps.append("--offload offloads the optimizer of both actor and critic; the strategy offloads only one")

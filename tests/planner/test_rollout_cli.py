@@ -54,3 +54,19 @@ def test_probes_refuse_an_engine_strategy_and_probe_deepspeed_plans(tmp_path: Pa
         choose_strategies(job, str(path), DEFAULT_COEFFICIENTS)
     chosen = choose_strategies(job, "recommended", DEFAULT_COEFFICIENTS)
     assert chosen and all(s.rollout is None for s in chosen)  # type: ignore[union-attr]
+
+
+def test_deepspeed_chat_says_it_has_no_engine() -> None:
+    from probes.rlhf_config import deepspeed_chat_gaps
+    from store.records import RLHFStrategy, TrainedModelStrategy
+    from store.rollout import RolloutStrategy
+
+    job = _job("opt-125m", {"workload": "ppo", "gpu_mem": "24G"})
+    strategy = RLHFStrategy(
+        critic=TrainedModelStrategy(), hybrid_engine=False, micro_batch=8, grad_accum=1, rollout=RolloutStrategy()
+    )
+    gaps = deepspeed_chat_gaps(strategy, job.workload, job.hardware)
+    assert any("no vllm rollout engine" in gap for gap in gaps)
+    assert not any(
+        "rollout engine" in gap for gap in deepspeed_chat_gaps(strategy.with_(rollout=None), job.workload, job.hardware)
+    )
