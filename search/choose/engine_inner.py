@@ -17,22 +17,16 @@ from functools import lru_cache
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_score
 from search.choose.rlhf_space import RLHFOuterPoint, batch_choices, cache_choices, rlhf_strategy_at
-from search.choose.rollout_space import engine_floor_bytes, knob_variants
+from search.choose.rollout_space import engine_floor_bytes, engine_seconds, knob_variants
 from search.coefficients import Coefficients
 from search.rlhf.job import RLHFContext, rlhf_context
 from search.rlhf.models import place_models
 from search.rlhf.step import reserved_floor, scoring_half, training_half
-from search.rollout.engine import engine_limits, replica_sequences
 from search.rollout.step import engine_step_of, offloadable_states, trainer_hardware
 from search.rollout.timing import (
-    engine_weight_bytes,
     offload_states_seconds,
-    rollout_seconds,
-    sleep_wake_seconds,
-    weight_sync_seconds,
 )
 from search.step.assemble import finish_step, gpu_budget_bytes, score_step
-from search.streams.sizes import weight_tensors
 from store.records import FrozenModelStrategy, Hardware, RLHFStrategy, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -64,24 +58,6 @@ def _trainer_bounds(
     return seconds, floor, resident, max(scoring.live, training.live), models.host_bytes, movable
 
 
-@lru_cache(maxsize=4096)
-def _engine_seconds(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> float:
-    """The engine's share of :func:`step_bounds`: the rollout with every sequence running at once, sleep and
-    wake, and the weight sync."""
-    w, job, coef, hw = ctx.workload, ctx.job, ctx.coef, ctx.hardware
-    tp = rollout.tensor_parallel
-    sequences = replica_sequences(ctx, rollout)
-    running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
-    generate = job.generate_passes * rollout_seconds(
-        w.model, sequences, job.prompt_len, job.gen_len, running, w.dtype, tp, rollout.enforce_eager, hw, coef
-    )
-    weights = int(engine_weight_bytes(w.model, w.dtype, tp))
-    sleep = sleep_wake_seconds(weights, rollout.sleep_level, hw, coef) if rollout.colocated else 0.0
-    tensors = len(weight_tensors(w.model, w.dtype))
-    sync = weight_sync_seconds(w.model, w.dtype, zero3, rollout.colocated, tp, tensors, hw, coef)
-    return generate + sleep + sync
-
-
 def step_bounds(ctx: RLHFContext, s: RLHFStrategy) -> tuple[float, int, int]:
     """Lower bounds of the step seconds, peak reserved bytes and host bytes of ``s`` (an engine strategy)
     before its engine is resolved: no fragments beyond the least any policy leaves, the engine at the least it
@@ -100,7 +76,7 @@ def _bounds(
 
 def _engine_part(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> tuple[RolloutStrategy, float, int]:
     floor = engine_floor_bytes(ctx, rollout) if rollout.colocated else 0
-    return rollout, _engine_seconds(ctx, rollout, zero3), floor
+    return rollout, engine_seconds(ctx, rollout, zero3), floor
 
 
 def _combine(

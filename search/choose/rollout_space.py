@@ -125,6 +125,24 @@ def smallest_knobs(rollout: RolloutStrategy) -> RolloutStrategy:
     return rollout.with_(sleep_level=2, offload_training=True, enforce_eager=True)
 
 
+@lru_cache(maxsize=4096)
+def engine_seconds(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> float:
+    """The engine's seconds per step with memory unlimited: the rollout with every sequence running at once,
+    sleep and wake, and the weight sync (what the search's bounds add for the engine)."""
+    w, job, coef, hw = ctx.workload, ctx.job, ctx.coef, ctx.hardware
+    tp = rollout.tensor_parallel
+    sequences = replica_sequences(ctx, rollout)
+    running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
+    generate = job.generate_passes * rollout_seconds(
+        w.model, sequences, job.prompt_len, job.gen_len, running, w.dtype, tp, rollout.enforce_eager, hw, coef
+    )
+    weights = int(engine_weight_bytes(w.model, w.dtype, tp))
+    sleep = sleep_wake_seconds(weights, rollout.sleep_level, hw, coef) if rollout.colocated else 0.0
+    tensors = len(weight_tensors(w.model, w.dtype))
+    sync = weight_sync_seconds(w.model, w.dtype, zero3, rollout.colocated, tp, tensors, hw, coef)
+    return generate + sleep + sync
+
+
 def engine_actor_seconds(
     ctx: RLHFContext,
     block: TrainedModelStrategy,
@@ -134,21 +152,10 @@ def engine_actor_seconds(
     """A lower bound of the actor's seconds per step with a rollout engine: its scoring and training (as with
     HF generate, less that generation), the rollout with every sequence running at once, the weight sync and
     the sleep/wake cycle (no offload_states: that depends on the critic too, and only adds)."""
-    w, job, coef, hw = ctx.workload, ctx.job, ctx.coef, ctx.hardware
     placed: TrainedPlacement = trained_model(ctx, "actor", block, 1)
     without_generation = role_seconds(ctx, "actor", block, False, False, batches)
     without_generation -= generation_phase(ctx, placed, False, batches[0]).time_s
-    sequences = replica_sequences(ctx, rollout)
-    running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
-    tp = rollout.tensor_parallel
-    generate = job.generate_passes * rollout_seconds(
-        w.model, sequences, job.prompt_len, job.gen_len, running, w.dtype, tp, rollout.enforce_eager, hw, coef
-    )
-    weights = int(engine_weight_bytes(w.model, w.dtype, tp))
-    sleep = sleep_wake_seconds(weights, rollout.sleep_level, hw, coef) if rollout.colocated else 0.0
-    tensors = len(weight_tensors(w.model, w.dtype))
-    sync = weight_sync_seconds(w.model, w.dtype, block.zero_stage == 3, rollout.colocated, tp, tensors, hw, coef)
-    return max(0.0, without_generation) + generate + sleep + sync
+    return max(0.0, without_generation) + engine_seconds(ctx, rollout, block.zero_stage == 3)
 
 
 def engine_floor_bytes(ctx: RLHFContext, rollout: RolloutStrategy) -> int:

@@ -105,7 +105,6 @@ class ResolvedEngine:
     tokens_per_sequence: int  # prompt + generation
     max_running: int  # sequences it can run at once: its KV cache and max_num_seqs
     fitting: tuple[float, float] | None  # the utilizations that hold the rollout and fit (None: none do)
-    solved: bool  # the planner chose the utilization
     notes: tuple[str, ...] = ()
 
     def report(self) -> dict[str, Any]:
@@ -218,7 +217,6 @@ def resolve_engine(
 
     fitting = fitting_range(room)
     notes: list[str] = []
-    solved = rollout.gpu_memory_utilization is None
     if rollout.gpu_memory_utilization is not None:
         utilization = float(rollout.gpu_memory_utilization)
     elif fitting is not None:
@@ -256,6 +254,5 @@ def resolve_engine(
         tokens,
         max_running,
         fitting,
-        solved,
         tuple(notes),
     )

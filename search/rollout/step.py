@@ -81,7 +81,7 @@ def with_engine(phase: StepPhase, engine_bytes: int) -> StepPhase:
 
 
 def engine_phases(
-    ctx: RLHFContext, s: RLHFStrategy, models: Models, engine: ResolvedEngine, offloaded: int
+    ctx: RLHFContext, models: Models, engine: ResolvedEngine, offloaded: int
 ) -> tuple[StepPhase, StepPhase, dict[str, float]]:
     """(generation, weight_sync, seconds by activity) of the engine's turn on the trainer's GPU."""
     w, coef, rollout = ctx.workload, ctx.coef, engine.rollout
@@ -164,7 +164,7 @@ def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
     budget = gpu_budget_bytes(ctx.hardware, coef)
     trainer_peak = resident + max(half.live for half in (scoring, training))
     engine = resolve_engine(ctx, rollout, budget, resident - offloaded, trainer_peak)
-    generation, sync, engine_time = engine_phases(ctx, s, models, engine, offloaded)
+    generation, sync, engine_time = engine_phases(ctx, models, engine, offloaded)
     asleep = engine.memory.asleep(rollout.sleep_level) if rollout.colocated else 0
     trainer_phases = tuple(with_engine(phase, asleep) for half in (scoring, training) for phase in half.phases)
     time = {
