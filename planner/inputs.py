@@ -145,7 +145,6 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
     if spec.attn_impl not in ATTN_IMPLS:
         raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {spec.attn_impl!r}")
     rlhf = spec.workload in RLHF_WORKLOADS
-    model = resolve_model(spec.model, readings, db)
     dtype = spec.dtype
     if dtype is None:
         dtype = "fp16" if hardware.gpu.name in NO_BF16_GPUS else "bf16"
@@ -153,6 +152,8 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             readings.append(f"dtype: fp16 ({hardware.gpu.name} has no bf16 tensor cores)")
     elif dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    setting = (dtype, spec.attn_impl)  # the activation terms a traced local config needs
+    model = resolve_model(spec.model, readings, db, setting)
     prompt_len: int | None = None
     gen_len: int | None = None
     if rlhf:
@@ -173,7 +174,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             raise InputError(f"{', '.join(extra) or '--ref-model'} only applies to RLHF workloads (ppo, remax, grpo)")
     if spec.workload in ("remax", "grpo") and others["critic_model"]:
         raise InputError(f"--critic-model: {spec.workload} trains no critic (only ppo does)")
-    specs = {role: resolve_model(name, readings, db) if name else None for role, name in others.items()}
+    specs = {role: resolve_model(name, readings, db, setting) if name else None for role, name in others.items()}
     for role, spec_model in [("--model", model)] + [(f"--{r.replace('_', '-')}", m) for r, m in specs.items() if m]:
         if seq_len > spec_model.max_positions:
             what = f"prompt {prompt_len} + generation {gen_len}" if rlhf else "sequence length"

@@ -3,23 +3,33 @@
 A local ``config.json`` whose ``model_type`` has no pure-Python formula (Qwen3, Gemma, Phi-3, Mixtral, any
 MoE...) is read once from transformers' own module tree on the meta device (``probes.model_shape``, which
 imports torch and transformers) and the shape is kept in the plan database under a hash of the config and
-the installed torch and transformers versions. Later plans of that config read the cache and import neither.
+the installed torch and transformers versions. Its activation terms are traced per training setting (dtype
+width and attention kernel, ``store.activation_terms.terms_key``) when a plan first needs that setting, and
+kept in the same entry: later plans of that config and setting read the cache and import neither.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
+from store.activation_terms import TRACED_KEYS, terms_key, valid_terms
 from store.db import open_storage
 from store.model_shape import UntracedModelError, installed_versions, shape_key, spec_from_shape
 from store.models import get_model
 from store.records import ModelSpec
 
 
-def resolve_model(name_or_path: str, readings: list[str] | None = None, db: str | None = None) -> ModelSpec:
+def resolve_model(
+    name_or_path: str,
+    readings: list[str] | None = None,
+    db: str | None = None,
+    setting: tuple[str, str] | None = None,
+) -> ModelSpec:
     """The spec of a catalog name or local config; an untraced architecture is traced once and cached in
-    the database ``db`` (default: ``$PLANNER_DB`` or the user's data folder). ``readings`` gains a line
-    saying where a traced shape came from."""
+    the database ``db`` (default: ``$PLANNER_DB`` or the user's data folder), with the activation terms of
+    ``setting`` (dtype, attention implementation; every setting when None), traced now if the cached entry
+    lacks them. ``readings`` gains a line saying where a traced shape came from."""
     try:
         return get_model(name_or_path)
     except UntracedModelError as untraced:
@@ -31,8 +41,12 @@ def resolve_model(name_or_path: str, readings: list[str] | None = None, db: str 
         cached = shape is not None and _usable(name, config, shape)
         if not cached:  # never traced, or an entry from an older memplan that lacks a field
             shape = _trace(config, source, versions)
+        assert shape is not None
+        missing = _missing_keys(shape, setting)
+        if missing:
+            shape = _with_terms(shape, config, missing)
+        if missing or not cached:
             storage.save_model_shape(key, shape)
-    assert shape is not None
     if readings is not None:
         how = "cached shape" if cached else "traced now, cached for next time"
         readings.append(
@@ -50,9 +64,38 @@ def _usable(name: str, config: dict[str, object], shape: dict[str, object]) -> b
     return True
 
 
+def _missing_keys(shape: dict[str, Any], setting: tuple[str, str] | None) -> tuple[str, ...]:
+    """The terms keys a plan of ``setting`` needs that the shape has neither traced nor found untraceable
+    (a model class that refuses the attention is planned with eager: that key)."""
+    if setting is None:
+        wanted = TRACED_KEYS
+    else:
+        dtype, attn_impl = setting
+        refused = shape.get("attn_impls") and attn_impl not in shape["attn_impls"]
+        wanted = (terms_key(dtype, "eager" if refused else attn_impl),)
+    traced = {key for key, terms in shape.get("activation_terms", {}).items() if valid_terms(terms)}
+    have = traced | set(shape.get("activation_unfitted", {}))  # a damaged entry is traced again
+    return tuple(key for key in wanted if key not in have)
+
+
+def _with_terms(shape: dict[str, Any], config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``shape`` with the activation terms of ``keys`` traced now (imports torch and transformers)."""
+    from probes.activation_trace import trace_all_terms
+
+    print(
+        f"memplan: tracing the activations of {config.get('model_type')} for {', '.join(keys)} on the meta device; "
+        "first use of this setting only, the terms are cached",
+        file=sys.stderr,
+        flush=True,
+    )
+    terms = trace_all_terms(config, keys)
+    unfitted = {**shape.get("activation_unfitted", {}), **terms.pop("unfitted", {})}
+    traced = {**shape.get("activation_terms", {}), **terms}
+    return {**shape, "activation_terms": traced, "activation_unfitted": unfitted}
+
+
 def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> dict[str, object]:
-    from probes.activation_trace import trace_all_terms  # these import torch and transformers
-    from probes.model_shape import config_object, trace_model_shape
+    from probes.model_shape import config_object, trace_model_shape  # these import torch and transformers
 
     config_object(config, source)  # a config transformers refuses is one error line, without the progress line
     print(
@@ -61,7 +104,4 @@ def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> 
         file=sys.stderr,
         flush=True,
     )
-    shape = trace_model_shape(config, source)
-    terms = trace_all_terms(config)
-    unfitted = terms.pop("unfitted", {})
-    return {**shape, "activation_terms": terms, "activation_unfitted": unfitted}
+    return {**trace_model_shape(config, source), "activation_terms": {}, "activation_unfitted": {}}

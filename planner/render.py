@@ -53,7 +53,17 @@ def _header(report: PredictionReport) -> None:
         )
     sources = {shape.get("activations") for shape in w.get("shapes", {}).values()}
     if sources == {"traced"}:
-        console.print("activation and loss bytes traced from the model's own code (transformers, meta device)")
+        composed = sorted(
+            name.replace("_", " + ")
+            for shape in w.get("shapes", {}).values()
+            for name, how in shape.get("activation_variants", {}).items()
+            if how == "composed"
+        )
+        console.print(
+            "activation and loss bytes traced from the model's own code (transformers, meta device), with HF "
+            "checkpointing and LoRA "
+            + (f"traced as such but {', '.join(dict.fromkeys(composed))} (composed)" if composed else "traced as such")
+        )
     elif "formula" in sources:
         console.print("activation and loss bytes from formulas (no trace of this model for this dtype and attention)")
     console.print(

@@ -9,6 +9,7 @@ from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
 from search import Prediction, replay_memory
 from search.model.activations import source as activation_source
+from search.model.activations import variant_sources
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
@@ -54,7 +55,12 @@ def prediction_report(
     # where each model's counts come from (traced module tree or formula), and its experts if it has any
     w = job.workload
     workload["shapes"] = {
-        role: {**spec.to_dict(), "activations": activation_source(spec, w.dtype, w.attn_impl)}
+        role: {
+            **spec.to_dict(),
+            "activations": activation_source(spec, w.dtype, w.attn_impl),
+            # checkpointing and LoRA: traced as such, or composed from the full fine-tune's trace
+            "activation_variants": variant_sources(spec, w.dtype, w.attn_impl),
+        }
         for role, spec in w.role_models().items()
     }
     common: dict[str, Any] = {

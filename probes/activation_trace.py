@@ -29,9 +29,10 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 from typing import Any
 
-from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS, WINDOWS, Polynomial, basis, compact, evaluate
+from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS, Polynomial, basis, compact, evaluate
 from store.alloc_stream import ALLOC, FREE, PHASE
 
 # (sequences, tokens) of the fit: six shapes for the six terms 1, b, s, b*s, s^2, b*s^2 (b >= 2: at b = 1 some
@@ -135,9 +136,16 @@ def unpacked_sequences() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = original
 
 
-def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
+def trace_step(
+    model: Any, sequences: int, tokens: int, *, checkpointed: bool = False, scoring: bool = True
+) -> StepTrace:
     """Trace one forward (with labels) and backward of a two-layer ``model`` at one shape, on the device its
-    parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace)."""
+    parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace).
+
+    ``checkpointed``: the model runs HF's gradient checkpointing. A checkpointed layer keeps its output as
+    the next layer's checkpoint, so the layer that stands for every layer but the last is the first one
+    (otherwise the second: its input comes from a layer, as every layer's but the first). ``scoring``: trace
+    the no-grad forward too (the ``inference_forward`` window)."""
     import torch
 
     from probes.model_shape import decoder_layers
@@ -168,21 +176,21 @@ def trace_step(model: Any, sequences: int, tokens: int) -> StepTrace:
             loss.backward()
             tracker.mark_phase("bwd.end")
             del loss
-            # a scoring pass (reference, reward, critic, the actor's old log-probs): no grad, no KV cache kept
-            stage[0] = "inference.head"
-            tracker.mark_phase("inference.start")
-            with torch.no_grad():
-                model(input_ids=ids, use_cache=False)
-            tracker.mark_phase("inference.end")
+            if scoring:  # a scoring pass (reference, reward, critic, old log-probs): no grad, no KV cache kept
+                stage[0] = "inference.head"
+                tracker.mark_phase("inference.start")
+                with torch.no_grad():
+                    model(input_ids=ids, use_cache=False)
+                tracker.mark_phase("inference.end")
     finally:
         for handle in handles:
             handle.remove()
         for param in model.parameters():
             param.grad = None
-    return _read(tracker.stream())
+    return _read(tracker.stream(), layer=0 if checkpointed else 1, scoring=scoring)
 
 
-def _read(stream: Any) -> StepTrace:
+def _read(stream: Any, layer: int = 1, scoring: bool = True) -> StepTrace:
     """The StepTrace of a recorded stream: live bytes walked event by event, windows cut at the markers."""
     live, live_after, deltas = 0, [], []
     index_at: dict[str, int] = {}
@@ -220,29 +228,37 @@ def _read(stream: Any) -> StepTrace:
         return sorted((k for k in made_at if index_at[first] < made_at[k] < index_at[last]), key=made_at.__getitem__)
 
     head = index_at["head"]
-    saved = tuple(sizes[k] for k in made_between("layer1.fwd", "layer1.fwd.end") if alive_at(k, head))
-    in_layers = sum(sizes[k] for k in made_between("layer0.fwd", "layer1.fwd.end") if alive_at(k, head))
-    return StepTrace(
-        layer_saved=saved,
-        outside_saved=at["head"] - at["start"] - in_layers,
-        windows={
-            "layer_forward": window("layer1.fwd", "layer1.fwd.end"),
-            "layer_backward": window("layers.bwd", "layer1.bwd.end", leaving=False),
-            "head_forward": window("head", "fwd.end"),
-            "head_backward": window("fwd.end", "layers.bwd", leaving=False),
-            "inference_forward": window("inference.start", "inference.head"),
-        },
-    )
+    saved = tuple(sizes[k] for k in made_between(f"layer{layer}.fwd", f"layer{layer}.fwd.end") if alive_at(k, head))
+    windows = {
+        "layer_forward": window("layer1.fwd", "layer1.fwd.end"),
+        "layer_backward": window("layers.bwd", "layer1.bwd.end", leaving=False),
+        "head_forward": window("head", "fwd.end"),
+        "head_backward": window("fwd.end", "layers.bwd", leaving=False),
+    }
+    if scoring:
+        windows["inference_forward"] = window("inference.start", "inference.head")
+    # what the two layers keep beyond twice the standing layer's (the first layer's input or the last one's
+    # output kept otherwise) counts as outside: so L layers keep L x layer_saved + outside_saved, exact at two
+    return StepTrace(layer_saved=saved, outside_saved=at["head"] - at["start"] - 2 * sum(saved), windows=windows)
 
 
 class FitError(ValueError):
     """Traced bytes that do not follow one polynomial of ``store.activation_terms.TERM_BASIS`` over the shapes."""
 
 
-def _solve(values: list[int]) -> list[Fraction]:
-    """Exact coefficients with values[i] = sum(c_j * term_j) at FIT_SHAPES[i] (Gauss-Jordan on fractions)."""
-    rows = [[Fraction(t) for t in basis(*shape)] + [Fraction(v)] for shape, v in zip(FIT_SHAPES, values, strict=True)]
-    n = len(rows)
+def _solve(values: list[int], points: tuple[tuple[int, ...], ...]) -> list[Fraction]:
+    """Exact coefficients with values[i] = sum(c_j * term_j) at points[i], over the first len(points) terms
+    of TERM_BASIS: the exact inverse of the points' basis matrix applied to the values."""
+    inverse = _inverse(points)
+    return [sum((a * v for a, v in zip(row, values, strict=True)), Fraction(0)) for row in inverse]
+
+
+@cache
+def _inverse(points: tuple[tuple[int, ...], ...]) -> tuple[tuple[Fraction, ...], ...]:
+    """The inverse of the basis matrix of ``points`` (Gauss-Jordan on fractions), once per set of points."""
+    n = len(points)
+    rows = [[Fraction(t) for t in basis(*point)[:n]] + [Fraction(int(i == j)) for j in range(n)]
+            for i, point in enumerate(points)]  # fmt: skip
     for col in range(n):
         pivot = next(r for r in range(col, n) if rows[r][col] != 0)
         rows[col], rows[pivot] = rows[pivot], rows[col]
@@ -250,31 +266,53 @@ def _solve(values: list[int]) -> list[Fraction]:
         for r in range(n):
             if r != col and rows[r][col] != 0:
                 rows[r] = [a - rows[r][col] * b for a, b in zip(rows[r], rows[col], strict=True)]
-    return [row[-1] for row in rows]
+    return tuple(tuple(row[n:]) for row in rows)
 
 
-def _fit(name: str, traced: list[tuple[int, ...]], check: tuple[int, ...]) -> list[Polynomial]:
-    """Each position of same-length integer lists fitted exactly over FIT_SHAPES and checked at CHECK_SHAPE."""
+FIT_POINTS = tuple((b, s, 0) for b, s in FIT_SHAPES)
+CHECK_POINT = (*CHECK_SHAPE, 0)
+
+
+def _fit(
+    name: str,
+    traced: list[tuple[int, ...]],
+    check: tuple[int, ...],
+    points: tuple[tuple[int, ...], ...] = FIT_POINTS,
+    check_point: tuple[int, ...] = CHECK_POINT,
+) -> list[Polynomial]:
+    """Each position of same-length integer lists fitted exactly over ``points`` (sequences, tokens, LoRA
+    rank) and checked at ``check_point``."""
     lengths = {len(values) for values in [*traced, check]}
     if len(lengths) != 1:
         raise FitError(f"{name}: the step makes a different number of tensors at different shapes: {sorted(lengths)}")
     fitted = []
     for i, checked in enumerate(check):
-        coefficients = [int(c) if c.denominator == 1 else float(c) for c in _solve([values[i] for values in traced])]
-        if evaluate(coefficients, *CHECK_SHAPE) != checked:
-            raise FitError(f"{name}[{i}]: {evaluate(coefficients, *CHECK_SHAPE)} fitted, {checked} traced")
+        solved = _solve([values[i] for values in traced], points)
+        coefficients = [int(c) if c.denominator == 1 else float(c) for c in solved]
+        if evaluate(coefficients, *check_point) != checked:
+            raise FitError(f"{name}[{i}]: {evaluate(coefficients, *check_point)} fitted, {checked} traced")
         fitted.append(coefficients)
     return fitted
 
 
-def fit_terms(traces: list[StepTrace], check: StepTrace) -> dict[str, Any]:
-    """The exact fit of every traced size over FIT_SHAPES, checked on CHECK_SHAPE; FitError where it fails."""
+def fit_terms(
+    traces: list[StepTrace],
+    check: StepTrace,
+    points: tuple[tuple[int, ...], ...] = FIT_POINTS,
+    check_point: tuple[int, ...] = CHECK_POINT,
+) -> dict[str, Any]:
+    """The exact fit of every traced size over ``points``, checked on ``check_point``; FitError where it
+    fails. The windows are those the traces have."""
+
+    def fit(name: str, traced: list[tuple[int, ...]], checked: tuple[int, ...]) -> list[Polynomial]:
+        return _fit(name, traced, checked, points, check_point)
+
     return {
-        "layer_saved": _fit("layer_saved", [t.layer_saved for t in traces], check.layer_saved),
-        "outside_saved": _fit("outside_saved", [(t.outside_saved,) for t in traces], (check.outside_saved,))[0],
-        "windows": {w: compact(_fit(w, [t.windows[w] for t in traces], check.windows[w])) for w in WINDOWS},
-        "fit_shapes": [list(shape) for shape in FIT_SHAPES],
-        "check_shape": list(CHECK_SHAPE),
+        "layer_saved": fit("layer_saved", [t.layer_saved for t in traces], check.layer_saved),
+        "outside_saved": fit("outside_saved", [(t.outside_saved,) for t in traces], (check.outside_saved,))[0],
+        "windows": {w: compact(fit(w, [t.windows[w] for t in traces], check.windows[w])) for w in check.windows},
+        "fit_shapes": [list(point) for point in points],
+        "check_shape": list(check_point),
     }
 
 
@@ -296,8 +334,15 @@ def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KE
 def trace_terms(hf_config: dict[str, Any], dtype: str, attn_impl: str, target: str = "cuda") -> dict[str, Any]:
     """The fitted activation and loss terms of a model config for one dtype and attention implementation, with
     the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`)."""
+    from probes.activation_variants import trace_variants
+
     model = cut_model(hf_config, dtype, attn_impl)
     with gpu_kernels(attention=attn_impl != "eager", target=target):
         traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
         check = trace_step(model, *CHECK_SHAPE)
-    return fit_terms(traces, check)
+    terms = fit_terms(traces, check)
+    variants, unfitted = trace_variants(hf_config, dtype, attn_impl, target)
+    terms["variants"] = variants
+    if unfitted:
+        terms["variants_unfitted"] = unfitted
+    return terms

@@ -12,51 +12,81 @@ The terms of one model are kept per dtype width and attention kernel (:func:`ter
   (without the weight gradients it leaves behind), ``head_forward`` (LM head and loss, from the decoder's end
   until the loss is returned) and ``head_backward`` (from the backward's start until the gradient reaches the
   decoder layers). A window's peak is its highest running sum; what it leaves is its sum.
+
+Beside these terms of a full fine-tune, ``variants`` holds the same fields traced with the training code
+changed (:data:`VARIANTS`): HF's own gradient checkpointing (``checkpointed``: a layer keeps its output as the
+next layer's checkpoint; its backward window holds the recompute), LoRA adapters on every linear layer
+(``lora``) and both (``lora_checkpointed``). LoRA terms depend on the adapter rank r too: their polynomials have
+the two rank terms of TERM_BASIS (parameter-sized tensors of the adapters, and each adapter's b x s x r
+output); a full fine-tune's have the first six. A variant that could not be traced is named with its reason
+under ``variants_unfitted``; the cost model then composes it from the full fine-tune's terms.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-Polynomial = list[float]  # coefficients over TERM_BASIS
-TERM_BASIS = ("1", "b", "s", "b*s", "s^2", "b*s^2")
+Polynomial = list[float]  # coefficients over TERM_BASIS (the first six, or all eight for LoRA terms)
+TERM_BASIS = ("1", "b", "s", "b*s", "s^2", "b*s^2", "r", "r*b*s")  # r: the LoRA rank (0 for a full fine-tune)
+SHAPE_TERMS = 6  # the terms of a full fine-tune's polynomials
 WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward", "inference_forward")
+VARIANTS: dict[str, tuple[bool, bool]] = {  # (HF gradient checkpointing, LoRA) each variant is traced with
+    "checkpointed": (True, False),
+    "lora": (False, True),
+    "lora_checkpointed": (True, True),
+}
+CHECKPOINTED_WINDOWS = WINDOWS[:4]  # a no-grad forward is not checkpointed: its window is the unvaried one
 
 
-def basis(sequences: int, tokens: int) -> tuple[int, ...]:
-    """The values of TERM_BASIS at ``sequences`` x ``tokens``."""
-    b, s = sequences, tokens
-    return 1, b, s, b * s, s * s, b * s * s
+def basis(sequences: int, tokens: int, rank: int = 0) -> tuple[int, ...]:
+    """The values of TERM_BASIS at ``sequences`` x ``tokens`` with LoRA adapters of rank ``rank``."""
+    b, s, r = sequences, tokens, rank
+    return 1, b, s, b * s, s * s, b * s * s, r, r * b * s
 
 
-def evaluate(coefficients: Polynomial, sequences: int, tokens: int) -> int:
-    """Bytes of one fitted size at ``sequences`` x ``tokens``."""
-    return _values([coefficients], sequences, tokens)[0]
+def evaluate(coefficients: Polynomial, sequences: int, tokens: int, rank: int = 0) -> int:
+    """Bytes of one fitted size at ``sequences`` x ``tokens`` (LoRA rank ``rank``)."""
+    return _values([coefficients], sequences, tokens, rank)[0]
 
 
-def _values(window: list[Polynomial], sequences: int, tokens: int) -> list[int]:
-    b0, b1, b2, b3, b4, b5 = basis(sequences, tokens)
-    return [round(c0 * b0 + c1 * b1 + c2 * b2 + c3 * b3 + c4 * b4 + c5 * b5) for c0, c1, c2, c3, c4, c5 in window]
+def _values(window: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> list[int]:
+    terms = basis(sequences, tokens, rank)
+    return [round(sum(c * t for c, t in zip(coefficients, terms, strict=False))) for coefficients in window]
 
 
-def peak_of(window: list[Polynomial], sequences: int, tokens: int) -> int:
+def peak_of(window: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> int:
     """The most bytes a fitted window holds above its start at ``sequences`` x ``tokens`` (0 at least)."""
     live = peak = 0
-    for change in _values(window, sequences, tokens):
+    for change in _values(window, sequences, tokens, rank):
         live += change
         if live > peak:
             peak = live
     return peak
 
 
-def left_by(window: list[Polynomial], sequences: int, tokens: int) -> int:
+def left_by(window: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> int:
     """What a fitted window leaves alive at its end beyond its start."""
-    return sum(_values(window, sequences, tokens))
+    return sum(_values(window, sequences, tokens, rank))
 
 
-def evaluate_all(polynomials: list[Polynomial], sequences: int, tokens: int) -> tuple[int, ...]:
+def evaluate_all(polynomials: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> tuple[int, ...]:
     """Bytes of each fitted size at ``sequences`` x ``tokens``, in order."""
-    return tuple(_values(polynomials, sequences, tokens))
+    return tuple(_values(polynomials, sequences, tokens, rank))
+
+
+def variant_name(checkpointing: bool, lora: bool) -> str | None:
+    """The key under ``variants`` of terms traced with this training code (None: the full fine-tune's own)."""
+    return next((name for name, flags in VARIANTS.items() if flags == (checkpointing, lora)), None)
+
+
+def variant_terms(terms: dict[str, Any], checkpointing: bool, lora: bool) -> dict[str, Any] | None:
+    """The fields (``layer_saved``, ``outside_saved``, ``windows``) traced with this training code: the terms
+    themselves for a plain full fine-tune, a traced variant, or None where that variant was not traced."""
+    name = variant_name(checkpointing, lora)
+    if name is None:
+        return terms
+    found: dict[str, Any] | None = terms.get("variants", {}).get(name)
+    return found
 
 
 def terms_key(dtype: str, attn_impl: str) -> str:
@@ -93,9 +123,20 @@ def compact(window: list[Polynomial]) -> list[Polynomial]:
 
 def valid_terms(terms: Any) -> bool:
     """Whether ``terms`` has the shape of one traced entry (a damaged or older cache entry has not)."""
+    if not _valid_fields(terms, WINDOWS):
+        return False
+    variants = terms.get("variants", {})
+    if not isinstance(variants, dict) or not set(variants) <= set(VARIANTS):
+        return False
+    return all(
+        _valid_fields(fields, CHECKPOINTED_WINDOWS if VARIANTS[name][0] else WINDOWS)
+        for name, fields in variants.items()
+    )
+
+
+def _valid_fields(terms: Any, windows: tuple[str, ...]) -> bool:
     if not isinstance(terms, dict) or not isinstance(terms.get("windows"), dict):
         return False
-    width = len(TERM_BASIS)
     polys = [*terms.get("layer_saved", [None]), terms.get("outside_saved")]
-    polys += [p for w in WINDOWS for p in terms["windows"].get(w, [None])]
-    return all(isinstance(p, list) and len(p) == width for p in polys)
+    polys += [p for w in windows for p in terms["windows"].get(w, [None])]
+    return all(isinstance(p, list) and len(p) in (SHAPE_TERMS, len(TERM_BASIS)) for p in polys)

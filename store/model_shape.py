@@ -22,7 +22,7 @@ from typing import Any
 from store.errors import InputError
 from store.records import ModelSpec
 
-SHAPE_VERSION = 4  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
+SHAPE_VERSION = 5  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
 CATALOG_SHAPES_PATH = Path(__file__).resolve().parent / "catalog_shapes.json"
 CATALOG_ACTIVATIONS_PATH = Path(__file__).resolve().parent / "catalog_activations.json"
 CATALOG_TERM_KEYS = ("2-eager", "2-sdpa")  # the catalog ships 16-bit terms; fp32 training uses the formulas
@@ -96,17 +96,38 @@ def cut_traced(spec: ModelSpec, layers: int, hf_config: dict[str, Any]) -> Model
 
 
 @cache
-def catalog_shapes() -> dict[str, dict[str, Any]]:
-    """The traced shapes of the catalog models, by canonical name (package data), each with its traced
-    activation terms (``activation_terms``) where ``catalog_activations.json`` has them."""
+def _catalog_shapes_only() -> dict[str, dict[str, Any]]:
     loaded: dict[str, dict[str, Any]] = json.loads(CATALOG_SHAPES_PATH.read_text(encoding="utf-8"))
-    if CATALOG_ACTIVATIONS_PATH.is_file():
-        terms = json.loads(CATALOG_ACTIVATIONS_PATH.read_text(encoding="utf-8"))
-        for name, shape in loaded.items():
-            traced = dict(terms.get(name, {}))
-            shape["activation_unfitted"] = traced.pop("unfitted", {})  # settings the trace could not fit, and why
-            shape["activation_terms"] = traced
     return loaded
+
+
+@cache
+def _catalog_term_lines() -> dict[str, str]:
+    """Each model's line of ``catalog_activations.json`` (written one model a line), not yet parsed: a plan
+    parses the terms of its own models only."""
+    if not CATALOG_ACTIVATIONS_PATH.is_file():
+        return {}
+    lines: dict[str, str] = {}
+    for line in CATALOG_ACTIVATIONS_PATH.read_text(encoding="utf-8").splitlines()[1:-1]:
+        name, _, rest = line.partition(": ")
+        lines[json.loads(name)] = rest.rstrip(",")
+    return lines
+
+
+def catalog_shape(name: str) -> dict[str, Any] | None:
+    """The traced shape of one catalog model (package data) with its traced activation terms
+    (``activation_terms``, and ``activation_unfitted``: the settings the trace could not fit, and why)."""
+    shape = _catalog_shapes_only().get(name)
+    if shape is None:
+        return None
+    line = _catalog_term_lines().get(name)
+    traced = dict(json.loads(line)) if line else {}
+    return {**shape, "activation_unfitted": traced.pop("unfitted", {}), "activation_terms": traced}
+
+
+def catalog_shapes() -> dict[str, dict[str, Any]]:
+    """The traced shapes of every catalog model, by canonical name, as :func:`catalog_shape` gives them."""
+    return {name: shape for name in _catalog_shapes_only() if (shape := catalog_shape(name)) is not None}
 
 
 def write_catalog_shapes(shapes: dict[str, dict[str, Any]], path: Path = CATALOG_SHAPES_PATH) -> None:
@@ -123,4 +144,5 @@ def write_catalog_shapes(shapes: dict[str, dict[str, Any]], path: Path = CATALOG
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-    catalog_shapes.cache_clear()
+    _catalog_shapes_only.cache_clear()
+    _catalog_term_lines.cache_clear()

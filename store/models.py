@@ -22,7 +22,7 @@ from store.documents import parse_json
 from store.errors import InputError
 from store.model_catalog import CATALOG
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
-from store.model_shape import UntracedModelError, catalog_shapes, cut_traced, spec_from_shape
+from store.model_shape import UntracedModelError, catalog_shape, cut_traced, spec_from_shape
 from store.records import ModelSpec
 
 __all__ = [
@@ -61,7 +61,7 @@ def catalog_configs() -> dict[str, dict[str, Any]]:
 
 
 def _catalog_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    shape = catalog_shapes().get(name)
+    shape = catalog_shape(name)
     if shape is None:  # a catalog entry added without re-running `python -m probes.model_shape --write-catalog`
         return spec_from_hf_config(name, copy.deepcopy(config))
     return spec_from_shape(name, copy.deepcopy(config), shape)

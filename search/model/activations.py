@@ -15,19 +15,39 @@ from typing import Any
 
 from search.coefficients import Coefficients
 from search.model.shapes import dropout_probs, token_embedding_params, uses_rmsnorm
-from store.activation_terms import evaluate, evaluate_all, left_by, peak_of, terms_key
+from store.activation_terms import VARIANTS, evaluate, evaluate_all, left_by, peak_of, terms_key, variant_terms
 from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
 
 
 def traced_terms(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, Any] | None:
-    """The model's traced activation and loss terms for this dtype and attention, or None (formulas)."""
+    """The model's traced activation and loss terms of a full fine-tune for this dtype and attention, or
+    None (formulas)."""
     return model.activation_terms.get(terms_key(dtype, attn_impl))
+
+
+def traced_variant(
+    model: ModelSpec, dtype: str, attn_impl: str, checkpointing: bool, lora_rank: int
+) -> dict[str, Any] | None:
+    """The terms traced with this training code (HF gradient checkpointing, LoRA adapters), or None where
+    the model has no traced terms or that variant could not be traced (then composed from the full
+    fine-tune's terms, or the formulas)."""
+    terms = traced_terms(model, dtype, attn_impl)
+    return None if terms is None else variant_terms(terms, checkpointing, lora_rank > 0)
 
 
 def source(model: ModelSpec, dtype: str, attn_impl: str) -> str:
     """Where a prediction's activation and loss bytes come from: ``"traced"`` or ``"formula"``."""
     return "traced" if traced_terms(model, dtype, attn_impl) else "formula"
+
+
+def variant_sources(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, str]:
+    """How each training variant's bytes are had: ``traced`` (the variant traced as such), ``composed`` (from
+    the full fine-tune's trace: the variant could not be traced) or ``formula``."""
+    terms = traced_terms(model, dtype, attn_impl)
+    if terms is None:
+        return dict.fromkeys(VARIANTS, "formula")
+    return {name: "traced" if name in terms.get("variants", {}) else "composed" for name in VARIANTS}
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,8 @@ def loss_logits(
     holds_output: bool = True,
     attn_impl: str = "sdpa",
     loss: str = "hf",
+    checkpointing: bool = False,
+    lora_rank: int = 0,
 ) -> LossLogits:
     """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
 
@@ -66,13 +88,15 @@ def loss_logits(
         return chunked_loss_logits(model, sequences * seq_len, d)
     upcast = 4 if d != 4 else 0
     held = d * elements if holds_output else 0
-    traced = traced_terms(model, dtype, attn_impl)
+    traced = traced_variant(model, dtype, attn_impl, checkpointing, lora_rank)
+    if traced is None:  # a variant not traced: the full fine-tune's head and loss
+        traced = traced_terms(model, dtype, attn_impl)
     if traced is not None:  # the head and loss as traced: the output dropped once the loss is computed
-        head = traced["windows"]
-        kept = left_by(head["head_forward"], sequences, seq_len)
+        head, r = traced["windows"], lora_rank
+        kept = left_by(head["head_forward"], sequences, seq_len, r)
         return LossLogits(
-            forward=peak_of(head["head_forward"], sequences, seq_len),
-            backward=held + kept + peak_of(head["head_backward"], sequences, seq_len),
+            forward=peak_of(head["head_forward"], sequences, seq_len, r),
+            backward=held + kept + peak_of(head["head_backward"], sequences, seq_len, r),
             held=int(held),
         )
     return LossLogits(
@@ -123,6 +147,8 @@ class Activations:
     layer: int  # one layer without checkpointing: the recompute and backward working set
     forward_working: int  # live while a no-grad forward (inference) runs one layer
     backward_working: int = 0  # activation gradients of the layer being differentiated, beside the saved ones
+    recompute: int = 0  # re-made by a checkpointed layer's recompute beside backward_working (0: in it already)
+    checkpointed_forward: int = 0  # live while a checkpointed layer's forward runs (its working tensors)
 
 
 @lru_cache(maxsize=4096)
@@ -186,12 +212,37 @@ def activations(
     attn_impl: str,
     checkpointing: bool,
     coef: Coefficients,
+    lora_rank: int = 0,
 ) -> Activations:
-    """Activation bytes of a micro-batch of ``sequences`` sequences of ``seq_len`` tokens."""
+    """Activation bytes of a micro-batch of ``sequences`` sequences of ``seq_len`` tokens, trained with HF
+    gradient checkpointing or not and LoRA adapters of rank ``lora_rank`` (0: a full fine-tune).
+
+    Where the model has the variant traced as such (:func:`traced_variant`) every figure is read from it: a
+    checkpointed layer keeps its traced checkpoint, and its traced backward window holds the recompute.
+    Otherwise the step is composed from the full fine-tune's terms (or formulas): under recompute each layer
+    keeps its input, and the recompute re-makes one layer's saved tensors beside its backward working set.
+    """
     d = DTYPE_BYTES[dtype]
     bs_h = sequences * seq_len * model.hidden_size
     layer = layer_activation_bytes(model, sequences, seq_len, dtype, attn_impl, coef)
+    variant = traced_variant(model, dtype, attn_impl, checkpointing, lora_rank)
     traced = traced_terms(model, dtype, attn_impl)
+    forward_working = 2 * d * bs_h + layer // 2
+    if traced is not None and "inference_forward" in traced["windows"]:
+        forward_working = peak_of(traced["windows"]["inference_forward"], sequences, seq_len)
+    if variant is not None:
+        r = lora_rank
+        windows = variant["windows"]
+        if "inference_forward" in windows:  # LoRA's adapters run beside the frozen weights
+            forward_working = peak_of(windows["inference_forward"], sequences, seq_len, r)
+        per_layer = sum(evaluate_all(variant["layer_saved"], sequences, seq_len, r))
+        return Activations(
+            saved=model.num_layers * per_layer + evaluate(variant["outside_saved"], sequences, seq_len, r),
+            layer=layer,
+            forward_working=forward_working,
+            backward_working=peak_of(windows["layer_backward"], sequences, seq_len, r),
+            checkpointed_forward=peak_of(windows["layer_forward"], sequences, seq_len, r) if checkpointing else 0,
+        )
     outside_layers = 3 * d * bs_h  # embedding output, final norm input, LM head input
     backward_working = coef.backward_working_layers * layer
     if traced is not None:
@@ -199,14 +250,13 @@ def activations(
         backward_working = peak_of(traced["windows"]["layer_backward"], sequences, seq_len)
     per_layer = d * bs_h if checkpointing else layer  # under recompute each layer keeps only its input
     saved = model.num_layers * per_layer + outside_layers
-    forward_working = 2 * d * bs_h + layer // 2
-    if traced is not None and "inference_forward" in traced["windows"]:
-        forward_working = peak_of(traced["windows"]["inference_forward"], sequences, seq_len)
     return Activations(
         saved=int(saved),
         layer=int(layer),
         forward_working=int(forward_working),
         backward_working=int(backward_working),
+        recompute=int(layer) if checkpointing else 0,
+        checkpointed_forward=int(forward_working) if checkpointing else 0,
     )
 
 

@@ -89,7 +89,7 @@ def training_moments(
     """
     d = DTYPE_BYTES[dtype]
     zero3, accumulating = zero_stage == 3, grad_accum > 1
-    recompute = acts.layer if gradient_checkpointing else 0
+    recompute = acts.recompute  # 0 where the traced checkpointed backward holds it
     kept = states.gradients if zero3 else 0  # ZeRO-3's gradient partition buffer lives from init on
     base = plus(between_micro_steps(work), gradients=kept)
     carried_buckets = base["buffers"]
@@ -113,7 +113,7 @@ def training_moments(
     inflight = own * embedding_grad + tied
     # A checkpointed layer's forward keeps nothing for backward (non-reentrant checkpoint packs holders):
     # only its working tensors exist beside the checkpoints, as in a no-grad forward.
-    layer_forward = acts.forward_working if gradient_checkpointing else 0
+    layer_forward = acts.checkpointed_forward if gradient_checkpointing else 0
     forward = [  # in step order: the last layer's forward, then the loss
         plus(base, activations=acts.saved + layer_forward, zero3_gathered=at_layers),
         plus(base, activations=acts.saved, logits=logits.forward, zero3_gathered=at_loss),

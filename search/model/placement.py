@@ -114,7 +114,7 @@ def micro_step(
     ``holds_output``: the training loop keeps the model output (its logits) alive through the backward;
     ``loss``: ``"hf"`` or ``"chunked"`` (the strategy's loss knob)."""
     s, model = placed.layout, placed.model
-    acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef)
+    acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef, s.lora_rank)
     logits = (
         loss_logits(
             model,
@@ -125,6 +125,8 @@ def micro_step(
             holds_output=holds_output,
             attn_impl=attn_impl,
             loss=loss,
+            checkpointing=s.gradient_checkpointing,
+            lora_rank=s.lora_rank,
         )
         if placed.lm_head
         else LossLogits(0, 0, 0)

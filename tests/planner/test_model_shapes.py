@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from planner_helpers import REPO, subprocess_env
 
+import probes.activation_trace
 import probes.model_shape
 from planner.model_shapes import installed_versions, resolve_model
 from store.db import open_storage
@@ -37,6 +38,9 @@ def moe_dir(tmp_path: Path) -> Path:
     return folder
 
 
+SETTING = ("bf16", "sdpa")  # what recommend's default job on an H100 needs
+
+
 def _no_trace(*args: Any, **kwargs: Any) -> dict[str, Any]:
     raise AssertionError("traced again although the shape is cached")
 
@@ -46,22 +50,42 @@ def test_first_use_traces_and_says_so_then_the_cache_answers(
 ) -> None:
     db = str(tmp_path / "shapes.db")
     readings: list[str] = []
-    first = resolve_model(str(moe_dir), readings, db)
+    first = resolve_model(str(moe_dir), readings, db, SETTING)
     assert "on the meta device" in capsys.readouterr().err
+    assert set(first.activation_terms) == {"2-sdpa"}  # only the setting the plan needs is traced
     assert "traced now" in readings[-1]
     h, experts, width = 256, 8, 128
     assert first.expert_params == 4 * experts * 3 * h * width
     assert first.num_experts == experts and first.experts_per_token == 2
 
     monkeypatch.setattr(probes.model_shape, "trace_model_shape", _no_trace)
+    monkeypatch.setattr(probes.activation_trace, "trace_all_terms", _no_trace)
     again: list[str] = []
-    assert resolve_model(str(moe_dir), again, db) == first
+    assert resolve_model(str(moe_dir), again, db, SETTING) == first
     assert "cached shape" in again[-1] and capsys.readouterr().err == ""
+
+
+def test_a_new_setting_traces_its_terms_once_and_keeps_the_others(
+    moe_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = str(tmp_path / "shapes.db")
+    sdpa = resolve_model(str(moe_dir), None, db, SETTING)
+    eager = resolve_model(str(moe_dir), None, db, ("bf16", "eager"))
+    assert set(eager.activation_terms) == {"2-sdpa", "2-eager"}
+    assert eager.activation_terms["2-sdpa"] == sdpa.activation_terms["2-sdpa"]
+    assert "2-eager" in capsys.readouterr().err
+    resolve_model(str(moe_dir), None, db, ("fp32", "eager"))  # grouped expert GEMMs take 16-bit inputs only
+    with open_storage(db) as storage:
+        cached = storage.load_model_shape(shape_key(QWEN3_MOE, installed_versions()))
+    assert cached is not None and set(cached["activation_unfitted"]) == {"4-eager"}
+    monkeypatch.setattr(probes.activation_trace, "trace_all_terms", _no_trace)
+    for setting in (SETTING, ("bf16", "eager"), ("fp32", "eager")):  # traced, or found untraceable: not again
+        resolve_model(str(moe_dir), None, db, setting)
 
 
 def test_the_cache_key_follows_the_library_versions(moe_dir: Path, tmp_path: Path) -> None:
     db = str(tmp_path / "shapes.db")
-    resolve_model(str(moe_dir), None, db)
+    resolve_model(str(moe_dir), None, db, SETTING)
     newer = {**installed_versions(), "transformers": "99.0.0"}
     with open_storage(db) as storage:
         assert storage.load_model_shape(shape_key(QWEN3_MOE, installed_versions())) is not None
@@ -72,7 +96,7 @@ def test_a_damaged_cache_entry_is_traced_again(moe_dir: Path, tmp_path: Path) ->
     db = str(tmp_path / "shapes.db")
     with open_storage(db) as storage:
         storage.save_model_shape(shape_key(QWEN3_MOE, installed_versions()), {"model_type": "qwen3_moe"})
-    spec = resolve_model(str(moe_dir), None, db)
+    spec = resolve_model(str(moe_dir), None, db, SETTING)
     assert spec.shape_source == "traced" and spec.num_experts == 8
 
 
@@ -80,7 +104,7 @@ def test_a_cached_config_plans_in_a_fresh_interpreter_without_torch_or_transform
     moe_dir: Path, tmp_path: Path
 ) -> None:
     db = str(tmp_path / "shapes.db")
-    resolve_model(str(moe_dir), None, db)
+    resolve_model(str(moe_dir), None, db, SETTING)
     script = (
         "import sys, json, planner\n"
         f"plan = planner.recommend({str(moe_dir)!r}, gpu_mem='24G', cpu_mem='64G', workload='sft', db={db!r})\n"

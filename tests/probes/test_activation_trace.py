@@ -26,7 +26,8 @@ from probes.activation_trace import (
     trace_step,
     trace_terms,
 )
-from store.activation_terms import WINDOWS, evaluate, left_by, peak_of
+from probes.activation_variants import LORA_CHECK_POINT, LORA_POINTS, trace_variant, variant_model
+from store.activation_terms import VARIANTS, WINDOWS, evaluate, left_by, peak_of
 from store.models import catalog_configs
 
 FAMILIES = {
@@ -108,3 +109,50 @@ def test_a_setting_that_cannot_be_traced_is_named_not_guessed() -> None:
     assert set(terms) == {"2-eager", "2-sdpa", "unfitted"}
     assert set(terms["unfitted"]) == {"4-eager", "4-sdpa"}
     assert "BF16" in terms["unfitted"]["4-eager"]
+
+
+# HF gradient checkpointing and LoRA traced as such (probes.activation_variants), against a real CPU step of
+# the same model with the same knobs: one case per family, dtypes and kernels spread over the families.
+VARIANT_CASES = [("llama", "bf16", "sdpa"), ("opt", "fp32", "eager"), ("gpt2", "bf16", "eager"),
+                 ("qwen3_moe", "bf16", "sdpa"), ("gemma3_text", "bf16", "eager"), ("phi3", "fp32", "sdpa")]  # fmt: skip
+RANK = 12  # neither a fit rank nor the check rank
+assert RANK not in {point[2] for point in (*LORA_POINTS, LORA_CHECK_POINT)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize(("family", "dtype", "attn"), VARIANT_CASES, ids=lambda v: str(v))
+def test_a_checkpointed_or_lora_trace_says_what_a_real_cpu_step_holds(
+    family: str, dtype: str, attn: str, variant: str
+) -> None:
+    checkpointed, lora = VARIANTS[variant]
+    config = FAMILIES[family]
+    terms = trace_variant(config, dtype, attn, checkpointed, lora, target="cpu")
+    rank = RANK if lora else 0
+    torch.manual_seed(0)
+    model = variant_model(config, dtype, attn, checkpointed, rank, device="cpu")
+    with gpu_kernels(attention=attn != "eager", target="cpu"):
+        real = trace_step(model, *SHAPE, checkpointed=checkpointed, scoring=not checkpointed)
+    b, s = SHAPE
+    pairs = {
+        "layer saved": (sum(evaluate(c, b, s, rank) for c in terms["layer_saved"]), sum(real.layer_saved)),
+        "outside saved": (evaluate(terms["outside_saved"], b, s, rank), real.outside_saved),
+    }
+    for window, changes in real.windows.items():
+        measured = max([0] + [sum(changes[: i + 1]) for i in range(len(changes))])
+        pairs[f"{window} peak"] = (peak_of(terms["windows"][window], b, s, rank), measured)
+    off = {name: pair for name, pair in pairs.items() if not _close(*pair)}
+    assert not off, f"traced vs real CPU run, {family} {variant} {dtype} {attn}: {off}"
+
+
+def test_checkpointing_keeps_one_tensor_a_layer_and_lora_keeps_each_adapters_output() -> None:
+    """What each knob changes, read off the traced terms of a Llama layer (h = 64 wide, 7 adapted linears)."""
+    config = FAMILIES["llama"]
+    plain = trace_terms(config, "bf16", "sdpa")
+    checkpointed = plain["variants"]["checkpointed"]["layer_saved"]
+    # a checkpointed layer keeps its 16-bit output, the next layer's checkpoint: b x s x h x 2 bytes
+    assert [evaluate(c, 1, 1) for c in checkpointed] == [2 * config["hidden_size"]]
+    lora = plain["variants"]["lora"]["layer_saved"]
+    per_rank = sum(c[7] for c in lora)  # bytes per token and rank: each adapter's b x s x r output
+    assert per_rank == 2 * 7
+    full = sum(evaluate(c, 4, 64) for c in plain["layer_saved"])
+    assert sum(evaluate(c, 4, 64, 0) for c in lora) < full  # frozen weights and norms keep no inputs for themselves

@@ -154,6 +154,8 @@ CASES = [
     _case("qwen3moe-zero3-ckpt", "qwen3_moe", zero_stage=3, gradient_checkpointing=True),
     _case("gemma3-zero0", "gemma3_text", zero_stage=0),
     _case("gemma3-zero1-ga2", "gemma3_text", zero_stage=1, grad_accum=2),
+    # LoRA and HF checkpointing traced as such (probes.activation_variants)
+    _case("gemma3-zero2-lora-ckpt", "gemma3_text", zero_stage=2, lora_rank=8, gradient_checkpointing=True),
     # PPO: generation with the hybrid engine, scoring by four models, actor and critic training
     _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),
     _case("opt2L-ppo-zero3", "opt", "ppo", zero_stage=3),
