@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from search.choose.candidates import Candidate, SearchResult, penalized_score
+from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
 from search.choose.engine_inner import best_inner_engine
 from search.choose.rlhf_space import (
     RLHFOuterPoint,
@@ -24,7 +24,7 @@ from search.choose.rlhf_space import (
     trained_layouts,
 )
 from search.choose.rlhf_tpe import rlhf_key, tpe_rlhf
-from search.choose.rlhf_walk import bound_walk
+from search.choose.rlhf_walk import bound_walk, point_bounds
 from search.choose.rollout_space import (
     ROLLOUT_FAMILIES,
     engine_actor_seconds,
@@ -96,6 +96,7 @@ def search_rlhf(
     n_trials: int = RLHF_TPE_TRIALS,
     sampler: str = "auto",
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
+    closest: bool = True,
 ) -> SearchResult:
     """The search over an RLHF step's outer knobs, inner knobs resolved exactly per point (``best_inner_rlhf``).
 
@@ -109,7 +110,9 @@ def search_rlhf(
       the points resolved only to rank alternatives.
     - ``tpe``: a seeded multivariate Optuna TPE study of ``n_trials`` trials (no guarantee of the optimum).
 
-    Ranked fastest first (each evaluated point's best candidate); deterministic for a seed.
+    Ranked fastest first (each evaluated point's best candidate); deterministic for a seed. When nothing fits,
+    the closest points rank first; with ``closest`` False, a search whose bounds (``search.choose.rlhf_walk``)
+    prove that nothing can fit returns at once, nothing ranked (for callers that read only ``best``).
     """
     generations = searched_generations(workload, hardware, rollouts)
     points = list(rlhf_outer_points(workload, hardware, lora_ranks, generations))
@@ -118,6 +121,11 @@ def search_rlhf(
         # an engine point resolves dozens of knob variants and splits: the bound walk (exact too) spares them
         engines = any(p.rollout is not None for p in points)
         sampler = "grid" if len(points) <= RLHF_GRID_LIMIT and not engines else "bound"
+    bounds = None
+    if sampler == "bound" or not closest:
+        bounds = point_bounds(workload, hardware, coef, list(by_key.values()))
+        if not closest and min(bounds, default=INFEASIBLE_PENALTY_S) >= INFEASIBLE_PENALTY_S:
+            return SearchResult(ranked=(), trials=0, sampler=sampler)
     evaluated: dict[tuple, Candidate] = {}
     if sampler == "grid":
         for key, point in by_key.items():
@@ -132,6 +140,7 @@ def search_rlhf(
             evaluated,
             n_trials=n_trials,
             resolve=lambda point: best_inner_rlhf(point, workload, hardware, coef),
+            bounds=bounds,
         )
     else:
         trials = tpe_rlhf(

@@ -156,6 +156,7 @@ def bound_walk(
     *,
     n_trials: int,
     resolve: Callable[[RLHFOuterPoint], Candidate],
+    bounds: list[float] | None = None,
 ) -> int:
     """Exact search of the outer points, best bound first; fills ``evaluated``, returns how many it resolved.
 
@@ -165,8 +166,10 @@ def bound_walk(
     point counts as its knob variants): the closest plan it reports is then the closest of those, not provably
     of all. Once ``RLHF_ALTERNATIVES`` points fit, an engine point's bound is tightened before it is resolved
     (see the module's docstring): the best and those alternatives are the same, fewer points are resolved.
+    ``bounds``: the points' :func:`point_bounds` where the caller has them already.
     """
-    bounds = point_bounds(workload, hardware, coef, list(by_key.values()))
+    if bounds is None:
+        bounds = point_bounds(workload, hardware, coef, list(by_key.values()))
     queue = sorted(zip(bounds, range(len(by_key)), by_key, strict=True))
     tightened: set[int] = set()
     best = float("inf")
