@@ -120,15 +120,22 @@ def recommend(
         raise InputError(f"--seed must be a whole number from 0 to {2**32 - 1} (the sampler's range), not {shown}")
     first, fallback = _lora_ranks(lora_rank)
     rollouts = rollout_families(rollout)
-    result = run_search(workload, hardware, coefficients, lora_ranks=first, seed=seed, rollouts=rollouts)
+    # with a LoRA fallback, the closest full fine-tune is ranked only if LoRA does not fit either
+    result = run_search(
+        workload, hardware, coefficients, lora_ranks=first, seed=seed, rollouts=rollouts, closest=not fallback
+    )
     searched = {first: result}
     used_fallback = False
     if result.best is None and fallback:
         retry = searched[fallback] = run_search(
-            workload, hardware, coefficients, lora_ranks=fallback, seed=seed, rollouts=rollouts
+            workload, hardware, coefficients, lora_ranks=fallback, seed=seed, rollouts=rollouts, closest=False
         )
         if retry.best is not None:
             result, used_fallback = retry, True
+        elif not result.ranked:  # its bounds proved that nothing fits: rank the closest now
+            result = searched[first] = run_search(
+                workload, hardware, coefficients, lora_ranks=first, seed=seed, rollouts=rollouts
+            )
     chosen = result.best or result.ranked[0]
     suggestions: list[str] = []
     if used_fallback:

@@ -94,6 +94,34 @@ def _combine(
     return seconds, reserved, host
 
 
+@lru_cache(maxsize=1024)
+def _pairs(ctx: RLHFContext, point: RLHFOuterPoint) -> tuple[tuple[float, int, int], ...]:
+    """(score bound, knob variant, batch split) of every pair of an engine point, least bound first; ``ctx`` is
+    that of the trainer's hardware."""
+    assert point.rollout is not None
+    budget, host_budget = gpu_budget_bytes(ctx.hardware, ctx.coef), ctx.hardware.cpu_memory_bytes
+    zero3 = point.actor.zero_stage == 3
+    engines = [_engine_part(ctx, variant, zero3) for variant in knob_variants(point.rollout)]
+    trainers = [
+        _trainer_bounds(ctx, point.actor, point.critic, point.reference, point.reward, False, batches)
+        for batches in batch_choices(ctx.workload, ctx.hardware)
+    ]
+    pairs = []
+    for v, engine in enumerate(engines):
+        for i, part in enumerate(trainers):
+            seconds, reserved, host = _combine(ctx, part, engine)
+            pairs.append((penalized_score(seconds, reserved, budget, host, host_budget), v, i))
+    return tuple(sorted(pairs))
+
+
+def engine_bound(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> float:
+    """A lower bound of the score ``best_inner_engine`` finds for ``point``: the least bound of its pairs (a
+    knob variant and a batch split each), tighter than the bound walk's per-model one, which takes each model's
+    least over the splits on its own and the engine's fastest and smallest knobs apart."""
+    assert point.rollout is not None
+    return _pairs(rlhf_context(workload, trainer_hardware(hardware, point.rollout), coef), point)[0][0]
+
+
 def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
     """``best_inner_rlhf`` for a point whose rollout runs on an engine: the least score over every knob variant,
     batch split, ``empty_cache`` policy and allocator (the first in that order among equals). The candidate's
@@ -102,20 +130,9 @@ def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardw
     trainer = trainer_hardware(hardware, point.rollout)
     ctx = rlhf_context(workload, trainer, coef)
     budget, host_budget = gpu_budget_bytes(trainer, coef), trainer.cpu_memory_bytes
-    pairs = []
     splits = batch_choices(workload, trainer)
     variants = knob_variants(point.rollout)
-    zero3 = point.actor.zero_stage == 3
-    engines = [_engine_part(ctx, variant, zero3) for variant in variants]
-    trainers = [
-        _trainer_bounds(ctx, point.actor, point.critic, point.reference, point.reward, False, batches)
-        for batches in splits
-    ]
-    for v, engine in enumerate(engines):
-        for i, part in enumerate(trainers):
-            seconds, reserved, host = _combine(ctx, part, engine)
-            pairs.append((penalized_score(seconds, reserved, budget, host, host_budget), v, i))
-    pairs.sort()
+    pairs = _pairs(ctx, point)
     if pairs[0][0] >= INFEASIBLE_PENALTY_S:  # nothing here can fit: its closest of the most promising pairs
         pairs = pairs[:INFEASIBLE_PAIRS]
     best: tuple[float, int, int, int] | None = None

@@ -19,13 +19,23 @@ def search(
     seed: int = 0,
     sampler: str = "auto",
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
+    closest: bool = True,
 ) -> SearchResult:
     """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan).
 
-    ``rollouts``: what may generate an RLHF rollout ("hybrid-engine" for DeepSpeed's own, "vllm", "sglang")."""
+    ``rollouts``: what may generate an RLHF rollout ("hybrid-engine" for DeepSpeed's own, "vllm", "sglang").
+    ``closest`` False (RLHF): when the search's bounds prove that nothing fits, return at once with nothing
+    ranked instead of ranking the closest strategies (for a caller that reads only ``best``)."""
     if workload.is_rlhf:
         return search_rlhf(
-            workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler, rollouts=rollouts
+            workload,
+            hardware,
+            coef,
+            lora_ranks=lora_ranks,
+            seed=seed,
+            sampler=sampler,
+            rollouts=rollouts,
+            closest=closest,
         )
     return search_single(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
 

@@ -21,37 +21,27 @@ from search.choose.rlhf_space import (
     frozen_blocks,
     rlhf_outer_points,
     rlhf_strategy_at,
-    role_bytes,
-    role_init_cached,
-    role_live_floor,
-    role_seconds,
-    shared_bytes,
-    shared_seconds,
     trained_layouts,
 )
 from search.choose.rlhf_tpe import rlhf_key, tpe_rlhf
+from search.choose.rlhf_walk import bound_walk, point_bounds
 from search.choose.rollout_space import (
     ROLLOUT_FAMILIES,
     engine_actor_seconds,
-    engine_floor_bytes,
     fastest_knobs,
-    knob_variants,
-    offloadable_bound,
     preference,
     searched_generations,
-    smallest_knobs,
 )
 from search.coefficients import Coefficients
 from search.rlhf.job import rlhf_context
 from search.rlhf.predict import predict_rlhf, rlhf_step
 from search.rlhf.step import reserved_floor, step_halves, step_of, step_time
 from search.step.assemble import finish_step, gpu_budget_bytes, score_step
-from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
+from store.records import Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
 RLHF_GRID_LIMIT = 512  # walking this many points whole costs about what 96 TPE trials cost
 RLHF_TPE_TRIALS = 96
-RLHF_ALTERNATIVES = 4  # fitting points the bound walk ranks exactly, beside the best
 
 
 def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
@@ -106,6 +96,7 @@ def search_rlhf(
     n_trials: int = RLHF_TPE_TRIALS,
     sampler: str = "auto",
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
+    closest: bool = True,
 ) -> SearchResult:
     """The search over an RLHF step's outer knobs, inner knobs resolved exactly per point (``best_inner_rlhf``).
 
@@ -115,11 +106,13 @@ def search_rlhf(
 
     - ``grid`` (auto up to ``RLHF_GRID_LIMIT`` points): every point once, in order. Walked directly: Optuna's
       GridSampler rescans all trials after each one, which costs more than the predictions here.
-    - ``bound`` (auto above): exact too, best bound first (see ``_bound_walk``); ``n_trials`` caps the points
-      resolved only to rank alternatives.
+    - ``bound`` (auto above): exact too, best bound first (see ``search.choose.rlhf_walk``); ``n_trials`` caps
+      the points resolved only to rank alternatives.
     - ``tpe``: a seeded multivariate Optuna TPE study of ``n_trials`` trials (no guarantee of the optimum).
 
-    Ranked fastest first (each evaluated point's best candidate); deterministic for a seed.
+    Ranked fastest first (each evaluated point's best candidate); deterministic for a seed. When nothing fits,
+    the closest points rank first; with ``closest`` False, a search whose bounds (``search.choose.rlhf_walk``)
+    prove that nothing can fit returns at once, nothing ranked (for callers that read only ``best``).
     """
     generations = searched_generations(workload, hardware, rollouts)
     points = list(rlhf_outer_points(workload, hardware, lora_ranks, generations))
@@ -128,13 +121,27 @@ def search_rlhf(
         # an engine point resolves dozens of knob variants and splits: the bound walk (exact too) spares them
         engines = any(p.rollout is not None for p in points)
         sampler = "grid" if len(points) <= RLHF_GRID_LIMIT and not engines else "bound"
+    bounds = None
+    if sampler == "bound" or not closest:
+        bounds = point_bounds(workload, hardware, coef, list(by_key.values()))
+        if not closest and min(bounds, default=INFEASIBLE_PENALTY_S) >= INFEASIBLE_PENALTY_S:
+            return SearchResult(ranked=(), trials=0, sampler=sampler)
     evaluated: dict[tuple, Candidate] = {}
     if sampler == "grid":
         for key, point in by_key.items():
             evaluated[key] = best_inner_rlhf(point, workload, hardware, coef)
         trials = len(points)
     elif sampler == "bound":
-        trials = _bound_walk(workload, hardware, coef, by_key, evaluated, n_trials=n_trials)
+        trials = bound_walk(
+            workload,
+            hardware,
+            coef,
+            by_key,
+            evaluated,
+            n_trials=n_trials,
+            resolve=lambda point: best_inner_rlhf(point, workload, hardware, coef),
+            bounds=bounds,
+        )
     else:
         trials = tpe_rlhf(
             workload,
@@ -155,96 +162,6 @@ def search_rlhf(
         sampler=sampler,
         fastest_ignoring_memory=fastest_rlhf_ignoring_memory(workload, hardware, coef, lora_ranks, rollouts),
     )
-
-
-def _bound_walk(
-    workload: Workload,
-    hardware: Hardware,
-    coef: Coefficients,
-    by_key: dict[tuple, RLHFOuterPoint],
-    evaluated: dict[tuple, Candidate],
-    *,
-    n_trials: int,
-) -> int:
-    """Exact search of the outer points, best bound first; fills ``evaluated``, returns how many it resolved.
-
-    A point's step time is the sum of its models' times, each depending only on that model's block (and the
-    batch split), so the sum of each model's least time over the splits bounds it from below; its resident
-    bytes and host memory, also sums over models, plus the most that any one model's moments must add,
-    bound its memory. Points are resolved by ``best_inner_rlhf``
-    in order of that bound until no remaining point can beat the best found, nor the ``RLHF_ALTERNATIVES``-th
-    best that fits (while fewer fit, until ``n_trials`` points are resolved). When nothing fits, it stops after
-    ``n_trials`` points' worth (an engine point counts as its knob variants): the closest plan it reports is then
-    the closest of those, not provably of all.
-    """
-    ctx = rlhf_context(workload, hardware, coef)
-    budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
-    splits = batch_choices(workload, hardware)
-    least_shared = min(shared_seconds(ctx, split) for split in splits)
-    # an engine's rollout is one call, where DeepSpeed's generation pays the per-call overhead for every batch
-    least_engine_shared = min(
-        shared_seconds(ctx, split)
-        - coef.step_overhead_s * (ctx.job.prompts_per_gpu // split[0] * ctx.job.generate_passes - 1)
-        for split in splits
-    )
-    constant = shared_bytes(ctx)
-    per_role: dict[tuple, tuple[float, int, tuple[int, float, int]]] = {}
-
-    def role_bound(
-        role: str, block: TrainedModelStrategy | FrozenModelStrategy, he: bool, rollout: RolloutStrategy | None
-    ) -> tuple:
-        key = (role, block, (he, rollout) if role == "actor" else None)
-        if key not in per_role:
-            if role == "actor" and rollout is not None:
-                assert isinstance(block, TrainedModelStrategy)
-                fastest = fastest_knobs(rollout)
-                seconds = min(engine_actor_seconds(ctx, block, fastest, split) for split in splits)
-            else:
-                seconds = min(role_seconds(ctx, role, block, he, False, split) for split in splits)
-            per_role[key] = (
-                seconds,
-                min(role_live_floor(ctx, role, block, he, split, rollout is None) for split in splits),
-                role_bytes(ctx, role, block),
-            )
-        return per_role[key]
-
-    bounds = []
-    for index, (key, p) in enumerate(by_key.items()):
-        roles = [("actor", p.actor), ("critic", p.critic), ("reference", p.reference), ("reward", p.reward)]
-        parts = [role_bound(role, block, p.hybrid_engine, p.rollout) for role, block in roles if block is not None]
-        time = (least_shared if p.rollout is None else least_engine_shared) + sum(seconds for seconds, _, _ in parts)
-        resident = constant + sum(size[0] for _, _, size in parts)
-        cached = max(role_init_cached(ctx, role, block) for role, block in roles if block is not None)
-        reserved = resident + max(max(live for _, live, _ in parts), cached)
-        if p.rollout is not None:  # the engine awake beside the least the trainer keeps for the rollout
-            smallest = smallest_knobs(p.rollout)
-            movable = sum(offloadable_bound(ctx, role, block) for role, block in roles if block is not None)
-            reserved = max(reserved, resident - movable * smallest.offload_training + engine_floor_bytes(ctx, smallest))
-        host = max(sum(size[1] for _, _, size in parts), max(size[2] for _, _, size in parts)) * hardware.gpus
-        # float sums in another order than the step's: keep the bound a hair below
-        bound = penalized_score(time * (1 - 1e-9), reserved, budget, int(host * (1 - 1e-9)), host_budget)
-        bounds.append((bound, index, key))
-    bounds.sort()
-    best = float("inf")
-    fitting: list[float] = []  # the best scores that fit, at most RLHF_ALTERNATIVES
-    spent = 0  # points resolved, an engine point counting as its knob variants (each costs a DeepSpeed point)
-    for bound, _, key in bounds:
-        if bound > best:  # cannot win; resolve it only as a possible alternative
-            if len(fitting) >= RLHF_ALTERNATIVES:
-                wanted = bound <= fitting[-1]
-            else:
-                wanted = bound < INFEASIBLE_PENALTY_S and spent < n_trials
-            if not wanted:
-                break
-        elif bound >= INFEASIBLE_PENALTY_S and not fitting and spent >= n_trials:
-            break  # nothing fits: the closest of ``n_trials`` points' worth is the answer, not provably the closest
-        point = by_key[key]
-        spent += 1 if point.rollout is None else len(knob_variants(point.rollout))
-        candidate = evaluated[key] = best_inner_rlhf(point, workload, hardware, coef)
-        best = min(best, candidate.score)
-        if candidate.prediction.fits:
-            fitting = sorted([*fitting, candidate.score])[:RLHF_ALTERNATIVES]
-    return len(evaluated)
 
 
 def fastest_rlhf_ignoring_memory(
