@@ -296,8 +296,12 @@ def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KE
 def trace_terms(hf_config: dict[str, Any], dtype: str, attn_impl: str, target: str = "cuda") -> dict[str, Any]:
     """The fitted activation and loss terms of a model config for one dtype and attention implementation, with
     the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`)."""
+    from probes.generation_trace import trace_generation_terms
+
     model = cut_model(hf_config, dtype, attn_impl)
     with gpu_kernels(attention=attn_impl != "eager", target=target):
         traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
         check = trace_step(model, *CHECK_SHAPE)
-    return fit_terms(traces, check)
+        terms = fit_terms(traces, check)
+        terms["windows"].update(trace_generation_terms(model))  # generation and scoring, as the RLHF probe runs them
+    return terms

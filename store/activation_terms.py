@@ -21,6 +21,9 @@ from typing import Any
 Polynomial = list[float]  # coefficients over TERM_BASIS
 TERM_BASIS = ("1", "b", "s", "b*s", "s^2", "b*s^2")
 WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward", "inference_forward")
+# Generation and scoring as the RLHF probe runs them (``probes.generation_trace``; b sequences, s the prompt,
+# the KV cache's tokens at a decoding step, or the scored tokens); kept in ``windows`` beside WINDOWS.
+GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
 
 
 def basis(sequences: int, tokens: int) -> tuple[int, ...]:
@@ -98,4 +101,5 @@ def valid_terms(terms: Any) -> bool:
     width = len(TERM_BASIS)
     polys = [*terms.get("layer_saved", [None]), terms.get("outside_saved")]
     polys += [p for w in WINDOWS for p in terms["windows"].get(w, [None])]
+    polys += [p for w in GENERATION_WINDOWS for p in terms["windows"].get(w, [])]  # where they were traced
     return all(isinstance(p, list) and len(p) == width for p in polys)
