@@ -68,9 +68,13 @@ class GenerationStopped(Exception):
 
 @dataclass(frozen=True)
 class GenerationTrace:
-    """The windows of :data:`store.activation_terms.GENERATION_WINDOWS` at one (sequences, tokens) shape."""
+    """The windows of :data:`store.activation_terms.GENERATION_WINDOWS` at one (sequences, tokens) shape, and
+    as recorded, the cache in: the most live bytes above generate's start during the decoding step, and the
+    KV cache's bytes after it."""
 
     windows: dict[str, tuple[int, ...]]
+    step_peak: int = 0
+    cache_after: int = 0
 
 
 def generate_kwargs(prompts: Any, gen_len: int, pad_token_id: int) -> dict[str, Any]:
@@ -214,17 +218,21 @@ def _read(stream: Any, forwards: list[dict[tuple[int, str], tuple[int, int]]]) -
     decode_cache = {key for key, _ in forwards[2].values()}
     sizes: dict[int, int] = {}
     deltas: list[int] = []
+    live, recorded = 0, []  # live bytes as recorded, the cache in
     for op, key, size, _, _ in stream.events:
         delta = 0
         if op == ALLOC:
             sizes[key] = delta = size
+            live += size
             if key in prefill_cache or (key in decode_cache and key not in replaced):
                 delta = 0  # a cache tensor: the cache rule counts it
             elif key in replaced:
                 delta = replaced[key]
         elif op == FREE:
             delta = -sizes.get(key, 0)
+            live -= sizes.get(key, 0)
         deltas.append(delta)
+        recorded.append(live)
 
     def window(first: str, last: str) -> tuple[int, ...]:
         return tuple(d for d in deltas[at[first] : at[last]] if d)
@@ -238,7 +246,9 @@ def _read(stream: Any, forwards: list[dict[tuple[int, str], tuple[int, int]]]) -
             "decode_head": window("decode.head", "forward3"),
             "scoring_forward": window("scoring", "scoring.head"),
             "scoring_head": window("scoring.head", "scoring.end"),
-        }
+        },
+        step_peak=max(recorded[at["forward2"] : at["forward3"]]) - recorded[at["generate"]],
+        cache_after=sum(size for _, size in forwards[2].values()),
     )
 
 
