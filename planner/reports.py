@@ -9,6 +9,7 @@ from planner.results import Alternative, Predicted, PredictionReport
 from probes.ds_config import outside_settings, render_ds_config
 from search import Prediction, replay_memory
 from search.model.activations import source as activation_source
+from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
@@ -53,8 +54,9 @@ def prediction_report(
     workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
     # where each model's counts come from (traced module tree or formula), and its experts if it has any
     w = job.workload
+    rlhf_windows = GENERATION_WINDOWS if w.is_rlhf else ()  # RLHF's generation and scoring are traced too
     workload["shapes"] = {
-        role: {**spec.to_dict(), "activations": activation_source(spec, w.dtype, w.attn_impl)}
+        role: {**spec.to_dict(), "activations": activation_source(spec, w.dtype, w.attn_impl, rlhf_windows)}
         for role, spec in w.role_models().items()
     }
     common: dict[str, Any] = {

@@ -22,7 +22,7 @@ from typing import Any
 from store.errors import InputError
 from store.records import ModelSpec
 
-SHAPE_VERSION = 4  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
+SHAPE_VERSION = 5  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
 CATALOG_SHAPES_PATH = Path(__file__).resolve().parent / "catalog_shapes.json"
 CATALOG_ACTIVATIONS_PATH = Path(__file__).resolve().parent / "catalog_activations.json"
 CATALOG_TERM_KEYS = ("2-eager", "2-sdpa")  # the catalog ships 16-bit terms; fp32 training uses the formulas

@@ -25,9 +25,11 @@ def traced_terms(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, Any]
     return model.activation_terms.get(terms_key(dtype, attn_impl))
 
 
-def source(model: ModelSpec, dtype: str, attn_impl: str) -> str:
-    """Where a prediction's activation and loss bytes come from: ``"traced"`` or ``"formula"``."""
-    return "traced" if traced_terms(model, dtype, attn_impl) else "formula"
+def source(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[str, ...] = ()) -> str:
+    """Where a prediction's activation and loss bytes come from: ``"traced"`` or ``"formula"``; with
+    ``windows``, traced only where the terms have those windows too (RLHF: generation and scoring)."""
+    traced = traced_terms(model, dtype, attn_impl)
+    return "traced" if traced and all(w in traced["windows"] for w in windows) else "formula"
 
 
 @dataclass(frozen=True)
