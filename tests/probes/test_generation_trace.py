@@ -15,9 +15,9 @@ import pytest
 import torch
 from tiny_models import TINY_MOE, tiny_family_config
 
-from probes.activation_trace import CHECK_SHAPE, FIT_SHAPES, cut_model, gpu_kernels
+from probes.activation_trace import CHECK_SHAPE, FIT_SHAPES, cut_model, gpu_kernels, trace_all_terms
 from probes.generation_trace import GenerationTrace, trace_generation, trace_generation_terms
-from store.activation_terms import GENERATION_WINDOWS, left_by, peak_of
+from store.activation_terms import GENERATION_WINDOWS, left_by, peak_of, valid_terms
 
 OPT = {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
        "vocab_size": 512, "word_embed_proj_dim": 64, "dropout": 0.1, "pad_token_id": 1}  # fmt: skip
@@ -98,3 +98,17 @@ def test_eager_decoding_holds_the_scores_over_the_cache_and_sdpa_does_not() -> N
     heads = config["num_attention_heads"]
     growth = {attn: step(attn, 2 * c) - step(attn, c) for attn in windows}
     assert growth["eager"] - growth["sdpa"] >= b * heads * c * (2 + 4)  # bf16 scores and their fp32 softmax
+
+
+def test_a_generate_the_meta_device_cannot_run_leaves_the_training_terms_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import probes.generation_trace
+
+    def unknown(model: object) -> dict:
+        raise RuntimeError("generate reads a tensor's value the trace does not know")
+
+    monkeypatch.setattr(probes.generation_trace, "trace_generation_terms", unknown)
+    terms = trace_all_terms(FAMILIES["llama"], ("2-eager",))["2-eager"]
+    assert valid_terms(terms) and not set(GENERATION_WINDOWS) & set(terms["windows"])
+    assert "does not know" in terms["generation_unfitted"]
