@@ -10,6 +10,7 @@ from probes.ds_config import outside_settings, render_ds_config
 from search import Prediction, replay_memory
 from search.model.activations import source as activation_source
 from search.model.activations import variant_sources
+from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
@@ -54,10 +55,11 @@ def prediction_report(
     workload["roles"] = {role: spec.name for role, spec in job.workload.role_models().items()}
     # where each model's counts come from (traced module tree or formula), and its experts if it has any
     w = job.workload
+    rlhf_windows = GENERATION_WINDOWS if w.is_rlhf else ()  # RLHF's generation and scoring are traced too
     workload["shapes"] = {
         role: {
             **spec.to_dict(),
-            "activations": activation_source(spec, w.dtype, w.attn_impl),
+            "activations": activation_source(spec, w.dtype, w.attn_impl, rlhf_windows),
             # checkpointing and LoRA: traced as such, or composed from the full fine-tune's trace
             "activation_variants": variant_sources(spec, w.dtype, w.attn_impl),
         }

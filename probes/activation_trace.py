@@ -324,23 +324,33 @@ def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KE
     for key in keys:
         dtype, attn_impl = TRACED_SETTINGS[key]
         try:
-            out[key] = trace_terms(hf_config, dtype, attn_impl)
+            out[key] = trace_terms(hf_config, dtype, attn_impl, generation=True)
         except Exception as err:  # no meta kernel, no exact fit, no sdpa, model code the meta device cannot run
             first_line = (str(err).splitlines() or [""])[0][:200]
             out.setdefault("unfitted", {})[key] = f"{type(err).__name__}: {first_line}"
     return out
 
 
-def trace_terms(hf_config: dict[str, Any], dtype: str, attn_impl: str, target: str = "cuda") -> dict[str, Any]:
+def trace_terms(
+    hf_config: dict[str, Any], dtype: str, attn_impl: str, target: str = "cuda", generation: bool = False
+) -> dict[str, Any]:
     """The fitted activation and loss terms of a model config for one dtype and attention implementation, with
-    the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`)."""
+    the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`);
+    with ``generation``, the generation and scoring windows too (:mod:`probes.generation_trace`), and the
+    variants of the training code (:mod:`probes.activation_variants`) always."""
     from probes.activation_variants import trace_variants
+    from probes.generation_trace import trace_generation_terms
 
     model = cut_model(hf_config, dtype, attn_impl)
     with gpu_kernels(attention=attn_impl != "eager", target=target):
         traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
         check = trace_step(model, *CHECK_SHAPE)
-    terms = fit_terms(traces, check)
+        terms = fit_terms(traces, check)
+        if generation:  # generation and scoring, as the RLHF probe runs them; formulas for them where that fails
+            try:
+                terms["windows"].update(trace_generation_terms(model))
+            except Exception as err:
+                terms["generation_unfitted"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
     variants, unfitted = trace_variants(hf_config, dtype, attn_impl, target)
     terms["variants"] = variants
     if unfitted:

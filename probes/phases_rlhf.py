@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from probes.build import ProbePlan, build_causal_lm, build_value_model, init_engine, prepare_trained
+from probes.generation_trace import generate_kwargs
 from probes.phases import PhaseClock
 from probes.phases_sft import build_device, token_logprobs
 from probes.rlhf_config import model_specs, render_rlhf_ds_configs
@@ -140,13 +141,7 @@ class RLHFRun:
         self.actor.eval()
         if self.critic is not None:
             self.critic.eval()
-        kwargs = {
-            "attention_mask": torch.ones_like(prompts),
-            "max_new_tokens": w.gen_len,
-            "min_new_tokens": w.gen_len,
-            "use_cache": True,
-            "pad_token_id": self.pad,
-        }
+        kwargs = generate_kwargs(prompts, w.gen_len, self.pad)  # what probes.generation_trace traces
         samples = w.samples_per_prompt if w.kind == "grpo" else 1
         with torch.no_grad():
             sequences = self.actor.module.generate(

@@ -202,6 +202,14 @@ class LiveTensorTracker:
             self._grow(nbytes)
             self._live[key] = self._new_entry(key, storage, nbytes, kind)
 
+    def key_of(self, tensor: torch.Tensor) -> int | None:
+        """The stream key of ``tensor``'s storage while it is counted (when recording), else None."""
+        storage = _storage(tensor, "meta" in self.device_types)
+        entry = self._live.get(id(storage)) if storage is not None else None
+        if entry is None or entry.ref() is not storage or not self.record_stream:
+            return None
+        return entry.key
+
     # --- internals -------------------------------------------------------------------------------
 
     def _grow(self, nbytes: int) -> None:

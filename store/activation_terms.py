@@ -36,6 +36,9 @@ VARIANTS: dict[str, tuple[bool, bool]] = {  # (HF gradient checkpointing, LoRA) 
     "lora_checkpointed": (True, True),
 }
 CHECKPOINTED_WINDOWS = WINDOWS[:4]  # a no-grad forward is not checkpointed: its window is the unvaried one
+# Generation and scoring as the RLHF probe runs them (``probes.generation_trace``; b sequences, s the prompt,
+# the KV cache's tokens at a decoding step, or the scored tokens); kept in ``windows`` beside WINDOWS.
+GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
 
 
 def basis(sequences: int, tokens: int, rank: int = 0) -> tuple[int, ...]:
@@ -139,4 +142,5 @@ def _valid_fields(terms: Any, windows: tuple[str, ...]) -> bool:
         return False
     polys = [*terms.get("layer_saved", [None]), terms.get("outside_saved")]
     polys += [p for w in windows for p in terms["windows"].get(w, [None])]
+    polys += [p for w in GENERATION_WINDOWS for p in terms["windows"].get(w, [])]  # where they were traced
     return all(isinstance(p, list) and len(p) in (SHAPE_TERMS, len(TERM_BASIS)) for p in polys)

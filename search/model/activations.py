@@ -36,9 +36,11 @@ def traced_variant(
     return None if terms is None else variant_terms(terms, checkpointing, lora_rank > 0)
 
 
-def source(model: ModelSpec, dtype: str, attn_impl: str) -> str:
-    """Where a prediction's activation and loss bytes come from: ``"traced"`` or ``"formula"``."""
-    return "traced" if traced_terms(model, dtype, attn_impl) else "formula"
+def source(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[str, ...] = ()) -> str:
+    """Where a prediction's activation and loss bytes come from: ``"traced"`` or ``"formula"``; with
+    ``windows``, traced only where the terms have those windows too (RLHF: generation and scoring)."""
+    traced = traced_terms(model, dtype, attn_impl)
+    return "traced" if traced and all(w in traced["windows"] for w in windows) else "formula"
 
 
 def variant_sources(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, str]:

@@ -9,13 +9,15 @@ share these pieces.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from search.coefficients import Coefficients
-from search.model.activations import activations, logits_bytes
+from search.model.activations import activations, logits_bytes, traced_terms
 from search.model.moments import TRAINING_PHASES
 from search.model.placement import TrainedPlacement, micro_step
 from search.model.shapes import kv_tokens_held
 from search.step.phases import Live, live, live_of
+from store.activation_terms import GENERATION_WINDOWS, left_by, peak_of
 from store.records import DTYPE_BYTES, ModelSpec
 
 
@@ -26,6 +28,21 @@ def experience_bytes(sequences: int, seq_len: int, dtype: str) -> int:
 
 
 # --- generation ---------------------------------------------------------------------------------------
+
+
+def traced_windows(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, Any] | None:
+    """The model's traced generation and scoring windows (``store.activation_terms.GENERATION_WINDOWS``, as
+    ``probes.generation_trace`` reads them from transformers' generate), or None: formulas."""
+    traced = traced_terms(model, dtype, attn_impl)
+    if traced is None or not all(w in traced["windows"] for w in GENERATION_WINDOWS):
+        return None
+    return dict(traced["windows"])
+
+
+def traced_moment(windows: dict[str, Any], body: str, head: str, sequences: int, tokens: int) -> tuple[int, int]:
+    """(the peak until the LM head, the whole moment's peak) of a traced window and the head's window after it."""
+    working = peak_of(windows[body], sequences, tokens)
+    return working, max(working, left_by(windows[body], sequences, tokens) + peak_of(windows[head], sequences, tokens))
 
 
 def kv_cache_bytes(
@@ -72,6 +89,11 @@ def generation_live(
     the call; without it the actor is gathered module by module, as in any ZeRO-3 forward. With the hybrid
     engine the KV cache lives in DeepSpeed's own workspace (cudaMalloc) and is released after the call
     (``release_inference_cache``); without it HF's cache grows through torch's allocator token by token.
+
+    Where the actor has traced generation windows (:func:`traced_windows`) the working set and the last-token
+    logits are what transformers' generate was traced to hold beside its cache: the prefill, and a decoding
+    step (attention over the cache, the step's K/V copies, the fp32 logits, processors, softmax, sampling, and
+    what the previous step left); otherwise a no-grad forward of one token and the logits formula.
     """
     model, d = actor.model, DTYPE_BYTES[dtype]
     seq_len = prompt_len + gen_len
@@ -84,17 +106,27 @@ def generation_live(
         gathered = 0
     workspace = hybrid_engine_workspace_bytes(model, sequences, seq_len, dtype, coef) if hybrid_engine else 0
     _, last_logits = logits_bytes(model, sequences, 1, dtype, coef)
+    windows = traced_windows(model, dtype, attn_impl)
     moments = []
     for kv_tokens, run_tokens in ((prompt_len, prompt_len), (seq_len, 1)):
         # HF's own cache (no hybrid engine) keeps sliding-window layers to their window
         kv = kv_cache_bytes(model, sequences, kv_tokens, dtype, windows=not hybrid_engine, prefill=run_tokens > 1)
         working = activations(model, sequences, run_tokens, dtype, attn_impl, False, coef).forward_working
-        in_torch = gathered + working + last_logits + (0 if hybrid_engine else kv)
+        logits = last_logits
+        if windows is not None:  # traced: the prefill over the prompt; the last step over seq_len - 2 cached tokens
+            body, head, tokens = (
+                ("prefill", "prefill_head", prompt_len)
+                if run_tokens > 1
+                else ("decode_step", "decode_head", max(1, seq_len - 2))
+            )
+            working, whole = traced_moment(windows, body, head, sequences, tokens)
+            logits = whole - working
+        in_torch = gathered + working + logits + (0 if hybrid_engine else kv)
         moments.append(
             live(
                 zero3_gathered=gathered,
                 activations=working,
-                logits=last_logits,
+                logits=logits,
                 kv_cache=kv,
                 hybrid_engine=workspace,
                 transient=in_torch,
@@ -118,9 +150,15 @@ def forward_live(
     coef: Coefficients,
 ) -> Live:
     """One model's no-grad forward: a layer's working set, logits with the fp32 log-softmax (LM heads
-    only, as single-model inference counts them), and its ZeRO-3 gathered module."""
+    only, as single-model inference counts them), and its ZeRO-3 gathered module. Traced where the model has
+    traced scoring windows: the forward until its LM head, then the logits and ``token_logprobs`` as the RLHF
+    probe scores (the larger of the two is the moment; ``logits`` is what the head adds above the forward)."""
     working = activations(model, sequences, seq_len, dtype, attn_impl, False, coef).forward_working
     logits = logits_bytes(model, sequences, seq_len, dtype, coef)[1] if lm_head else 0
+    windows = traced_windows(model, dtype, attn_impl)
+    if windows is not None:  # traced: the forward until its LM head, then the logits and token_logprobs
+        working, whole = traced_moment(windows, "scoring_forward", "scoring_head", sequences, seq_len)
+        logits = whole - working if lm_head else 0
     return live(zero3_gathered=gathered, activations=working, logits=logits, transient=gathered + working + logits)
 
 
