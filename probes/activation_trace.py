@@ -249,12 +249,12 @@ class FitError(ValueError):
 def _solve(values: list[int], points: tuple[tuple[int, ...], ...]) -> list[Fraction]:
     """Exact coefficients with values[i] = sum(c_j * term_j) at points[i], over the first len(points) terms
     of TERM_BASIS: the exact inverse of the points' basis matrix applied to the values."""
-    inverse = _inverse(points)
+    inverse = fit_inverse(points)
     return [sum((a * v for a, v in zip(row, values, strict=True)), Fraction(0)) for row in inverse]
 
 
 @cache
-def _inverse(points: tuple[tuple[int, ...], ...]) -> tuple[tuple[Fraction, ...], ...]:
+def fit_inverse(points: tuple[tuple[int, ...], ...]) -> tuple[tuple[Fraction, ...], ...]:
     """The inverse of the basis matrix of ``points`` (Gauss-Jordan on fractions), once per set of points."""
     n = len(points)
     rows = [[Fraction(t) for t in basis(*point)[:n]] + [Fraction(int(i == j)) for j in range(n)]

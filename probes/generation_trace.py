@@ -46,10 +46,9 @@ import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
-from store.activation_terms import GENERATION_WINDOWS, SHAPE_TERMS, basis, compact, evaluate
+from store.activation_terms import GENERATION_WINDOWS, compact, evaluate
 from store.alloc_stream import ALLOC, FREE, PHASE
 
 # The values generate reads from tensors, as a real run of the probe's generate gets them: (function, a
@@ -258,9 +257,9 @@ def fit_generation(traces: list[GenerationTrace], check: GenerationTrace) -> dic
     As :func:`probes.activation_trace._fit` (the same basis, shapes, check and output), with each run of
     allocations (or frees) summed first where every shape has the same runs (which keeps every running-sum peak,
     see :func:`store.activation_terms.compact`), and one inverse of the basis matrix for all sizes."""
-    from probes.activation_trace import CHECK_SHAPE, FIT_SHAPES, FitError
+    from probes.activation_trace import CHECK_SHAPE, FitError
 
-    inverse, denominator = _inverse([basis(*shape)[:SHAPE_TERMS] for shape in FIT_SHAPES])
+    inverse, denominator = _integer_inverse()
     out = {}
     for name in GENERATION_WINDOWS:
         windows = [_runs(t.windows[name]) for t in [*traces, check]]
@@ -291,18 +290,12 @@ def _runs(window: tuple[int, ...]) -> list[tuple[int, ...]]:
     return [tuple(run) for run in runs]
 
 
-def _inverse(rows: list[tuple[int, ...]]) -> tuple[list[list[int]], int]:
-    """(integer matrix, denominator) whose quotient is the inverse of the square integer matrix ``rows``."""
-    n = len(rows)
-    m = [[Fraction(x) for x in row] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(rows)]
-    for col in range(n):
-        pivot = next(r for r in range(col, n) if m[r][col] != 0)
-        m[col], m[pivot] = m[pivot], m[col]
-        m[col] = [x / m[col][col] for x in m[col]]
-        for r in range(n):
-            if r != col and m[r][col] != 0:
-                m[r] = [a - m[r][col] * b for a, b in zip(m[r], m[col], strict=True)]
-    inverse = [row[n:] for row in m]
+def _integer_inverse() -> tuple[list[list[int]], int]:
+    """(integer matrix, denominator) whose quotient is the inverse of the fit shapes' basis matrix
+    (:func:`probes.activation_trace.fit_inverse`)."""
+    from probes.activation_trace import FIT_POINTS, fit_inverse
+
+    inverse = fit_inverse(FIT_POINTS)
     denominator = math.lcm(*(x.denominator for row in inverse for x in row))
     return [[int(x * denominator) for x in row] for row in inverse], denominator
 
