@@ -145,10 +145,15 @@ def trace_step(
     ``checkpointed``: the model runs HF's gradient checkpointing. A checkpointed layer keeps its output as
     the next layer's checkpoint, so the layer that stands for every layer but the last is the first one
     (otherwise the second: its input comes from a layer, as every layer's but the first). ``scoring``: trace
-    the no-grad forward too (the ``inference_forward`` window)."""
+    the no-grad forward too (the ``inference_forward`` window), and an RLHF actor's training pass: the model
+    output's token log-probs as the probe takes them (:func:`probes.phases_sft.token_logprobs`, the fp32
+    log-softmax of the shifted logits, gathered) and a backward of their mean (the policy loss's per-token
+    arithmetic, over b x s elements, is not counted), the ``policy_head_forward`` and ``policy_head_backward``
+    windows."""
     import torch
 
     from probes.model_shape import decoder_layers
+    from probes.phases_sft import token_logprobs
     from probes.tracker import LiveTensorTracker
 
     _, layers = decoder_layers(model, TRACED_LAYERS)
@@ -162,7 +167,8 @@ def trace_step(
     for index, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(marker(f"layer{index}.fwd")))
         handles.append(layer.register_forward_hook(marker(f"layer{index}.fwd.end")))
-    handles.append(layers[-1].register_full_backward_pre_hook(marker("layers.bwd")))
+    backward = ["layers.bwd"]  # the marker of the gradient reaching the layers: the SFT loss's, then the policy's
+    handles.append(layers[-1].register_full_backward_pre_hook(lambda *args: marker(backward[0])()))
     handles.append(layers[1].register_full_backward_hook(marker("layer1.bwd.end")))
     stage = ["head"]  # the LM head's marker: the training forward's, then the no-grad forward's
     handles.append(model.get_output_embeddings().register_forward_pre_hook(lambda *args: marker(stage[0])()))
@@ -182,6 +188,16 @@ def trace_step(
                 with torch.no_grad():
                     model(input_ids=ids, use_cache=False)
                 tracker.mark_phase("inference.end")
+                for param in model.parameters():  # the actor's first micro-step: no gradients yet
+                    param.grad = None
+                stage[0], backward[0] = "policy.head", "policy.layers.bwd"
+                logprobs = token_logprobs(model(input_ids=ids, use_cache=False).logits, ids)
+                loss = -logprobs.mean()
+                del logprobs
+                tracker.mark_phase("policy.fwd.end")
+                loss.backward()
+                tracker.mark_phase("policy.bwd.end")
+                del loss
     finally:
         for handle in handles:
             handle.remove()
@@ -211,12 +227,12 @@ def _read(stream: Any, layer: int = 1, scoring: bool = True) -> StepTrace:
         deltas.append(delta)
     at = {name: live_after[i] for name, i in index_at.items()}
 
-    def window(first: str, last: str, leaving: bool = True) -> tuple[int, ...]:
+    def window(first: str, last: str, leaving: bool = True, until: str = "bwd.end") -> tuple[int, ...]:
         """The changes between two markers; without ``leaving``, not the allocations still alive at the
-        backward's end (weight gradients, which the cost model counts as gradients)."""
+        backward's end (``until``: weight gradients, which the cost model counts as gradients)."""
         keep = range(index_at[first], index_at[last])
         if not leaving:
-            end = index_at["bwd.end"]
+            end = index_at[until]
             kept = {made_at[k] for k in made_at if made_at[k] in keep and not alive_at(k, end)}
             return tuple(deltas[i] for i in keep if deltas[i] < 0 or i in kept)
         return tuple(deltas[i] for i in keep if deltas[i])
@@ -237,6 +253,10 @@ def _read(stream: Any, layer: int = 1, scoring: bool = True) -> StepTrace:
     }
     if scoring:
         windows["inference_forward"] = window("inference.start", "inference.head")
+        windows["policy_head_forward"] = window("policy.head", "policy.fwd.end")
+        windows["policy_head_backward"] = window(
+            "policy.fwd.end", "policy.layers.bwd", leaving=False, until="policy.bwd.end"
+        )
     # what the two layers keep beyond twice the standing layer's (the first layer's input or the last one's
     # output kept otherwise) counts as outside: so L layers keep L x layer_saved + outside_saved, exact at two
     return StepTrace(layer_saved=saved, outside_saved=at["head"] - at["start"] - 2 * sum(saved), windows=windows)

@@ -65,7 +65,7 @@ def trace_variant(
     def step(b: int, s: int, rank: int) -> StepTrace:
         if rank not in models:
             models[rank] = variant_model(hf_config, dtype, attn_impl, checkpointed, rank)
-        return trace_step(models[rank], b, s, checkpointed=checkpointed, scoring=not checkpointed)
+        return trace_step(models[rank], b, s, checkpointed=checkpointed)
 
     with gpu_kernels(attention=attn_impl != "eager", target=target):
         traces = [step(*point) for point in points]

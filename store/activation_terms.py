@@ -11,7 +11,10 @@ The terms of one model are kept per dtype width and attention kernel (:func:`ter
 - ``windows``: ordered changes of live bytes (+ allocation, - free) of ``layer_forward``, ``layer_backward``
   (without the weight gradients it leaves behind), ``head_forward`` (LM head and loss, from the decoder's end
   until the loss is returned) and ``head_backward`` (from the backward's start until the gradient reaches the
-  decoder layers). A window's peak is its highest running sum; what it leaves is its sum.
+  decoder layers), ``inference_forward`` (a no-grad forward until its LM head), and ``policy_head_forward`` /
+  ``policy_head_backward``: the same two head windows of an RLHF actor, whose loss is built on the token
+  log-probs of the model output (the fp32 log-softmax of the shifted logits). A window's peak is its highest
+  running sum; what it leaves is its sum.
 
 Beside these terms of a full fine-tune, ``variants`` holds the same fields traced with the training code
 changed (:data:`VARIANTS`): HF's own gradient checkpointing (``checkpointed``: a layer keeps its output as the
@@ -29,13 +32,13 @@ from typing import Any
 Polynomial = list[float]  # coefficients over TERM_BASIS (the first six, or all eight for LoRA terms)
 TERM_BASIS = ("1", "b", "s", "b*s", "s^2", "b*s^2", "r", "r*b*s")  # r: the LoRA rank (0 for a full fine-tune)
 SHAPE_TERMS = 6  # the terms of a full fine-tune's polynomials
-WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward", "inference_forward")
+WINDOWS = ("layer_forward", "layer_backward", "head_forward", "head_backward", "inference_forward",
+           "policy_head_forward", "policy_head_backward")  # fmt: skip
 VARIANTS: dict[str, tuple[bool, bool]] = {  # (HF gradient checkpointing, LoRA) each variant is traced with
     "checkpointed": (True, False),
     "lora": (False, True),
     "lora_checkpointed": (True, True),
 }
-CHECKPOINTED_WINDOWS = WINDOWS[:4]  # a no-grad forward is not checkpointed: its window is the unvaried one
 # Generation and scoring as the RLHF probe runs them (``probes.generation_trace``; b sequences, s the prompt,
 # the KV cache's tokens at a decoding step, or the scored tokens); kept in ``windows`` beside WINDOWS.
 GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
@@ -131,10 +134,7 @@ def valid_terms(terms: Any) -> bool:
     variants = terms.get("variants", {})
     if not isinstance(variants, dict) or not set(variants) <= set(VARIANTS):
         return False
-    return all(
-        _valid_fields(fields, CHECKPOINTED_WINDOWS if VARIANTS[name][0] else WINDOWS)
-        for name, fields in variants.items()
-    )
+    return all(_valid_fields(fields, WINDOWS) for fields in variants.values())
 
 
 def _valid_fields(terms: Any, windows: tuple[str, ...]) -> bool:

@@ -74,6 +74,7 @@ def loss_logits(
     loss: str = "hf",
     checkpointing: bool = False,
     lora_rank: int = 0,
+    policy: bool = False,
 ) -> LossLogits:
     """Logit bytes of a training micro-batch (transformers' ForCausalLMLoss, or a log-softmax of DPO).
 
@@ -95,10 +96,13 @@ def loss_logits(
         traced = traced_terms(model, dtype, attn_impl)
     if traced is not None:  # the head and loss as traced: the output dropped once the loss is computed
         head, r = traced["windows"], lora_rank
-        kept = left_by(head["head_forward"], sequences, seq_len, r)
+        # an RLHF actor's loss is built on the token log-probs of the model output, where that was traced
+        prefix = "policy_" if policy and "policy_head_forward" in head else ""
+        forward, backward = f"{prefix}head_forward", f"{prefix}head_backward"
+        kept = left_by(head[forward], sequences, seq_len, r)
         return LossLogits(
-            forward=peak_of(head["head_forward"], sequences, seq_len, r),
-            backward=held + kept + peak_of(head["head_backward"], sequences, seq_len, r),
+            forward=peak_of(head[forward], sequences, seq_len, r),
+            backward=held + kept + peak_of(head[backward], sequences, seq_len, r),
             held=int(held),
         )
     return LossLogits(

@@ -108,11 +108,13 @@ def micro_step(
     coef: Coefficients,
     holds_output: bool = True,
     loss: str = "hf",
+    policy: bool = False,
 ) -> MicroStep:
     """Forward, backward and optimizer-step moments of ``sequences`` sequences through ``placed``
     (:func:`search.model.moments.training_moments`); a model without an LM head has no logits.
     ``holds_output``: the training loop keeps the model output (its logits) alive through the backward;
-    ``loss``: ``"hf"`` or ``"chunked"`` (the strategy's loss knob)."""
+    ``loss``: ``"hf"`` or ``"chunked"`` (the strategy's loss knob); ``policy``: an RLHF actor, whose loss is
+    built on the token log-probs of the model output instead of transformers' loss."""
     s, model = placed.layout, placed.model
     acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef, s.lora_rank)
     logits = (
@@ -127,6 +129,7 @@ def micro_step(
             loss=loss,
             checkpointing=s.gradient_checkpointing,
             lora_rank=s.lora_rank,
+            policy=policy,
         )
         if placed.lm_head
         else LossLogits(0, 0, 0)

@@ -182,7 +182,7 @@ def training_live(
     actor and critic micro-steps, so its gradients (and ZeRO-1 buckets) carried between micro-steps are
     live too. ZeRO-3 gradient partitions are resident bytes here (``Models.resident``), not moments.
     """
-    moments = micro_step(trained, micro_batch, seq_len, dtype, attn_impl, coef).moments
+    moments = micro_step(trained, micro_batch, seq_len, dtype, attn_impl, coef, policy=trained.lm_head).moments
     kept = trained.persistent_gradients
     others = other.carried if other is not None else {}
     steady = moments.steady - kept + sum(others.values())

@@ -131,7 +131,7 @@ def test_a_checkpointed_or_lora_trace_says_what_a_real_cpu_step_holds(
     torch.manual_seed(0)
     model = variant_model(config, dtype, attn, checkpointed, rank, device="cpu")
     with gpu_kernels(attention=attn != "eager", target="cpu"):
-        real = trace_step(model, *SHAPE, checkpointed=checkpointed, scoring=not checkpointed)
+        real = trace_step(model, *SHAPE, checkpointed=checkpointed)
     b, s = SHAPE
     pairs = {
         "layer saved": (sum(evaluate(c, b, s, rank) for c in terms["layer_saved"]), sum(real.layer_saved)),

@@ -1,4 +1,4 @@
-"""RLHF generation and scoring read the traced windows where the model has them, the formulas elsewhere.
+"""RLHF generation, scoring and the actor's log-prob loss read the traced windows where the model has them.
 
 Pure: the windows are the catalog's package data (``store/catalog_activations.json``, traced from transformers'
 generate by ``probes.generation_trace``; checked against real CPU runs in tests/probes/test_generation_trace.py).
@@ -91,3 +91,12 @@ def test_without_generation_windows_the_formulas_run_and_the_report_says_so() ->
     assert source(untraced, "bf16", "eager") == "traced"  # training is still traced
     assert source(untraced, "bf16", "eager", GENERATION_WINDOWS) == "formula"
     assert _phases("") != _phases(None)
+
+
+@pytest.mark.parametrize("window", ["policy_head_forward", "policy_head_backward"])
+def test_the_actors_training_holds_its_traced_log_prob_loss(window: str) -> None:
+    """The actor's loss is built on token log-probs (probes' token_logprobs), traced apart from HF's loss."""
+    plain, more = _phases(None), _phases(window)
+    assert more["actor_training"] > plain["actor_training"] + EXTRA // 2
+    assert all(more[name] == plain[name] for name in plain if name != "actor_training")
+    assert _phases("head_backward") == plain  # transformers' own loss is not what the actor runs
