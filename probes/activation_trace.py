@@ -352,12 +352,17 @@ def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KE
 
 
 def trace_terms(
-    hf_config: dict[str, Any], dtype: str, attn_impl: str, target: str = "cuda", generation: bool = False
+    hf_config: dict[str, Any],
+    dtype: str,
+    attn_impl: str,
+    target: str = "cuda",
+    generation: bool = False,
+    variants: bool = True,
 ) -> dict[str, Any]:
     """The fitted activation and loss terms of a model config for one dtype and attention implementation, with
     the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`);
     with ``generation``, the generation and scoring windows too (:mod:`probes.generation_trace`), and the
-    variants of the training code (:mod:`probes.activation_variants`) always."""
+    variants of the training code (:mod:`probes.activation_variants`) unless ``variants`` is False."""
     from probes.activation_variants import trace_variants
     from probes.generation_trace import trace_generation_terms
 
@@ -371,8 +376,10 @@ def trace_terms(
                 terms["windows"].update(trace_generation_terms(model))
             except Exception as err:
                 terms["generation_unfitted"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-    variants, unfitted = trace_variants(hf_config, dtype, attn_impl, target)
-    terms["variants"] = variants
+    if not variants:
+        return terms
+    traced, unfitted = trace_variants(hf_config, dtype, attn_impl, target)
+    terms["variants"] = traced
     if unfitted:
         terms["variants_unfitted"] = unfitted
     return terms
