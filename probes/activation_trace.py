@@ -136,16 +136,14 @@ def unpacked_sequences() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = original
 
 
-def trace_step(
-    model: Any, sequences: int, tokens: int, *, checkpointed: bool = False, scoring: bool = True
-) -> StepTrace:
+def trace_step(model: Any, sequences: int, tokens: int, *, checkpointed: bool = False) -> StepTrace:
     """Trace one forward (with labels) and backward of a two-layer ``model`` at one shape, on the device its
     parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace).
 
     ``checkpointed``: the model runs HF's gradient checkpointing. A checkpointed layer keeps its output as
     the next layer's checkpoint, so the layer that stands for every layer but the last is the first one
-    (otherwise the second: its input comes from a layer, as every layer's but the first). ``scoring``: trace
-    the no-grad forward too (the ``inference_forward`` window), and an RLHF actor's training pass: the model
+    (otherwise the second: its input comes from a layer, as every layer's but the first). It traces the
+    no-grad forward too (the ``inference_forward`` window), and an RLHF actor's training pass: the model
     output's token log-probs as the probe takes them (:func:`probes.phases_sft.token_logprobs`, the fp32
     log-softmax of the shifted logits, gathered) and a backward of their mean (the policy loss's per-token
     arithmetic, over b x s elements, is not counted), the ``policy_head_forward`` and ``policy_head_backward``
@@ -182,31 +180,31 @@ def trace_step(
             loss.backward()
             tracker.mark_phase("bwd.end")
             del loss
-            if scoring:  # a scoring pass (reference, reward, critic, old log-probs): no grad, no KV cache kept
-                stage[0] = "inference.head"
-                tracker.mark_phase("inference.start")
-                with torch.no_grad():
-                    model(input_ids=ids, use_cache=False)
-                tracker.mark_phase("inference.end")
-                for param in model.parameters():  # the actor's first micro-step: no gradients yet
-                    param.grad = None
-                stage[0], backward[0] = "policy.head", "policy.layers.bwd"
-                logprobs = token_logprobs(model(input_ids=ids, use_cache=False).logits, ids)
-                loss = -logprobs.mean()
-                del logprobs
-                tracker.mark_phase("policy.fwd.end")
-                loss.backward()
-                tracker.mark_phase("policy.bwd.end")
-                del loss
+            # a scoring pass (reference, reward, critic, old log-probs): no grad, no KV cache kept
+            stage[0] = "inference.head"
+            tracker.mark_phase("inference.start")
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False)
+            tracker.mark_phase("inference.end")
+            for param in model.parameters():  # the actor's first micro-step: no gradients yet
+                param.grad = None
+            stage[0], backward[0] = "policy.head", "policy.layers.bwd"
+            logprobs = token_logprobs(model(input_ids=ids, use_cache=False).logits, ids)
+            loss = -logprobs.mean()
+            del logprobs
+            tracker.mark_phase("policy.fwd.end")
+            loss.backward()
+            tracker.mark_phase("policy.bwd.end")
+            del loss
     finally:
         for handle in handles:
             handle.remove()
         for param in model.parameters():
             param.grad = None
-    return _read(tracker.stream(), layer=0 if checkpointed else 1, scoring=scoring)
+    return _read(tracker.stream(), layer=0 if checkpointed else 1)
 
 
-def _read(stream: Any, layer: int = 1, scoring: bool = True) -> StepTrace:
+def _read(stream: Any, layer: int = 1) -> StepTrace:
     """The StepTrace of a recorded stream: live bytes walked event by event, windows cut at the markers."""
     live, live_after, deltas = 0, [], []
     index_at: dict[str, int] = {}
@@ -250,13 +248,10 @@ def _read(stream: Any, layer: int = 1, scoring: bool = True) -> StepTrace:
         "layer_backward": window("layers.bwd", "layer1.bwd.end", leaving=False),
         "head_forward": window("head", "fwd.end"),
         "head_backward": window("fwd.end", "layers.bwd", leaving=False),
+        "inference_forward": window("inference.start", "inference.head"),
+        "policy_head_forward": window("policy.head", "policy.fwd.end"),
+        "policy_head_backward": window("policy.fwd.end", "policy.layers.bwd", leaving=False, until="policy.bwd.end"),
     }
-    if scoring:
-        windows["inference_forward"] = window("inference.start", "inference.head")
-        windows["policy_head_forward"] = window("policy.head", "policy.fwd.end")
-        windows["policy_head_backward"] = window(
-            "policy.fwd.end", "policy.layers.bwd", leaving=False, until="policy.bwd.end"
-        )
     # what the two layers keep beyond twice the standing layer's (the first layer's input or the last one's
     # output kept otherwise) counts as outside: so L layers keep L x layer_saved + outside_saved, exact at two
     return StepTrace(layer_saved=saved, outside_saved=at["head"] - at["start"] - 2 * sum(saved), windows=windows)
