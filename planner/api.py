@@ -10,6 +10,7 @@ of these.
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -121,21 +122,17 @@ def recommend(
     first, fallback = _lora_ranks(lora_rank)
     rollouts = rollout_families(rollout)
     # with a LoRA fallback, the closest full fine-tune is ranked only if LoRA does not fit either
-    result = run_search(
-        workload, hardware, coefficients, lora_ranks=first, seed=seed, rollouts=rollouts, closest=not fallback
-    )
+    # the RLHF bound walk ranks the best and ``top`` alternatives exactly
+    searching = partial(run_search, workload, hardware, coefficients, seed=seed, rollouts=rollouts, alternatives=top)
+    result = searching(lora_ranks=first, closest=not fallback)
     searched = {first: result}
     used_fallback = False
     if result.best is None and fallback:
-        retry = searched[fallback] = run_search(
-            workload, hardware, coefficients, lora_ranks=fallback, seed=seed, rollouts=rollouts, closest=False
-        )
+        retry = searched[fallback] = searching(lora_ranks=fallback, closest=False)
         if retry.best is not None:
             result, used_fallback = retry, True
         elif not result.ranked:  # its bounds proved that nothing fits: rank the closest now
-            result = searched[first] = run_search(
-                workload, hardware, coefficients, lora_ranks=first, seed=seed, rollouts=rollouts
-            )
+            result = searched[first] = searching(lora_ranks=first)
     chosen = result.best or result.ranked[0]
     suggestions: list[str] = []
     if used_fallback:

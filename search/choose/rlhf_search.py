@@ -24,7 +24,7 @@ from search.choose.rlhf_space import (
     trained_layouts,
 )
 from search.choose.rlhf_tpe import rlhf_key, tpe_rlhf
-from search.choose.rlhf_walk import bound_walk, point_bounds
+from search.choose.rlhf_walk import RLHF_ALTERNATIVES, bound_walk, point_bounds
 from search.choose.rollout_space import (
     ROLLOUT_FAMILIES,
     engine_actor_seconds,
@@ -97,6 +97,7 @@ def search_rlhf(
     sampler: str = "auto",
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
     closest: bool = True,
+    alternatives: int = RLHF_ALTERNATIVES - 1,
 ) -> SearchResult:
     """The search over an RLHF step's outer knobs, inner knobs resolved exactly per point (``best_inner_rlhf``).
 
@@ -106,8 +107,9 @@ def search_rlhf(
 
     - ``grid`` (auto up to ``RLHF_GRID_LIMIT`` points): every point once, in order. Walked directly: Optuna's
       GridSampler rescans all trials after each one, which costs more than the predictions here.
-    - ``bound`` (auto above): exact too, best bound first (see ``search.choose.rlhf_walk``); ``n_trials`` caps
-      the points resolved only to rank alternatives.
+    - ``bound`` (auto above): exact too, best bound first (see ``search.choose.rlhf_walk``): the best and the
+      next ``alternatives`` fitting points are exact; ``n_trials`` caps the points resolved only to rank
+      alternatives.
     - ``tpe``: a seeded multivariate Optuna TPE study of ``n_trials`` trials (no guarantee of the optimum).
 
     Ranked fastest first (each evaluated point's best candidate); deterministic for a seed. When nothing fits,
@@ -141,6 +143,7 @@ def search_rlhf(
             n_trials=n_trials,
             resolve=lambda point: best_inner_rlhf(point, workload, hardware, coef),
             bounds=bounds,
+            exact=alternatives + 1,
         )
     else:
         trials = tpe_rlhf(

@@ -41,7 +41,7 @@ from search.step.assemble import gpu_budget_bytes
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
-RLHF_ALTERNATIVES = 4  # fitting points the bound walk ranks exactly, beside the best
+RLHF_ALTERNATIVES = 4  # fitting points the bound walk ranks exactly by default: the best and 3 alternatives
 
 # what a model, or the models of a point so far, add to its bound: (seconds, resident bytes, most live bytes,
 # offloaded host bytes, 16-bit bytes while loading, bytes its engine init leaves cached, bytes offload_states moves)
@@ -157,28 +157,31 @@ def bound_walk(
     n_trials: int,
     resolve: Callable[[RLHFOuterPoint], Candidate],
     bounds: list[float] | None = None,
+    exact: int = RLHF_ALTERNATIVES,
 ) -> int:
     """Exact search of the outer points, best bound first; fills ``evaluated``, returns how many it resolved.
 
     Points are resolved by ``resolve`` (``best_inner_rlhf``) in order of :func:`point_bounds` until no remaining
-    point can beat the best found, nor the ``RLHF_ALTERNATIVES``-th best that fits (while fewer fit, until
+    point can beat the best found, nor the ``exact``-th best that fits (while fewer fit, until
     ``n_trials`` points are resolved). When nothing fits, it stops after ``n_trials`` points' worth (an engine
     point counts as its knob variants): the closest plan it reports is then the closest of those, not provably
-    of all. Once ``RLHF_ALTERNATIVES`` points fit, an engine point's bound is tightened before it is resolved
-    (see the module's docstring): the best and those alternatives are the same, fewer points are resolved.
-    ``bounds``: the points' :func:`point_bounds` where the caller has them already.
+    of all. Once ``exact`` points fit, an engine point's bound is tightened before it is resolved (see the
+    module's docstring): the best and those alternatives are the same, fewer points are resolved.
+    ``bounds``: the points' :func:`point_bounds` where the caller has them already. ``exact``: how many of the
+    fastest fitting points are ranked exactly (the best counts; at least 1).
     """
     if bounds is None:
         bounds = point_bounds(workload, hardware, coef, list(by_key.values()))
     queue = sorted(zip(bounds, range(len(by_key)), by_key, strict=True))
     tightened: set[int] = set()
     best = float("inf")
-    fitting: list[float] = []  # the best scores that fit, at most RLHF_ALTERNATIVES
+    exact = max(1, exact)
+    fitting: list[float] = []  # the best scores that fit, at most ``exact``
     spent = 0  # points resolved, an engine point counting as its knob variants (each costs a DeepSpeed point)
     while queue:  # a sorted list is a heap: popped in order until bounds are tightened
         bound, index, key = queue[0]
         point = by_key[key]
-        if len(fitting) >= RLHF_ALTERNATIVES:
+        if len(fitting) >= exact:
             if bound > fitting[-1]:
                 break  # cannot win, nor rank among the alternatives; neither can any later point
             if point.rollout is not None and index not in tightened:
@@ -197,5 +200,5 @@ def bound_walk(
         candidate = evaluated[key] = resolve(point)
         best = min(best, candidate.score)
         if candidate.prediction.fits:
-            fitting = sorted([*fitting, candidate.score])[:RLHF_ALTERNATIVES]
+            fitting = sorted([*fitting, candidate.score])[:exact]
     return len(evaluated)

@@ -61,14 +61,33 @@ def test_the_bounds_never_exceed_the_score(every_point: list[tuple[float, Candid
             assert engine_bound(point, workload, hardware, C) <= candidate.score
 
 
+def _fitting_in_order(every_point: list[tuple[float, Candidate]]) -> list[Candidate]:
+    indexed = list(enumerate(c for _, c in every_point))
+    return [c for _, c in sorted(indexed, key=lambda ic: (*preference(ic[1]), ic[0])) if c.prediction.fits]
+
+
 def test_the_best_and_the_alternatives_are_those_of_every_point(every_point: list[tuple[float, Candidate]]) -> None:
     """The bound walk ranks the ``RLHF_ALTERNATIVES`` best fitting points (the best among them) exactly."""
     workload, hardware = _grpo()
-    indexed = list(enumerate(c for _, c in every_point))
-    whole = [c for _, c in sorted(indexed, key=lambda ic: (*preference(ic[1]), ic[0])) if c.prediction.fits]
+    whole = _fitting_in_order(every_point)
     found = search_rlhf(workload, hardware, C).feasible
     assert len(whole) >= RLHF_ALTERNATIVES
     assert found[:RLHF_ALTERNATIVES] == tuple(whole[:RLHF_ALTERNATIVES])
+
+
+@pytest.mark.parametrize("alternatives", [0, 8])
+def test_asked_for_more_alternatives_the_walk_ranks_that_many_exactly(
+    every_point: list[tuple[float, Candidate]], alternatives: int
+) -> None:
+    """``recommend --top N`` passes N: the best and N alternatives are those of walking every point, and fewer
+    asked for resolve no more points than the default."""
+    workload, hardware = _grpo()
+    whole = _fitting_in_order(every_point)
+    result = search_rlhf(workload, hardware, C, alternatives=alternatives)
+    assert len(whole) > alternatives + 1
+    assert result.feasible[: alternatives + 1] == tuple(whole[: alternatives + 1])
+    default = search_rlhf(workload, hardware, C)
+    assert (result.trials <= default.trials) if alternatives < RLHF_ALTERNATIVES else (result.trials >= default.trials)
 
 
 def test_the_engine_points_resolved_for_the_default_recommend_stay_few() -> None:
