@@ -322,7 +322,8 @@ def check(
         "empty_cache": empty_cache,
         "allocator": allocator,
     }
-    strategy, _ = strategy_from_ds_config(config, resolved.hardware.world_size, **outside)
+    hidden = resolved.workload.model.hidden_size
+    strategy, _ = strategy_from_ds_config(config, resolved.hardware.world_size, hidden_size=hidden, **outside)
     resolved = _with_batch_of(resolved, strategy, given=False)
     prediction = predict_strategy(resolved.workload, strategy, resolved.hardware, coef)
     report = prediction_report(resolved, strategy, prediction, calibration_block)

@@ -23,16 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.ds_defaults import (
-    CONTIGUOUS_GRADIENTS,
-    GRADIENT_CLIPPING,
-    LEARNING_RATE,
-    OVERLAP_COMM,
-    PIN_MEMORY,
-    WEIGHT_DECAY,
-    ZERO12_BUCKET_ELEMENTS,
-    zero3_buckets,
-)
+from store.ds_defaults import GRADIENT_CLIPPING, LEARNING_RATE, PIN_MEMORY, WEIGHT_DECAY, buckets_of
 from store.errors import InputError
 from store.phases import EMPTY_CACHE_PLACEMENT
 from store.records import EMPTY_CACHE_POLICIES, Hardware, Strategy, Workload
@@ -95,18 +86,19 @@ def _zero_section(strategy: Strategy, workload: Workload, hardware: Hardware) ->
     zero: dict[str, Any] = {"stage": stage}
     if stage == 0:
         return zero
+    # the buckets the cost model counts: the strategy's own (a user's config) or memplan's
+    buckets = buckets_of(strategy.ds_buckets, workload.model, stage)
     if stage in (1, 2):
         zero.update(
             {
-                "reduce_bucket_size": ZERO12_BUCKET_ELEMENTS,
-                "allgather_bucket_size": ZERO12_BUCKET_ELEMENTS,
-                "overlap_comm": OVERLAP_COMM,
-                "contiguous_gradients": CONTIGUOUS_GRADIENTS,
+                "reduce_bucket_size": buckets.reduce_bucket_size,
+                "allgather_bucket_size": buckets.allgather_bucket_size,
+                "overlap_comm": buckets.overlap_comm,
+                "contiguous_gradients": buckets.contiguous_gradients,
                 "reduce_scatter": True,
             }
         )
     else:
-        buckets = zero3_buckets(workload.model)
         zero.update(
             {
                 "reduce_bucket_size": buckets.reduce_bucket_size,
@@ -114,8 +106,8 @@ def _zero_section(strategy: Strategy, workload: Workload, hardware: Hardware) ->
                 "stage3_param_persistence_threshold": buckets.param_persistence_threshold,
                 "stage3_max_live_parameters": buckets.max_live_parameters,
                 "stage3_max_reuse_distance": buckets.max_reuse_distance,
-                "overlap_comm": OVERLAP_COMM,
-                "contiguous_gradients": CONTIGUOUS_GRADIENTS,
+                "overlap_comm": buckets.overlap_comm,
+                "contiguous_gradients": buckets.contiguous_gradients,
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.ds_buckets import buckets_from_zero_config
+from store.ds_defaults import memplan_buckets
 from store.errors import InputError
 from store.records import Strategy
 
@@ -28,12 +30,16 @@ def _device(block: Any, name: str) -> str:
     return device
 
 
-def strategy_from_ds_config(config: Any, world_size: int, **outside: Any) -> tuple[Strategy, int]:
+def strategy_from_ds_config(
+    config: Any, world_size: int, *, hidden_size: int | None = None, **outside: Any
+) -> tuple[Strategy, int]:
     """(strategy, global batch) that a DeepSpeed config runs on ``world_size`` GPUs.
 
     ``outside`` carries the knobs that are not DeepSpeed keys (``gradient_checkpointing``, ``lora_rank``,
     ``empty_cache``, ``allocator``). Any two of train_batch_size, micro batch and accumulation steps
-    determine the third, as in DeepSpeed.
+    determine the third, as in DeepSpeed. Under ZeRO the strategy keeps the config's bucket settings
+    (``Strategy.ds_buckets``: DeepSpeed's defaults for keys left out, ``"auto"`` as transformers fills it from
+    the model's ``hidden_size``), so that the buffers counted are the ones this config makes.
     """
     if not isinstance(config, dict):
         raise InputError("ds_config: expected a JSON object")
@@ -64,12 +70,21 @@ def strategy_from_ds_config(config: Any, world_size: int, **outside: Any) -> tup
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
         raise InputError(f"ds_config: zero_optimization.stage must be 0-3, not {stage!r}")
+    buckets = None
+    if stage:
+        auto = [key for key, value in zero.items() if value == "auto"]
+        if auto and hidden_size is None:
+            raise InputError(f'ds_config: zero_optimization.{auto[0]} is "auto", which needs the model\'s hidden size')
+        buckets = buckets_from_zero_config(zero, stage, hidden_size or 0)
+        if hidden_size is not None and buckets == memplan_buckets(hidden_size, stage):
+            buckets = None  # memplan's own export: the same strategy as the plan it came from
     strategy = Strategy(
         zero_stage=stage,
         offload_optimizer=_device(zero.get("offload_optimizer"), "offload_optimizer"),
         offload_param=_device(zero.get("offload_param"), "offload_param"),
         micro_batch=micro,
         grad_accum=accum,
+        ds_buckets=buckets,
         **{k: v for k, v in outside.items() if v is not None},
     )
     return strategy, micro * accum * world_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from store.ds_buckets import ZeroBuckets
 from store.records import ModelSpec
 
 # ZeRO-1/2: transformers' documented ZeRO-2 example (2e8 elements); DeepSpeed's own default is 5e8,
@@ -37,7 +38,11 @@ class Zero3Buckets:
 
 def zero3_buckets(model: ModelSpec) -> Zero3Buckets:
     """ZeRO-3 bucket sizes for ``model``: hidden^2, 0.9 hidden^2, 10 hidden (transformers' "auto")."""
-    hidden = model.hidden_size
+    return zero3_buckets_of(model.hidden_size)
+
+
+def zero3_buckets_of(hidden: int) -> Zero3Buckets:
+    """ZeRO-3 bucket sizes for a model of this hidden size (see :func:`zero3_buckets`)."""
     return Zero3Buckets(
         reduce_bucket_size=hidden * hidden,
         prefetch_bucket_size=int(0.9 * hidden * hidden),
@@ -45,3 +50,30 @@ def zero3_buckets(model: ModelSpec) -> Zero3Buckets:
         max_live_parameters=1_000_000_000,
         max_reuse_distance=1_000_000_000,
     )
+
+
+def memplan_buckets(hidden_size: int, zero_stage: int) -> ZeroBuckets:
+    """The buckets DeepSpeed runs memplan's exported config with, for a model of ``hidden_size``: the keys the
+    config sets for ``zero_stage`` and DeepSpeed's defaults for those it leaves out."""
+    if zero_stage == 3:
+        zero3 = zero3_buckets_of(hidden_size)
+        return ZeroBuckets(
+            reduce_bucket_size=zero3.reduce_bucket_size,
+            overlap_comm=OVERLAP_COMM,
+            contiguous_gradients=CONTIGUOUS_GRADIENTS,
+            prefetch_bucket_size=zero3.prefetch_bucket_size,
+            param_persistence_threshold=zero3.param_persistence_threshold,
+            max_live_parameters=zero3.max_live_parameters,
+            max_reuse_distance=zero3.max_reuse_distance,
+        )
+    return ZeroBuckets(
+        reduce_bucket_size=ZERO12_BUCKET_ELEMENTS,
+        allgather_bucket_size=ZERO12_BUCKET_ELEMENTS,
+        overlap_comm=OVERLAP_COMM,
+        contiguous_gradients=CONTIGUOUS_GRADIENTS,
+    )
+
+
+def buckets_of(ds_buckets: ZeroBuckets | None, model: ModelSpec, zero_stage: int) -> ZeroBuckets:
+    """A strategy's buckets: its own (a user's config) or, when it has none, memplan's for ``model``."""
+    return ds_buckets if ds_buckets is not None else memplan_buckets(model.hidden_size, zero_stage)

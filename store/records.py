@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from store.ds_buckets import ZeroBuckets
 from store.errors import InputError
 from store.loss_chunks import LOSSES
 from store.rollout import RolloutStrategy
@@ -291,6 +292,9 @@ class Strategy:
     # "hf": transformers' loss over the whole logits; "chunked": the LM head and cross-entropy over chunks of
     # tokens (store.loss_chunks), never the whole logits (Liger-Kernel's fused linear cross-entropy)
     loss: str = "hf"
+    # the ZeRO bucket keys a user's DeepSpeed config runs with (``planner check``); None: memplan's own, the
+    # values its exported config carries (store.ds_defaults)
+    ds_buckets: ZeroBuckets | None = None
 
     def __post_init__(self) -> None:
         problems = strategy_problems(self)
@@ -298,10 +302,13 @@ class Strategy:
             raise InputError("strategy: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape; ``loss`` only when it is not the default ``"hf"`` (older documents stay as they are)."""
+        """The JSON shape; ``loss`` only when it is not the default ``"hf"`` and ``ds_buckets`` only when set
+        (older documents stay as they are)."""
         shape = asdict(self)
         if self.loss == "hf":
             del shape["loss"]
+        if self.ds_buckets is None:
+            del shape["ds_buckets"]
         return shape
 
     @classmethod
@@ -313,6 +320,8 @@ class Strategy:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"strategy: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "ds_buckets" in data:
+            data = {**data, "ds_buckets": ZeroBuckets.from_value(data["ds_buckets"])}
         return cls(**data)
 
     def with_(self, **changes: Any) -> Strategy:
@@ -336,6 +345,9 @@ class Strategy:
             parts.append(self.allocator)
         if self.loss != "hf":
             parts.append(f"{self.loss} loss")
+        if self.ds_buckets is not None:
+            b = self.ds_buckets
+            parts.append(f"buckets {b.reduce_bucket_size:.0e}{' overlapped' if b.overlap_comm else ''}")
         return ", ".join(parts)
 
 
@@ -387,6 +399,8 @@ def strategy_problems(strategy: Strategy) -> list[str]:
         problems.append(f"allocator must be one of {', '.join(ALLOCATORS)}, not {s.allocator!r}")
     if s.loss not in LOSSES:
         problems.append(f"loss must be one of {', '.join(LOSSES)}, not {_shown(s.loss)}")
+    if s.ds_buckets is not None and not isinstance(s.ds_buckets, ZeroBuckets):
+        problems.append("ds_buckets must be a bucket block (store.ds_buckets.ZeroBuckets) or null")
     return problems
 
 

@@ -95,7 +95,7 @@ def training_moments(
     carried_buckets = base["buffers"]
     gathered_params = states.zero3_gathered // 2 if (zero3 and world_size > 1) else 0  # one rank never gathers
     # ZeRO-3 on several ranks keeps the last modules gathered across the forward-backward turn (reuse.py)
-    reuse = zero3_reuse(model, lm_head, gradient_checkpointing, world_size if zero3 else 1)
+    reuse = zero3_reuse(model, lm_head, gradient_checkpointing, world_size if zero3 else 1, work.reuse_distance)
     at_layers, at_loss = max(gathered_params, d * reuse.through_layers), d * reuse.total
     # The last gradient of a backward is the token embedding's; a tied one is summed with the LM head's
     # contribution (kept since the head's backward) out of place. It is one tensor beside what is already

@@ -17,7 +17,8 @@ from search.model.activations import Activations, LossLogits, activations, loss_
 from search.model.moments import Moment, TrainingMoments, between_micro_steps, training_moments
 from search.model.shapes import largest_module_params, resident_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
-from store.ds_defaults import zero3_buckets
+from store.ds_buckets import ZeroBuckets
+from store.ds_defaults import buckets_of, zero3_buckets
 from store.records import DTYPE_BYTES, FrozenModelStrategy, ModelSpec, TrainedModelStrategy
 
 
@@ -57,8 +58,10 @@ def trained_placement(
     world_size: int,
     grad_accum: int,
     coef: Coefficients,
+    ds_buckets: ZeroBuckets | None = None,
 ) -> TrainedPlacement:
-    """Model states and buckets of a trained model, exactly as for single-model training."""
+    """Model states and buckets of a trained model, exactly as for single-model training; ``ds_buckets``: a
+    user's config's bucket settings (None: memplan's own, ``store.ds_defaults``)."""
     trainable = trainable_params(model, layout.lora_rank, lm_head=lm_head)
     resident = resident_params(model, layout.lora_rank, lm_head=lm_head)
     states = model_states(
@@ -83,6 +86,7 @@ def trained_placement(
         lora_rank=layout.lora_rank,
         lm_head=lm_head,
         coef=coef,
+        buckets=buckets_of(ds_buckets, model, layout.zero_stage),
     )
     # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
     buffers = work.resident - int(coef.cublas_workspace_bytes)

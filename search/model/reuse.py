@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search.model.shapes import token_embedding_params
-from store.ds_defaults import zero3_buckets
 from store.records import ModelSpec
 
 
@@ -34,11 +33,13 @@ class Zero3Reuse:
     total: int
 
 
-def zero3_reuse(model: ModelSpec, lm_head: bool, gradient_checkpointing: bool, world_size: int) -> Zero3Reuse:
-    """What DeepSpeed's reuse distance keeps gathered for ``model`` (none on one rank; see the module)."""
+def zero3_reuse(
+    model: ModelSpec, lm_head: bool, gradient_checkpointing: bool, world_size: int, distance: int
+) -> Zero3Reuse:
+    """What DeepSpeed's reuse distance (``stage3_max_reuse_distance``, parameters) keeps gathered for ``model``
+    (none on one rank; see the module)."""
     if world_size <= 1:
         return Zero3Reuse(0, 0)
-    distance = zero3_buckets(model).max_reuse_distance
     embedding = token_embedding_params(model)
     layers = list(model.layer_param_counts) or [model.layer_params] * model.num_layers
     head = model.lm_head_params if lm_head else 0

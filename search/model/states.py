@@ -12,13 +12,8 @@ from dataclasses import dataclass
 
 from search.coefficients import Coefficients
 from search.model.shapes import largest_module_params, largest_trainable_tensor
-from store.ds_defaults import (
-    CONTIGUOUS_GRADIENTS,
-    OVERLAP_COMM,
-    ZERO3_SUB_GROUP_SIZE,
-    ZERO12_BUCKET_ELEMENTS,
-    zero3_buckets,
-)
+from store.ds_buckets import ZeroBuckets
+from store.ds_defaults import ZERO3_SUB_GROUP_SIZE
 from store.records import DTYPE_BYTES, ModelSpec
 
 
@@ -141,6 +136,8 @@ class ZeroWorkspace:
     reduce_copy: int  # ZeRO-3: the largest module's full gradient plus its reduce-scatter buffer
     reduced: int  # ZeRO-3: the reduce-scatter buffer alone, once the full gradient is released
     host: int  # pinned host buffers beside the offloaded states (ModelStates.host), before any slack
+    reduce_bucket: int = 0  # bytes of one ZeRO-1/2 reduce bucket tensor (backward_buckets is made of them)
+    reuse_distance: int = 0  # ZeRO-3's max_reuse_distance (parameters), for what stays gathered (reuse.py)
 
 
 def zero_workspace(
@@ -155,8 +152,10 @@ def zero_workspace(
     lora_rank: int,
     lm_head: bool,
     coef: Coefficients,
+    buckets: ZeroBuckets,
 ) -> ZeroWorkspace:
-    """What DeepSpeed allocates around the states for one trainable model (see :class:`ZeroWorkspace`)."""
+    """What DeepSpeed allocates around the states for one trainable model (see :class:`ZeroWorkspace`), with
+    the config's bucket settings ``buckets`` (``store.ds_defaults.buckets_of``)."""
     d = DTYPE_BYTES[dtype]
     n = world_size
     t = trainable
@@ -183,8 +182,8 @@ def zero_workspace(
         # setup_buckets(): one reduce_bucket_size buffer, two with overlap_comm (offload forces contiguous
         # gradients); released by _release_ipg_buffers() at the epilogue of every ZeRO-2 backward, and of
         # the boundary backward only under ZeRO-1 (engine.allreduce_gradients skips the others).
-        buckets = (2 if OVERLAP_COMM else 1) * ZERO12_BUCKET_ELEMENTS * d
-        buckets = buckets if (CONTIGUOUS_GRADIENTS or offload_opt) else 0
+        bucket = d * buckets.reduce_bucket_size
+        made = (2 if buckets.overlap_comm else 1) * bucket if (buckets.contiguous_gradients or offload_opt) else 0
         piece = min(largest, -(-t // n))
         if zero_stage == 1:
             carried = d * t if accumulating else 0  # param.grad, reduced only at the boundary
@@ -197,7 +196,7 @@ def zero_workspace(
             host = d * t // n + d * largest + (d * t // n if accumulating else 0)
             return ZeroWorkspace(
                 resident=workspace + d * largest,
-                backward_buckets=buckets,
+                backward_buckets=made,
                 buckets_carried=zero_stage == 1 and accumulating,
                 partition_grads=0,
                 carried_grads=carried,
@@ -208,12 +207,13 @@ def zero_workspace(
                 reduce_copy=0,
                 reduced=0,
                 host=host,
+                reduce_bucket=bucket,
             )
         # step(): get_grad_norm_direct upcasts each gradient of the partition to fp64, then the 16-bit
         # partition is flattened (a copy) and upcast to fp32 (ModelStates.step_transient).
         return ZeroWorkspace(
             resident=workspace,
-            backward_buckets=buckets,
+            backward_buckets=made,
             buckets_carried=zero_stage == 1 and accumulating,
             partition_grads=d * t // n,
             carried_grads=carried,
@@ -224,12 +224,12 @@ def zero_workspace(
             reduce_copy=0,
             reduced=0,
             host=0,
+            reduce_bucket=bucket,
         )
     # ZeRO-3: the reduce bucket is allocated at init and kept (stage3.py ipg_buckets); the prefetch bucket
     # bounds parameters gathered ahead, which one rank never gathers (all_gather_coalesced returns at once
     # when the partition world size is 1).
-    zero3 = zero3_buckets(model)
-    resident = workspace + d * zero3.reduce_bucket_size + (d * zero3.prefetch_bucket_size if n > 1 else 0)
+    resident = workspace + d * buckets.reduce_bucket_size + (d * buckets.prefetch_bucket_size if n > 1 else 0)
     piece = -(-largest // n)
     return ZeroWorkspace(
         resident=resident,
@@ -244,6 +244,7 @@ def zero_workspace(
         reduce_copy=d * largest + d * piece,
         reduced=d * piece,
         host=d * t // n if offload_opt else 0,  # grad_partitions_flat_buffer lives on the host with offload
+        reuse_distance=buckets.max_reuse_distance,
     )
 
 

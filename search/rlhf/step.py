@@ -187,7 +187,7 @@ def training_half(
         live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef)
         factor = trained_factor(p, coef, training=True)
         sizes = training_sizes(
-            p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef,
+            p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, "hf", p.work.reduce_bucket,
         )  # fmt: skip
         phases.append(
             StepPhase(

@@ -40,8 +40,9 @@ def place(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coef
     lm_head = workload.kind != "reward"
     world = hardware.world_size
     return trained_placement(
-        workload.model, lm_head, layout_of(strategy), workload.dtype, world, strategy.grad_accum, coef
-    )
+        workload.model, lm_head, layout_of(strategy), workload.dtype, world, strategy.grad_accum, coef,
+        strategy.ds_buckets,
+    )  # fmt: skip
 
 
 def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) -> int:
@@ -103,6 +104,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     lm_head = workload.kind != "reward"
     trained_sizes = training_sizes(
         model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, s.loss,
+        placed.work.reduce_bucket,
     )  # fmt: skip
     phases = []
     for name, options in moments.items():

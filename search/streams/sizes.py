@@ -17,7 +17,6 @@ from functools import lru_cache
 from search.coefficients import Coefficients
 from search.model.activations import layer_saved_tensors
 from search.model.shapes import linear_shapes, token_embedding_params
-from store.ds_defaults import ZERO12_BUCKET_ELEMENTS
 from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -65,11 +64,6 @@ def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, lo
     return (DTYPE_BYTES[dtype] * elements,) + (4 * elements,) * 3
 
 
-def bucket_tensors(dtype: str) -> tuple[int, ...]:
-    """ZeRO-1/2's reduce bucket (``reduce_bucket_size`` elements of the compute dtype)."""
-    return (DTYPE_BYTES[dtype] * ZERO12_BUCKET_ELEMENTS,)
-
-
 @lru_cache(maxsize=1024)
 def training_sizes(
     model: ModelSpec,
@@ -80,17 +74,19 @@ def training_sizes(
     lora_rank: int,
     lm_head: bool,
     coef: Coefficients,
-    loss: str = "hf",
+    loss: str,
+    reduce_bucket: int,
 ) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
-    reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors."""
+    reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors, ZeRO-1/2's
+    reduce buckets of ``reduce_bucket`` bytes each (``ZeroWorkspace.reduce_bucket``)."""
     weights = weight_tensors(model, dtype, lora_rank)
     return sizes_of(
         gradients=tuple(reversed(weights)),
         zero3_gathered=weights[1:],
         activations=activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef),
         logits=logit_tensors(model, sequences, seq_len, dtype, loss) if lm_head else (),
-        buffers=bucket_tensors(dtype),
+        buffers=(reduce_bucket,),
     )
 
 

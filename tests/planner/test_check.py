@@ -148,13 +148,42 @@ def test_missing_file(cli: Cli, tmp_path: Path) -> None:
         (_zero2(zero_optimization={"stage": 5}), "1"),
         ([1, 2, 3], "1"),
         ({"bf16": {"enabled": True}}, "1"),  # no batch at all
+        (_zero2(zero_optimization={"stage": 2, "reduce_bucket_size": -5}), "1"),
+        (_zero2(zero_optimization={"stage": 2, "overlap_comm": "yes"}), "1"),
     ],
-    ids=["batch-mismatch", "batch-mismatch-2-gpus", "batch-not-divisible", "stage-5", "not-an-object", "no-batch"],
+    ids=[
+        "batch-mismatch",
+        "batch-mismatch-2-gpus",
+        "batch-not-divisible",
+        "stage-5",
+        "not-an-object",
+        "no-batch",
+        "negative-bucket",
+        "overlap-not-a-bool",
+    ],  # fmt: skip
 )
 def test_inconsistent_config_is_bad_input(cli: Cli, tmp_path: Path, config: Any, gpus: str) -> None:
     path = _write(tmp_path, config)
     result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", "--gpus", gpus, *CPU_MEM)
     assert_one_error_line(result)
+
+
+def test_the_configs_own_buckets_are_predicted(cli: Cli, tmp_path: Path) -> None:
+    """DeepSpeed's default 5e8-element reduce bucket, double-buffered with overlap_comm, against 1e8: the
+    report shows the config's buckets and its backward holds 2 x 2 bytes x 4e8 elements more."""
+    peaks = []
+    for size in (5e8, 1e8):
+        config = _zero2(
+            train_batch_size=1, train_micro_batch_size_per_gpu=1,
+            zero_optimization={"stage": 2, "reduce_bucket_size": size, "overlap_comm": True},
+        )  # fmt: skip
+        path = _write(tmp_path, config, f"ds_{size:.0e}.json")
+        result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", "--seq-len", "64", *CPU_MEM, "--json")
+        assert result.rc == 0, result.err
+        report = result.json()["report"]
+        assert report["strategy"]["ds_buckets"]["reduce_bucket_size"] == int(size)
+        peaks.append(next(p["peak_allocated_bytes"] for p in report["predicted"]["phases"] if p["name"] == "backward"))
+    assert peaks[0] - peaks[1] == 2 * 2 * 400_000_000
 
 
 def test_check_needs_a_gpu_and_a_model(cli: Cli, tmp_path: Path) -> None:
