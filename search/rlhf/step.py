@@ -188,6 +188,7 @@ def training_half(
         factor = trained_factor(p, coef, training=True)
         sizes = training_sizes(
             p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, "hf", p.work.reduce_bucket,
+            p.layout.gradient_checkpointing,
         )  # fmt: skip
         phases.append(
             StepPhase(

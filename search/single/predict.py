@@ -104,7 +104,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     lm_head = workload.kind != "reward"
     trained_sizes = training_sizes(
         model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, s.loss,
-        placed.work.reduce_bucket,
+        placed.work.reduce_bucket, s.gradient_checkpointing,
     )  # fmt: skip
     phases = []
     for name, options in moments.items():

@@ -54,6 +54,18 @@ def activation_tensors(
     return layer_saved_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
 
 
+@lru_cache(maxsize=1024)
+def checkpointed_activation_tensors(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> tuple[int, ...]:
+    """Under gradient checkpointing: each decoder layer's checkpoint, layer after layer (the non-reentrant
+    checkpoint saves the layer's input hidden states, ``sequences x seq_len x hidden``; the rotary cos/sin
+    are one pair shared by every layer), then what recomputing one layer in the backward makes (its saved
+    tensors)."""
+    checkpoint = DTYPE_BYTES[dtype] * sequences * seq_len * model.hidden_size
+    return (checkpoint,) * model.num_layers + activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
+
+
 def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, loss: str = "hf") -> tuple[int, ...]:
     """The LM head's 16-bit logits, then the fp32 tensors of the loss (upcast, log-softmax, gradients): of the
     whole micro-batch, or of one chunk of tokens for a chunked loss (``store.loss_chunks``)."""
@@ -76,15 +88,18 @@ def training_sizes(
     coef: Coefficients,
     loss: str,
     reduce_bucket: int,
+    gradient_checkpointing: bool = False,
 ) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
     reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors, ZeRO-1/2's
-    reduce buckets of ``reduce_bucket`` bytes each (``ZeroWorkspace.reduce_bucket``)."""
+    reduce buckets of ``reduce_bucket`` bytes each (``ZeroWorkspace.reduce_bucket``); checkpointed, the
+    activations are the layers' checkpoints first (:func:`checkpointed_activation_tensors`)."""
     weights = weight_tensors(model, dtype, lora_rank)
+    layers = checkpointed_activation_tensors if gradient_checkpointing else activation_tensors
     return sizes_of(
         gradients=tuple(reversed(weights)),
         zero3_gathered=weights[1:],
-        activations=activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef),
+        activations=layers(model, sequences, seq_len, dtype, attn_impl, coef),
         logits=logit_tensors(model, sequences, seq_len, dtype, loss) if lm_head else (),
         buffers=(reduce_bucket,),
     )
