@@ -148,3 +148,26 @@ def test_weight_tensors_cover_the_linear_weights() -> None:
     assert sum(weights) <= 2 * model.total_params
     assert sum(weights) > 0.99 * 2 * model.total_params
     assert len(weight_tensors(model, "bf16", 8)) == len(weights) + 2 * 7 * model.num_layers
+
+
+def test_a_checkpointed_forward_requests_one_checkpoint_per_layer() -> None:
+    """Non-reentrant checkpointing saves each layer's input hidden states (sequences x seq_len x hidden in the
+    compute dtype): the forward's activation requests are that size, layer after layer; without checkpointing
+    they are a layer's own saved tensors."""
+    model = get_model("opt-1.3b")
+    workload = Workload(kind="sft", model=model, seq_len=512, global_batch=4)
+    hidden_states = 2 * 4 * 512 * model.hidden_size  # bf16
+    requested = {}
+    for checkpointing in (True, False):
+        strategy = Strategy(zero_stage=2, micro_batch=4, gradient_checkpointing=checkpointing)
+        stream = _stream(single_step(workload, strategy, _hardware(), COEF))
+        name, sizes = "", []
+        for op, key, size, _, kind in stream:
+            if op == PHASE:
+                name = stream.phases[key]
+            elif op == ALLOC and kind == KIND_INDEX["activations"] and name == "forward":
+                sizes.append(size)
+        requested[checkpointing] = sizes
+    assert requested[True][: model.num_layers] == [hidden_states] * model.num_layers
+    layer = layer_saved_tensors(model, 4, 512, "bf16", "sdpa", COEF)
+    assert tuple(requested[False][: len(layer)]) == layer
