@@ -300,7 +300,8 @@ def check(
     A config runs one trained model, so the workload defaults to ``CONFIG_WORKLOAD`` (sft) rather than the
     JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``,
     ``lora_rank``, ``empty_cache``, ``allocator``. The dtype is the config's (a ``dtype`` that contradicts
-    it is an InputError); the global batch is the config's. ``calibration`` and ``db`` as for ``recommend``.
+    it is an InputError; "auto", as transformers writes it, is the job's); the global batch is the config's (the
+    job's where its batch keys are "auto"). ``calibration`` and ``db`` as for ``recommend``.
     """
     from planner.calibration_use import calibrated
     from planner.files import read_json_file
@@ -311,10 +312,10 @@ def check(
         job.setdefault("workload", CONFIG_WORKLOAD)
     spec = job_spec(model, job)
     if isinstance(config, dict):
-        config_dtype = dtype_of_ds_config(config)
-        if spec.dtype not in (None, config_dtype):
+        config_dtype = dtype_of_ds_config(config)  # None: "auto", the job's dtype as transformers fills it
+        if config_dtype is not None and spec.dtype not in (None, config_dtype):
             raise InputError(f"--dtype {spec.dtype} contradicts the config, which trains in {config_dtype}")
-        spec = replace(spec, dtype=config_dtype)
+        spec = replace(spec, dtype=config_dtype or spec.dtype)
     resolved, coef, calibration_block = calibrated(resolve(spec, db), DEFAULT_COEFFICIENTS, choice=calibration, db=db)
     outside = {
         "gradient_checkpointing": gradient_checkpointing,
@@ -322,9 +323,14 @@ def check(
         "empty_cache": empty_cache,
         "allocator": allocator,
     }
-    hidden = resolved.workload.model.hidden_size
-    strategy, _ = strategy_from_ds_config(config, resolved.hardware.world_size, hidden_size=hidden, **outside)
-    resolved = _with_batch_of(resolved, strategy, given=False)
+    strategy, _ = strategy_from_ds_config(
+        config,
+        resolved.hardware.world_size,
+        hidden_size=resolved.workload.model.hidden_size,
+        auto_batch=resolved.workload.global_batch,  # "auto" batch keys: the job's --batch
+        **outside,
+    )
+    resolved = _with_batch_of(resolved, strategy, given=spec.batch is not None)
     prediction = predict_strategy(resolved.workload, strategy, resolved.hardware, coef)
     report = prediction_report(resolved, strategy, prediction, calibration_block)
     reasons: list[str] = []

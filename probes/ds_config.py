@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.ds_buckets import DS_SUB_GROUP_SIZE
 from store.ds_defaults import GRADIENT_CLIPPING, LEARNING_RATE, PIN_MEMORY, WEIGHT_DECAY, buckets_of
 from store.errors import InputError
 from store.phases import EMPTY_CACHE_PLACEMENT
@@ -111,6 +112,8 @@ def _zero_section(strategy: Strategy, workload: Workload, hardware: Hardware) ->
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
+        if buckets.sub_group_size != DS_SUB_GROUP_SIZE:  # DeepSpeed's default is left out
+            zero["sub_group_size"] = buckets.sub_group_size
     if strategy.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_block(strategy.offload_optimizer, hardware, "offload_optimizer")
     if strategy.offload_param != "none":

@@ -30,8 +30,16 @@ def _device(block: Any, name: str) -> str:
     return device
 
 
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu")
+
+
 def strategy_from_ds_config(
-    config: Any, world_size: int, *, hidden_size: int | None = None, **outside: Any
+    config: Any,
+    world_size: int,
+    *,
+    hidden_size: int | None = None,
+    auto_batch: int | None = None,
+    **outside: Any,
 ) -> tuple[Strategy, int]:
     """(strategy, global batch) that a DeepSpeed config runs on ``world_size`` GPUs.
 
@@ -39,7 +47,9 @@ def strategy_from_ds_config(
     ``empty_cache``, ``allocator``). Any two of train_batch_size, micro batch and accumulation steps
     determine the third, as in DeepSpeed. Under ZeRO the strategy keeps the config's bucket settings
     (``Strategy.ds_buckets``: DeepSpeed's defaults for keys left out, ``"auto"`` as transformers fills it from
-    the model's ``hidden_size``), so that the buffers counted are the ones this config makes.
+    the model's ``hidden_size``), so that the buffers counted are the ones this config makes. A transformers
+    config whose batch keys are all ``"auto"`` (the Trainer fills them from its arguments) runs ``auto_batch``
+    samples per step over all GPUs, ``gradient_accumulation_steps`` (1 when ``"auto"``) micro-batches each.
     """
     if not isinstance(config, dict):
         raise InputError("ds_config: expected a JSON object")
@@ -47,7 +57,15 @@ def strategy_from_ds_config(
     micro = _positive(config, "train_micro_batch_size_per_gpu")
     accum = _positive(config, "gradient_accumulation_steps")
     if micro is None and total is None:
-        raise InputError("ds_config: needs train_batch_size or train_micro_batch_size_per_gpu")
+        if auto_batch is None or not any(config.get(key) == "auto" for key in BATCH_KEYS):
+            raise InputError("ds_config: needs train_batch_size or train_micro_batch_size_per_gpu")
+        accum = accum or 1
+        if auto_batch % (accum * world_size):
+            raise InputError(
+                f'ds_config: the batch keys are "auto": --batch {auto_batch} does not split over {world_size} GPUs'
+                f" x {accum} accumulation steps"
+            )
+        total = auto_batch
     if micro is None:
         accum = accum or 1
         if total % (accum * world_size):
@@ -90,10 +108,13 @@ def strategy_from_ds_config(
     return strategy, micro * accum * world_size
 
 
-def dtype_of_ds_config(config: dict[str, Any]) -> str:
-    """The training dtype a config enables: bf16, fp16 or fp32."""
+def dtype_of_ds_config(config: dict[str, Any]) -> str | None:
+    """The training dtype a config enables: bf16, fp16 or fp32; None where it leaves it to transformers
+    (``"enabled": "auto"``, filled from the Trainer's ``--bf16`` / ``--fp16``: the job's dtype)."""
+    auto = False
     for name in ("bf16", "fp16"):
         block = config.get(name) or {}
         if isinstance(block, dict) and block.get("enabled") is True:
             return name
-    return "fp32"
+        auto = auto or (isinstance(block, dict) and block.get("enabled") == "auto")
+    return None if auto else "fp32"

@@ -24,6 +24,7 @@ DS_PREFETCH_BUCKET_SIZE = 50_000_000
 DS_PARAM_PERSISTENCE_THRESHOLD = 100_000
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000
+DS_SUB_GROUP_SIZE = 1_000_000_000
 MAX_ELEMENTS = 2**50  # larger than any device: a typo, not a bucket
 
 
@@ -43,6 +44,7 @@ class ZeroBuckets:
     param_persistence_threshold: int = DS_PARAM_PERSISTENCE_THRESHOLD
     max_live_parameters: int = DS_MAX_LIVE_PARAMETERS
     max_reuse_distance: int = DS_MAX_REUSE_DISTANCE
+    sub_group_size: int = DS_SUB_GROUP_SIZE  # ZeRO-3 steps the optimizer one sub-group of this many at a time
 
     def __post_init__(self) -> None:
         problems = bucket_problems(self)
@@ -77,8 +79,9 @@ def bucket_problems(b: ZeroBuckets) -> list[str]:
                 problems.append(f"{f.name} must be true or false, not {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ELEMENTS:
             problems.append(f"{f.name} must be a whole number of elements from 0 to 2^50, not {value!r}")
-    if not problems and b.reduce_bucket_size <= 0:
-        problems.append("reduce_bucket_size must be larger than zero")
+    for name in ("reduce_bucket_size", "sub_group_size"):
+        if not problems and getattr(b, name) <= 0:
+            problems.append(f"{name} must be larger than zero")
     return problems
 
 

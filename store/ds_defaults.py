@@ -65,12 +65,14 @@ def memplan_buckets(hidden_size: int, zero_stage: int) -> ZeroBuckets:
             param_persistence_threshold=zero3.param_persistence_threshold,
             max_live_parameters=zero3.max_live_parameters,
             max_reuse_distance=zero3.max_reuse_distance,
+            sub_group_size=ZERO3_SUB_GROUP_SIZE,
         )
     return ZeroBuckets(
         reduce_bucket_size=ZERO12_BUCKET_ELEMENTS,
         allgather_bucket_size=ZERO12_BUCKET_ELEMENTS,
         overlap_comm=OVERLAP_COMM,
         contiguous_gradients=CONTIGUOUS_GRADIENTS,
+        sub_group_size=ZERO3_SUB_GROUP_SIZE,
     )
 
 

@@ -11,7 +11,8 @@ from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.
-NOT_IN_A_CONFIG = ("batch", "prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt")
+# --batch stays: it fills a transformers config's "auto" batch keys (and must agree with a config's own batch)
+NOT_IN_A_CONFIG = ("prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt")
 
 
 @job_options(omit=NOT_IN_A_CONFIG, defaults={"workload": CONFIG_WORKLOAD})

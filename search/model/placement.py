@@ -64,6 +64,7 @@ def trained_placement(
     user's config's bucket settings (None: memplan's own, ``store.ds_defaults``)."""
     trainable = trainable_params(model, layout.lora_rank, lm_head=lm_head)
     resident = resident_params(model, layout.lora_rank, lm_head=lm_head)
+    buckets = buckets_of(ds_buckets, model, layout.zero_stage)
     states = model_states(
         model=model,
         trainable=trainable,
@@ -74,6 +75,7 @@ def trained_placement(
         offload_param=layout.offload_param,
         world_size=world_size,
         grad_accum=grad_accum,
+        sub_group_size=buckets.sub_group_size,
     )
     work = zero_workspace(
         model=model,
@@ -86,7 +88,7 @@ def trained_placement(
         lora_rank=layout.lora_rank,
         lm_head=lm_head,
         coef=coef,
-        buckets=buckets_of(ds_buckets, model, layout.zero_stage),
+        buckets=buckets,
     )
     # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
     buffers = work.resident - int(coef.cublas_workspace_bytes)

@@ -46,8 +46,10 @@ def model_states(
     offload_param: str,
     world_size: int,
     grad_accum: int,
+    sub_group_size: int = ZERO3_SUB_GROUP_SIZE,
 ) -> ModelStates:
-    """Model-state bytes per GPU for one trainable model under a ZeRO stage and offload choice."""
+    """Model-state bytes per GPU for one trainable model under a ZeRO stage and offload choice (ZeRO-3 steps
+    the optimizer ``sub_group_size`` elements at a time)."""
     d = DTYPE_BYTES[dtype]
     n = world_size
     t, f = trainable, frozen
@@ -86,7 +88,7 @@ def model_states(
     lp_params = d * (t + f) // n
     # ZeRO-Infinity on NVMe keeps only swap buffers in host memory: a sub-group of optimizer states and
     # DeepSpeed's default parameter buffers (5 x 1e8 elements).
-    host_optimizer = 16 * min(t // n, ZERO3_SUB_GROUP_SIZE) if offload_optimizer == "nvme" else fp32_partition
+    host_optimizer = 16 * min(t // n, sub_group_size) if offload_optimizer == "nvme" else fp32_partition
     host_params = 5 * 100_000_000 * d if offload_param == "nvme" else lp_params
     nvme = (host_optimizer if offload_optimizer == "nvme" else 0) + (host_params if offload_param == "nvme" else 0)
     if offload_param != "none":
@@ -96,7 +98,7 @@ def model_states(
         return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer, 0, nvme)
     # The fp32 gradient exists only while its sub-group steps (stage3.py _prepare_fp32_grad_for_sub_group):
     # a flattened 16-bit copy and its fp32 upcast of at most sub_group_size elements.
-    step_elements = min(t // n, ZERO3_SUB_GROUP_SIZE)
+    step_elements = min(t // n, sub_group_size)
     return ModelStates(
         parameters=lp_params,
         gradients=d * t // n,

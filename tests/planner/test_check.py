@@ -186,6 +186,56 @@ def test_the_configs_own_buckets_are_predicted(cli: Cli, tmp_path: Path) -> None
     assert peaks[0] - peaks[1] == 2 * 2 * 400_000_000
 
 
+def _hf_zero3(**extra: Any) -> dict[str, Any]:
+    """transformers' documented ZeRO-3 config: every size the Trainer knows is "auto"."""
+    config: dict[str, Any] = {
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "optimizer": {"type": "AdamW", "params": dict.fromkeys(("lr", "betas", "eps", "weight_decay"), "auto")},
+        "zero_optimization": {
+            "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
+            "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+            "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+    }  # fmt: skip
+    config.update(extra)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "micro", "accum"),
+    [((), "bf16", 8, 1), (("--batch", "12", "--dtype", "fp16"), "fp16", 12, 1)],
+    ids=["job-defaults", "batch-and-dtype-given"],
+)
+def test_a_transformers_auto_config_takes_the_jobs_batch_and_dtype(
+    cli: Cli, tmp_path: Path, flags: tuple[str, ...], dtype: str, micro: int, accum: int
+) -> None:
+    """The Trainer fills "auto" from its arguments, which the job's --batch and --dtype stand for."""
+    path = _write(tmp_path, _hf_zero3())
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", *CPU_MEM, *flags, "--json")
+    assert result.rc == 0, result.err
+    report = result.json()["report"]
+    assert report["workload"]["dtype"] == dtype
+    assert (report["strategy"]["micro_batch"], report["strategy"]["grad_accum"]) == (micro, accum)
+    assert report["strategy"]["zero_stage"] == 3
+
+
+def test_auto_batch_keys_with_a_fixed_accumulation(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, _hf_zero3(gradient_accumulation_steps=2))
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", "--batch", "12", *CPU_MEM, "--json")
+    assert result.rc == 0, result.err
+    strategy = result.json()["report"]["strategy"]
+    assert (strategy["micro_batch"], strategy["grad_accum"]) == (6, 2)
+    odd = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "80G", "--batch", "7", *CPU_MEM)
+    assert_one_error_line(odd)
+    assert "--batch 7" in odd.err
+
+
 def test_check_needs_a_gpu_and_a_model(cli: Cli, tmp_path: Path) -> None:
     path = _write(tmp_path, _zero2())
     assert_one_error_line(cli("check", path, "--model", "opt-1.3b", *CPU_MEM), "--gpu")
@@ -209,3 +259,12 @@ def test_dtype_flag_cannot_contradict_the_config(cli: Cli, tmp_path: Path) -> No
     report = agreeing.json()["report"]
     assert report["workload"]["dtype"] == "bf16"
     assert report["ds_config"]["bf16"]["enabled"] is True
+
+
+def test_a_batch_that_contradicts_the_config_is_bad_input(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, _zero2())
+    result = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", "--batch", "16", *CPU_MEM)
+    assert_one_error_line(result)
+    assert "--batch 16" in result.err
+    agreeing = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", "--batch", "8", *CPU_MEM, "--quiet")
+    assert agreeing.rc in (0, 1), agreeing.err

@@ -33,6 +33,7 @@ FIELDS = (
     "param_persistence_threshold",
     "max_live_parameters",
     "max_reuse_distance",
+    "sub_group_size",
 )
 
 
@@ -58,8 +59,9 @@ def _as_deepspeed_reads_it(zero: dict[str, Any]) -> dict[str, Any]:
         {"stage": 2, "reduce_bucket_size": 5e7, "allgather_bucket_size": 2e8, "contiguous_gradients": False},
         {"stage": 3},
         {"stage": 3, "overlap_comm": False, "stage3_prefetch_bucket_size": 1e7, "stage3_max_reuse_distance": 0},
+        {"stage": 3, "sub_group_size": 1e8},
     ],
-    ids=["z2-defaults", "z1-overlap", "z2-sizes", "z3-defaults", "z3-keys"],
+    ids=["z2-defaults", "z1-overlap", "z2-sizes", "z3-defaults", "z3-keys", "z3-sub-group"],
 )
 def test_a_configs_buckets_are_those_deepspeed_runs_with(zero: dict[str, Any]) -> None:
     """Every key left out takes DeepSpeed's own default (overlap_comm: on for stage 3 only), as its parser does."""
@@ -145,3 +147,12 @@ def test_the_strategy_json_keeps_the_buckets_and_refuses_unknown_keys() -> None:
 def test_bad_bucket_values_are_one_input_error(key: str, value: Any) -> None:
     with pytest.raises(InputError, match=f"zero_optimization.*{key}"):
         _read({"stage": 2, key: value})
+
+
+def test_zero3_steps_the_optimizer_one_sub_group_at_a_time() -> None:
+    """stage3.py ``_prepare_fp32_grad_for_sub_group``: a sub-group's flattened 16-bit gradient and its fp32 upcast
+    exist while it steps, so the step's transient bytes follow the config's ``sub_group_size``."""
+    trainable = place(WORKLOAD, Strategy(zero_stage=3, micro_batch=8), HARDWARE, DEFAULT_COEFFICIENTS).trainable
+    for size in (1e9, 1e8):
+        placed = place(WORKLOAD, _read({"stage": 3, "sub_group_size": size}), HARDWARE, DEFAULT_COEFFICIENTS)
+        assert placed.states.step_transient == (2 + 4) * min(trainable, int(size))
