@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from store.errors import InputError
+from store.errors import InputError, refuse_unknown_keys
 
 # DeepSpeedZeroConfig's defaults (deepspeed 0.19 runtime/zero/config.py)
 DS_REDUCE_BUCKET_SIZE = 500_000_000
@@ -61,11 +61,7 @@ class ZeroBuckets:
             return value
         if not isinstance(value, dict):
             raise InputError("strategy: ds_buckets must be an object or null")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            listed = ", ".join(sorted(known))
-            raise InputError(f"strategy: ds_buckets: unknown key(s) {', '.join(unknown)}; known: {listed}")
+        refuse_unknown_keys(value, (f.name for f in fields(cls)), "strategy: ds_buckets")
         return cls(**value)
 
 

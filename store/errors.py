@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class InputError(ValueError):
     """Bad input from the user: the CLI prints its message on one line and exits with code 2.
@@ -16,3 +18,11 @@ class InputError(ValueError):
         for char, shown in (("\r", "\\r"), ("\n", "\\n"), ("\t", " ")):
             text = text.replace(char, shown)
         super().__init__(text)
+
+
+def refuse_unknown_keys(data: Iterable[str], known: Iterable[str], where: str) -> None:
+    """An InputError naming the keys of ``data`` that are not ``known`` (and listing those that are)."""
+    names = set(known)
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")

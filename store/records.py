@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from store.ds_buckets import ZeroBuckets
-from store.errors import InputError
+from store.errors import InputError, refuse_unknown_keys
 from store.loss_chunks import LOSSES
 from store.rollout import RolloutStrategy
 
@@ -316,10 +316,7 @@ class Strategy:
         """Build from the JSON shape; unknown keys are an InputError naming them."""
         if not isinstance(data, dict):
             raise InputError("strategy: expected a JSON object")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InputError(f"strategy: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        refuse_unknown_keys(data, (f.name for f in fields(cls)), "strategy")
         if "ds_buckets" in data:
             data = {**data, "ds_buckets": ZeroBuckets.from_value(data["ds_buckets"])}
         return cls(**data)
@@ -532,10 +529,7 @@ class RLHFStrategy:
         """Build from the DESIGN.md RLHF shape; unknown keys are an InputError naming them."""
         if not isinstance(data, dict):
             raise InputError("strategy: expected a JSON object")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InputError(f"strategy: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        refuse_unknown_keys(data, (f.name for f in fields(cls)), "strategy")
         values = dict(data)
         blocks: dict[str, type[TrainedModelStrategy] | type[FrozenModelStrategy]] = {
             "actor": TrainedModelStrategy,

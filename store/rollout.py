@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from store.errors import InputError
+from store.errors import InputError, refuse_unknown_keys
 
 ROLLOUT_ENGINES: tuple[str, ...] = ("hybrid-engine", "vllm", "sglang")  # "hybrid-engine": DeepSpeed's own
 INFERENCE_ENGINES: tuple[str, ...] = ("vllm", "sglang")
@@ -74,12 +74,7 @@ class RolloutStrategy:
             return value
         if not isinstance(value, dict):
             raise InputError("strategy: rollout must be an engine name or an object")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise InputError(
-                f"strategy: rollout: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
+        refuse_unknown_keys(value, (f.name for f in fields(cls)), "strategy: rollout")
         if value.get("engine") == "hybrid-engine":
             return None
         return cls(**value)
