@@ -29,7 +29,8 @@ JOB_FIELDS = {f.name for f in dataclasses.fields(JobSpec)}
 NOT_OFFERED = {
     "recommend": set(),
     "predict": set(),
-    "check": {"batch", "prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt"},
+    # check's --batch fills a transformers config's "auto" batch keys
+    "check": {"prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt"},
     "probe": {"nvme_path", "safety_margin"},
 }
 # Where a command may reach data: the public API (``planner``), its typed inputs and the CLI's own helpers.
