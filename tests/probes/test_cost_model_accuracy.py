@@ -125,26 +125,21 @@ def _case(name: str, model: str, workload: str = "sft", gpus: int = 1, **knobs: 
     return pytest.param(case, id=name)
 
 
+# Each knob is held on at least one model; a combination already held on one model is not repeated on the
+# others (each probe costs 10-70 s of the suite).
 CASES = [
     _case("opt2L-zero0", "opt", zero_stage=0),
     _case("opt2L-zero1", "opt", zero_stage=1),
     _case("opt2L-zero2", "opt", zero_stage=2),
     _case("opt2L-zero3", "opt", zero_stage=3),
-    _case("opt2L-zero0-ckpt", "opt", zero_stage=0, gradient_checkpointing=True),
     _case("opt2L-zero2-ckpt", "opt", zero_stage=2, gradient_checkpointing=True),
-    _case("opt2L-zero3-ckpt", "opt", zero_stage=3, gradient_checkpointing=True),
-    _case("opt2L-zero1-offload", "opt", zero_stage=1, offload_optimizer="cpu"),
     _case("opt2L-zero2-offload", "opt", zero_stage=2, offload_optimizer="cpu"),
-    _case("opt2L-zero3-offload", "opt", zero_stage=3, offload_optimizer="cpu"),
     _case("opt2L-zero1-ga2", "opt", zero_stage=1, grad_accum=2),
     # loss "chunked": the LM head and cross-entropy over chunks of tokens (probes.chunked_loss)
     _case("opt2L-zero0-chunked", "opt", zero_stage=0, loss="chunked"),
     _case("opt2L-zero2-chunked", "opt", zero_stage=2, loss="chunked"),
     _case("llama-zero0", "llama", zero_stage=0),
     _case("llama-zero0-ckpt", "llama", zero_stage=0, gradient_checkpointing=True),
-    _case("llama-zero1-ga2", "llama", zero_stage=1, grad_accum=2),
-    _case("llama-zero2", "llama", zero_stage=2),
-    _case("llama-zero3", "llama", zero_stage=3),
     _case("llama-zero3-ckpt", "llama", zero_stage=3, gradient_checkpointing=True),
     _case("llama-zero2-offload", "llama", zero_stage=2, offload_optimizer="cpu"),
     _case("llama-zero3-offload", "llama", zero_stage=3, offload_optimizer="cpu"),
@@ -162,7 +157,7 @@ CASES = [
     _case("opt2L-ppo-zero2-offload", "opt", "ppo", zero_stage=2, offload_optimizer="cpu"),
     # several ranks on one node (torch.distributed.run, gloo): ZeRO partitions over them, the worst rank counts
     _case("llama-ws2-zero1", "llama", gpus=2, zero_stage=1),
-    _case("llama-ws4-zero2-offload", "llama", gpus=4, zero_stage=2, offload_optimizer="cpu"),
+    _case("llama-ws2-zero2-offload", "llama", gpus=2, zero_stage=2, offload_optimizer="cpu"),
     _case("llama-ws4-zero3-ckpt", "llama", gpus=4, zero_stage=3, gradient_checkpointing=True),
     _case("opt2L-ppo-ws2-zero3", "opt", "ppo", gpus=2, zero_stage=3),
 ]

@@ -35,10 +35,10 @@ def test_the_packaged_catalog_shape_is_what_transformers_builds_today(name: str)
 
 
 # One model of each kind of model code (the whole catalog takes minutes: `python -m probes.model_shape
-# --write-catalog`): OPT, GPT-2, Llama, Qwen2 (biases), Qwen3-MoE (Qwen3's attention, routed experts), Gemma 2
-# (no sdpa) and 3 (sliding windows), Phi (fused projections).
-TERM_SAMPLE = ["opt-350m", "gpt2", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-30b-a3b", "gemma-2-2b", "gemma-3-1b",
-               "phi-4-mini"]  # fmt: skip
+# --write-catalog`): OPT, GPT-2 (Conv1D, learned positions), Llama, Qwen3-MoE (Qwen3's attention, routed
+# experts), Gemma 3 (sliding windows, Gemma's norms), Phi (fused projections). Qwen2 (Llama's layout with
+# biases) and Gemma 2 (eager attention only) are left to the catalog's regeneration, to keep the suite short.
+TERM_SAMPLE = ["opt-350m", "gpt2", "llama-3.2-1b", "qwen3-30b-a3b", "gemma-3-1b", "phi-4-mini"]
 
 
 @pytest.mark.parametrize("name", TERM_SAMPLE)
