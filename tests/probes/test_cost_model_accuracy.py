@@ -151,7 +151,6 @@ CASES = [
     _case("gemma3-zero2-lora-ckpt", "gemma3_text", zero_stage=2, lora_rank=8, gradient_checkpointing=True),
     # PPO: generation with the hybrid engine, scoring by four models, actor and critic training
     _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),
-    _case("opt2L-ppo-zero3", "opt", "ppo", zero_stage=3),
     _case("opt2L-ppo-zero2-offload", "opt", "ppo", zero_stage=2, offload_optimizer="cpu"),
     # several ranks on one node (torch.distributed.run, gloo): ZeRO partitions over them, the worst rank counts
     _case("llama-ws2-zero1", "llama", gpus=2, zero_stage=1),
