@@ -140,6 +140,8 @@ class ZeroWorkspace:
     host: int  # pinned host buffers beside the offloaded states (ModelStates.host), before any slack
     reduce_bucket: int = 0  # bytes of one ZeRO-1/2 reduce bucket tensor (backward_buckets is made of them)
     reuse_distance: int = 0  # ZeRO-3's max_reuse_distance (parameters), for what stays gathered (reuse.py)
+    # overlap_comm: ZeRO's reductions run on their own stream beside the backward; off, on the compute stream
+    comm_overlapped: bool = True
 
 
 def zero_workspace(
@@ -210,6 +212,7 @@ def zero_workspace(
                 reduced=0,
                 host=host,
                 reduce_bucket=bucket,
+                comm_overlapped=buckets.overlap_comm,
             )
         # step(): get_grad_norm_direct upcasts each gradient of the partition to fp64, then the 16-bit
         # partition is flattened (a copy) and upcast to fp32 (ModelStates.step_transient).
@@ -227,6 +230,7 @@ def zero_workspace(
             reduced=0,
             host=0,
             reduce_bucket=bucket,
+            comm_overlapped=buckets.overlap_comm,
         )
     # ZeRO-3: the reduce bucket is allocated at init and kept (stage3.py ipg_buckets); the prefetch bucket
     # bounds parameters gathered ahead, which one rank never gathers (all_gather_coalesced returns at once
@@ -247,6 +251,7 @@ def zero_workspace(
         reduced=d * piece,
         host=d * t // n if offload_opt else 0,  # grad_partitions_flat_buffer lives on the host with offload
         reuse_distance=buckets.max_reuse_distance,
+        comm_overlapped=buckets.overlap_comm,
     )
 
 

@@ -16,12 +16,13 @@ def per_gpu_link_gbps(hardware: Hardware) -> float:
     return min(hardware.gpu.interconnect_gbps, hardware.inter_node_gbps / hardware.gpus)
 
 
-def collective_time(ring_bytes: float, hardware: Hardware, coef: Coefficients) -> float:
-    """Seconds for collectives moving ``ring_bytes`` per GPU, less the share hidden behind compute."""
+def collective_time(ring_bytes: float, hardware: Hardware, coef: Coefficients, overlapped: bool = True) -> float:
+    """Seconds for collectives moving ``ring_bytes`` per GPU, less the share hidden behind compute when they
+    run on a stream of their own (``overlapped``: ZeRO's ``overlap_comm``)."""
     if hardware.world_size == 1 or ring_bytes <= 0:
         return 0.0
     seconds = ring_bytes / (per_gpu_link_gbps(hardware) * 1e9 * coef.network_efficiency)
-    return seconds * (1.0 - coef.comm_overlap)
+    return seconds * (1.0 - coef.comm_overlap) if overlapped else seconds
 
 
 def zero_comm_bytes(

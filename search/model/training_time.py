@@ -91,6 +91,7 @@ def training_time(
         ),
         hardware,
         coef,
+        overlapped=trained.work.comm_overlapped,
     )
     offload = 0.0
     if offload_opt and s.offload_optimizer == "nvme" and s.zero_stage == 3:

@@ -156,3 +156,19 @@ def test_zero3_steps_the_optimizer_one_sub_group_at_a_time() -> None:
     for size in (1e9, 1e8):
         placed = place(WORKLOAD, _read({"stage": 3, "sub_group_size": size}), HARDWARE, DEFAULT_COEFFICIENTS)
         assert placed.states.step_transient == (2 + 4) * min(trainable, int(size))
+
+
+def test_without_overlap_comm_the_reductions_are_not_hidden_behind_the_backward() -> None:
+    """overlap_comm off: ZeRO-2 reduces on the compute stream, so none of the collectives' time is hidden
+    (``comm_overlap`` is the share hidden when they run on their own stream)."""
+    from search import predict
+
+    two = Hardware(gpu=generic_gpu(80 * GiB), gpu_memory_bytes=80 * GiB, gpus=2, cpu_memory_bytes=256 * GiB)
+    workload = Workload(kind="sft", model=MODEL, seq_len=512, global_batch=16)
+    seconds = {}
+    for overlap in (True, False):
+        config = {**_config({"stage": 2, "overlap_comm": overlap}), "train_batch_size": 16}
+        strategy, _ = strategy_from_ds_config(config, 2, hidden_size=MODEL.hidden_size)
+        seconds[overlap] = predict(workload, strategy, two, DEFAULT_COEFFICIENTS).time_breakdown["communication"]
+    assert seconds[True] > 0
+    assert seconds[False] == pytest.approx(seconds[True] / (1 - DEFAULT_COEFFICIENTS.comm_overlap))
