@@ -88,7 +88,7 @@ def training_sizes(
     coef: Coefficients,
     loss: str,
     reduce_bucket: int,
-    gradient_checkpointing: bool = False,
+    gradient_checkpointing: bool,
 ) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
     reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors, ZeRO-1/2's
