@@ -50,15 +50,18 @@ def replay_memory(
     strategy: Strategy | RLHFStrategy,
     hardware: Hardware,
     coef: Coefficients = DEFAULT_COEFFICIENTS,
+    *,
+    streams: bool = True,
 ) -> StepReplayed:
     """The strategy's step replayed through the port of torch's caching allocator (:mod:`search.allocator`):
     reserved bytes per phase and after the engines' init, from the allocation stream the cost model's bytes
     make (:mod:`search.streams`), under the strategy's ``empty_cache`` policy and allocator setting, on the
     GPU's memory less the CUDA context: a plan that does not fit meets the allocator's retry and its
-    out-of-memory (``oom_phase``)."""
+    out-of-memory (``oom_phase``). ``streams=False``: as on DeepSpeed's CPU accelerator, which makes no side
+    streams (ZeRO's reduction stream), every request on the default stream."""
     device = hardware.gpu_memory_bytes - int(coef.cuda_context_bytes)  # what torch's allocator can take
     step = _step(workload, strategy, hardware, coef)
-    return replay_step(step, strategy.empty_cache, strategy.allocator, coef, device)
+    return replay_step(step, strategy.empty_cache, strategy.allocator, coef, device, streams)
 
 
 def replay_timeline(

@@ -58,6 +58,11 @@ class AllocStream:
     def __len__(self) -> int:
         return len(self.events)
 
+    def on_one_stream(self) -> AllocStream:
+        """The same events with every request on the default stream: what a device without streams does
+        (DeepSpeed's CPU accelerator is a synchronized device; it makes no side streams)."""
+        return AllocStream(tuple((op, key, size, 0, kind) for op, key, size, _, kind in self.events), self.phases)
+
     def live_peak(self) -> int:
         """The most requested bytes alive at once (what a live-tensor tracker reports as its peak)."""
         live: dict[int, int] = {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
 from search.model.reuse import zero3_reuse
-from search.model.shapes import token_embedding_params
+from search.model.shapes import lora_params, token_embedding_params
 from search.model.states import ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -25,6 +25,31 @@ from store.records import DTYPE_BYTES, ModelSpec
 LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "buffers")
 Moment = dict[str, int]
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
+
+
+@dataclass(frozen=True)
+class Named:
+    """A tensor a moment holds by name, in a live part: the allocation stream (:mod:`search.streams`) makes
+    it once and frees it when a later moment no longer names it, in whatever order that is (the rest of a
+    part's bytes come and go last made, first freed). ``stream``: the CUDA stream it is allocated on (0 the
+    default; 1 a side stream, whose blocks torch's allocator keeps in a pool of their own)."""
+
+    part: str
+    name: str
+    size: int
+    stream: int = 0
+
+
+NamedTensors = tuple[Named, ...]
+REDUCTION_STREAM = 1  # DeepSpeed's reduction_stream (ZeRO-1/2 with overlap_comm on a device with streams)
+# ZeRO-2's gradient tensors (stage_1_and_2.py): grads_in_partition, made at the first reduce-bucket flush
+# and kept to step(); get_grad_norm_direct's fp64 upcast of one gradient; the flattened 16-bit partition
+# and its fp32 upcast (single_grad_partition), which step() makes, then frees the first two before Adam.
+GRAD_PARTITION, GRAD_NORM, FLAT_GRADS, FP32_GRADS = "grad_partition", "grad_norm", "flat_grads", "fp32_grads"
+# Without ZeRO: the engine's allreduce flattens the 16-bit gradients (one bucket) after a boundary backward;
+# FP16_Optimizer.step() upcasts each 16-bit gradient to fp32 (a group of tensors, one per parameter) and
+# flattens those into one fp32 gradient (fused_optimizer.py).
+ALLREDUCE_FLAT, FP32_UPCASTS, FP32_FLAT = "allreduce_flat", "fp32_upcasts", "fp32_flat"
 
 
 def moment(**parts: int) -> Moment:
@@ -54,6 +79,12 @@ class TrainingMoments:
     base: Moment  # alive before a micro-step starts: carried gradients (and ZeRO-1's carried buckets)
     gathered_params: int  # ZeRO-3 parameters gathered for the running module (0 on one rank)
     phases: dict[str, list[Moment]]  # forward, backward, optimizer_step: the candidate peak moments
+    named: dict[str, list[NamedTensors]] | None = None  # per phase and moment, the tensors held by name
+
+    def named_of(self, phase: str) -> tuple[NamedTensors, ...]:
+        """The named tensors of each moment of ``phase`` (empty where none are named)."""
+        named = (self.named or {}).get(phase)
+        return tuple(named) if named else tuple(() for _ in self.phases[phase])
 
     @property
     def steady(self) -> int:
@@ -130,9 +161,12 @@ def training_moments(
         ),
     ]
     if zero_stage == 0:
-        backward.append(moment(gradients=states.gradients + inflight, logits=logits.held))
-        backward.append(moment(gradients=states.gradients + work.allreduce_copy, logits=logits.held))
-        step = [moment(gradients=states.gradients + states.step_transient)]
+        return _zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
+    elif zero_stage == 2 and not work.norm_in_backward:
+        return _zero2_moments(
+            model, lm_head, lora_rank, accumulating, states, work, acts, logits, base, gathered_params, forward,
+            backward, inflight, d,
+        )  # fmt: skip
     elif zero_stage in (1, 2):
         at_end = work.carried_grads if zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
         epilogue = work.grad_norm if work.norm_in_backward else work.partition_grads
@@ -156,6 +190,128 @@ def training_moments(
         base=base,
         gathered_params=gathered_params,
         phases={"forward": forward, "backward": backward, "optimizer_step": step},
+    )
+
+
+def first_flush_layers(model: ModelSpec, lm_head: bool, lora_rank: int, bucket_elements: int) -> int | None:
+    """Decoder layers whose backward is done when ZeRO-2 first flushes a full reduce bucket, the moment
+    ``copy_grads_in_partition`` makes ``grads_in_partition``; None when it is made at the backward's end.
+
+    The backward reaches gradients in reverse load order (an untied LM head, the final norm, the layers top
+    down, the token embedding); ``reduce_independent_p_g_buckets_and_remove_grads`` reduces the bucket when
+    the next gradient would overflow it. A gradient larger than the bucket bypasses it until that flush.
+    """
+    if bucket_elements <= 0:
+        return None
+    per_layer = lora_params(model, lora_rank) // model.num_layers if lora_rank else model.layer_params
+    head = model.lm_head_params if lm_head and not lora_rank else 0
+    before = (0 if lora_rank else model.hidden_size) + (head if head <= bucket_elements else 0)
+    if per_layer <= 0 or before + model.num_layers * per_layer <= bucket_elements:
+        return None
+    return max(0, bucket_elements - before) // per_layer
+
+
+def _zero0_moments(
+    states: ModelStates,
+    work: ZeroWorkspace,
+    logits: LossLogits,
+    base: Moment,
+    gathered_params: int,
+    forward: list[Moment],
+    backward: list[Moment],
+    inflight: int,
+) -> TrainingMoments:
+    """No ZeRO, tensor by tensor: the 16-bit ``param.grad`` stay from the backward to step(); the allreduce's
+    flattened copy lives at the backward's end; FP16_Optimizer.step() (bf16 too) upcasts each gradient to
+    fp32 (a tensor per parameter, in the sizes ``search.streams.sizes.zero0_step_sizes`` gives), flattens
+    those into one fp32 gradient, then drops the upcasts and the 16-bit gradients before Adam runs."""
+    grads = states.gradients
+    backward.append(moment(gradients=grads + inflight, logits=logits.held))
+    backward.append(moment(gradients=grads + work.allreduce_copy, logits=logits.held))
+    upcasts = states.step_transient // 2
+    flat = states.step_transient - upcasts
+    step = [
+        moment(gradients=grads),
+        moment(gradients=grads + upcasts),
+        moment(gradients=grads + upcasts + flat),
+        moment(gradients=flat),
+    ]
+    up, flattened = Named("gradients", FP32_UPCASTS, upcasts), Named("gradients", FP32_FLAT, flat)
+    return TrainingMoments(
+        base=base,
+        gathered_params=gathered_params,
+        phases={"forward": forward, "backward": backward, "optimizer_step": step},
+        named={
+            "forward": [()] * len(forward),
+            "backward": [()] * (len(backward) - 1) + [(Named("gradients", ALLREDUCE_FLAT, work.allreduce_copy),)],
+            "optimizer_step": [(), (up,), (up, flattened), (flattened,)],
+        },
+    )
+
+
+def _zero2_moments(
+    model: ModelSpec,
+    lm_head: bool,
+    lora_rank: int,
+    accumulating: bool,
+    states: ModelStates,
+    work: ZeroWorkspace,
+    acts: Activations,
+    logits: LossLogits,
+    base: Moment,
+    gathered_params: int,
+    forward: list[Moment],
+    backward: list[Moment],
+    inflight: int,
+    d: int,
+) -> TrainingMoments:
+    """ZeRO-2 without offload, tensor by tensor as stage_1_and_2.py makes them: ``grads_in_partition`` from
+    the first bucket flush (:func:`first_flush_layers`) or, accumulating, from the first micro-step on, to
+    step(); step() takes each gradient's fp64 norm, flattens the partition, upcasts it to fp32 and frees the
+    16-bit two before Adam runs on the fp32 one."""
+    partition = work.partition_grads
+    flush = first_flush_layers(model, lm_head, lora_rank, work.reduce_bucket // d)
+    made_early = accumulating or flush is not None
+    # copy_grads_in_partition runs under reduce_ipg_grads' stream: the reduction stream with overlap_comm
+    side = REDUCTION_STREAM if work.comm_overlapped else 0
+    held: NamedTensors = (Named("gradients", GRAD_PARTITION, partition, side),)
+    carried = held if accumulating else ()
+    named_backward = [carried, carried]
+    if flush is not None and flush < model.num_layers:
+        remaining = acts.saved * (model.num_layers - flush) // model.num_layers
+        backward.append(
+            moment(
+                gradients=partition + backward[1]["gradients"] - base["gradients"],
+                buffers=work.backward_buckets,
+                activations=remaining,
+                logits=logits.held,
+            )
+        )
+        named_backward.append(held)
+    end = partition if made_early else 0
+    backward.append(moment(gradients=end + inflight, buffers=work.backward_buckets, logits=logits.held))
+    backward.append(moment(gradients=partition, buffers=work.backward_buckets, logits=logits.held))
+    named_backward += [held if made_early else (), held]
+    norm, flat, fp32 = work.grad_norm, work.step_copies, states.step_transient
+    step = [
+        moment(gradients=partition),
+        moment(gradients=partition + norm),
+        moment(gradients=partition + flat),
+        moment(gradients=partition + flat + fp32),
+        moment(gradients=fp32),
+    ]
+    named_step: list[NamedTensors] = [
+        held,
+        (*held, Named("gradients", GRAD_NORM, norm)),
+        (*held, Named("gradients", FLAT_GRADS, flat)),
+        (*held, Named("gradients", FLAT_GRADS, flat), Named("gradients", FP32_GRADS, fp32)),
+        (Named("gradients", FP32_GRADS, fp32),),
+    ]
+    return TrainingMoments(
+        base=base,
+        gathered_params=gathered_params,
+        phases={"forward": forward, "backward": backward, "optimizer_step": step},
+        named={"forward": [carried] * len(forward), "backward": named_backward, "optimizer_step": named_step},
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from search.coefficients import Coefficients
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
-from search.model.moments import Moment, plus
+from search.model.moments import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
@@ -22,7 +22,7 @@ from search.prediction import Prediction
 from search.step.assemble import Step, finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.init import engine_init
-from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
+from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors, zero0_step_sizes
 from store.errors import InputError
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 
@@ -56,8 +56,9 @@ def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) 
 
 def phase_moments(
     workload: Workload, strategy: Strategy, placed: TrainedPlacement, coef: Coefficients
-) -> tuple[dict[str, list[Moment]], int]:
-    """The candidate peak moments of every phase, in step order, and the bytes steady between micro-steps."""
+) -> tuple[dict[str, list[Moment]], int, dict[str, tuple[NamedTensors, ...]]]:
+    """The candidate peak moments of every phase, in step order, the bytes steady between micro-steps, and
+    the tensors each moment holds by name (:data:`search.model.moments.NamedTensors`)."""
     sequences = strategy.micro_batch * workload.sequences_per_sample
     # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
     # DPO and reward losses here keep it (their log-probs and values come from it)
@@ -76,7 +77,8 @@ def phase_moments(
         )
         moments["reference_forward"] = [reference]
     moments.update(training.phases)
-    return moments, training.steady
+    named = {name: training.named_of(name) if name in training.phases else () for name in moments}
+    return moments, training.steady, named
 
 
 def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
@@ -100,12 +102,15 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
         seconds.terms["reference_forward"] = seconds.forward * s.grad_accum
     # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
-    moments, steady = phase_moments(workload, s, placed, coef)
+    moments, steady, named = phase_moments(workload, s, placed, coef)
     lm_head = workload.kind != "reward"
     trained_sizes = training_sizes(
         model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, s.loss,
         placed.work.reduce_bucket, s.gradient_checkpointing,
     )  # fmt: skip
+    step_sizes = trained_sizes
+    if s.zero_stage == 0 and workload.dtype != "fp32":
+        step_sizes = zero0_step_sizes(trained_sizes, model, workload.dtype, s.lora_rank)
     phases = []
     for name, options in moments.items():
         inference = name == "reference_forward"
@@ -119,7 +124,8 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 carry=coef.frag_inference_carried if inference else coef.frag_carried,
                 time_s=seconds.optimizer if in_step else per_micro_step[name] * s.grad_accum,
                 count=1 if in_step else s.grad_accum,
-                sizes=trained_sizes,
+                sizes=step_sizes if in_step else trained_sizes,
+                moment_named=named[name],
             )
         )
     time = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search.coefficients import Coefficients
-from search.model.moments import Moment
+from search.model.moments import Moment, NamedTensors
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.streams.sizes import Sizes
 
@@ -95,8 +95,16 @@ class StepPhase:
     # DeepSpeed's offload_states and the frameworks empty the trainer's cache before the engine wakes)
     fresh: bool = False
     engine_bytes: tuple[int, ...] = ()  # per moment, a rollout engine's bytes: outside torch's allocator (derived)
+    moment_named: tuple[NamedTensors, ...] = ()  # per moment, tensors held by name (search.streams.build)
 
     def __post_init__(self) -> None:
+        if self.moment_named and len(self.moment_named) != len(self.moments):
+            raise ValueError(f"{self.name}: named tensors for {len(self.moment_named)} of {len(self.moments)} moments")
+        for named, m in zip(self.moment_named, self.moments, strict=False):
+            for part in {t.part for t in named}:
+                held = sum(t.size for t in named if t.part == part)
+                if held > m.parts[LIVE_PARTS.index(part)]:
+                    raise ValueError(f"{self.name}: named {part} tensors hold more than the moment's {part} bytes")
         moment_bytes = tuple((m.total, m.transient) for m in self.moments)
         activations = LIVE_PARTS.index("activations")
         object.__setattr__(self, "moment_activations", tuple(m.parts[activations] for m in self.moments))

@@ -117,7 +117,12 @@ def stream_of(step: Step, empty_cache: str) -> AllocStream:
 
 
 def replay_step(
-    step: Step, empty_cache: str, allocator: str, coef: Coefficients, device_bytes: int | None = None
+    step: Step,
+    empty_cache: str,
+    allocator: str,
+    coef: Coefficients,
+    device_bytes: int | None = None,
+    streams: bool = True,
 ) -> StepReplayed:
     """Replay ``step`` (a :class:`search.step.assemble.Step`) under a policy and an allocator setting.
 
@@ -125,10 +130,13 @@ def replay_step(
     counts (cudaMalloc, cudaFree, retries) are those of the last step, the steady cost of every step. With
     ``device_bytes`` (what torch's allocator may take: the GPU less the CUDA context and the bytes outside
     it) a cudaMalloc beyond it frees the cache and retries, as torch does, and one that still fails ends the
-    replay: ``oom_phase`` names where, and the phases not reached count the whole device as reserved."""
+    replay: ``oom_phase`` names where, and the phases not reached count the whole device as reserved.
+    ``streams=False`` replays every request on the default stream (a device without side streams)."""
     outside = max(_outside(phase) for phase in step.phases)
     limit = None if device_bytes is None else max(0, device_bytes - outside)
     stream = stream_of(step, empty_cache)
+    if not streams:
+        stream = stream.on_one_stream()
     result = _replay(stream, allocator, limit)
     phases = step.phases
     names = [phase.name for phase in phases]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from search.model.moments import Named, NamedTensors
 from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit
 from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
@@ -50,40 +51,84 @@ def _kind(part: str) -> str:
 
 
 class _Parts:
-    """The tensors each part holds now (newest last), and the stream they are recorded into."""
+    """The tensors each part holds now (newest last, each with its name or "" for a part's patterned bytes),
+    and the stream they are recorded into."""
 
     def __init__(self, out: StreamBuilder) -> None:
         self.out = out
-        self.held: dict[str, list[tuple[int, int]]] = {}
+        self.held: dict[str, list[tuple[int, int, str]]] = {}
 
     def bytes(self, part: str) -> int:
-        return sum(size for _, size in self.held.get(part, ()))
+        return sum(size for _, size, _ in self.held.get(part, ()))
+
+    def _unnamed(self, part: str) -> int:
+        return sum(size for _, size, name in self.held.get(part, ()) if not name)
 
     def shrink(self, part: str, target: int) -> None:
+        """Frees the part's patterned tensors, newest first, until they hold at most ``target`` bytes beside
+        its named ones."""
         held = self.held.setdefault(part, [])
-        total = self.bytes(part)
-        while held and total > target:
-            key, size = held.pop()
-            self.out.free(key)
-            total -= size
+        total = self._unnamed(part)
+        i = len(held) - 1
+        while i >= 0 and total > target:
+            key, size, name = held[i]
+            if not name:
+                self.out.free(key)
+                del held[i]
+                total -= size
+            i -= 1
+
+    def release(self, part: str, keep: dict[str, Named]) -> None:
+        """Frees the part's named tensors that ``keep`` does not name (a moment that no longer holds them),
+        oldest first."""
+        held = self.held.setdefault(part, [])
+        for entry in [e for e in held if e[2] and e[2] not in keep]:
+            self.out.free(entry[0])
+            held.remove(entry)
 
     def grow(self, part: str, target: int, pattern: tuple[int, ...]) -> None:
+        """Requests patterned tensors until they hold ``target`` bytes beside the part's named ones."""
         held = self.held.setdefault(part, [])
-        missing = target - self.bytes(part)
+        missing = target - self._unnamed(part)
         pattern = pattern or (missing,)
-        i = len(held)
+        i = sum(1 for _, _, name in held if not name)
         while missing > 0:
             size = min(pattern[i % len(pattern)], missing)
-            held.append((self.out.alloc(size, _kind(part)), size))
+            held.append((self.out.alloc(size, _kind(part)), size, ""))
             missing -= size
             i += 1
 
-    def move(self, targets: dict[str, int], sizes: dict[str, tuple[int, ...]]) -> None:
-        """Frees first, then requests, until every part holds its target bytes."""
+    def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
+        """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
+        ``sizes`` is a group of tensors of those sizes (made together, freed together)."""
+        held = self.held.setdefault(part, [])
+        have = {name for _, _, name in held if name}
+        for name, tensor in named.items():
+            size = tensor.size
+            if name in have or size <= 0:
+                continue
+            pattern, i = sizes.get(name) or (size,), 0
+            while size > 0:
+                piece = min(pattern[i % len(pattern)], size)
+                held.append((self.out.alloc(piece, _kind(part), tensor.stream), piece, name))
+                size -= piece
+                i += 1
+
+    def move(self, targets: dict[str, int], sizes: dict[str, tuple[int, ...]], named: NamedTensors = ()) -> None:
+        """Frees first, then requests, until every part holds its target bytes: the tensors ``named`` names
+        (:data:`search.model.moments.NamedTensors`, held until a later move no longer names them; in the
+        sizes of ``sizes[name]`` where that exists) and its pattern's tensors for the rest."""
+        by_part: dict[str, dict[str, Named]] = {}
+        for tensor in named:
+            by_part.setdefault(tensor.part, {})[tensor.name] = tensor
         for part, target in targets.items():
-            self.shrink(part, target)
+            keep = by_part.get(part, {})
+            self.release(part, keep)
+            self.shrink(part, max(0, target - sum(t.size for t in keep.values())))
         for part, target in targets.items():
-            self.grow(part, target, sizes.get(part, ()))
+            keep = by_part.get(part, {})
+            self.grow(part, max(0, target - sum(t.size for t in keep.values())), sizes.get(part, ()))
+            self.make(part, keep, sizes)
 
 
 def outside_torch(moment: Live) -> int:
@@ -119,22 +164,23 @@ def _grow_kv(parts: _Parts, target: int, layers: int) -> None:
     for j in range(1, steps + 1):
         per_tensor = (start + (target - start) * j // steps) // n
         grown = []
-        for key, _ in held:
-            grown.append((parts.out.alloc(per_tensor, "kv_cache"), per_tensor))
+        for key, _, _ in held:
+            grown.append((parts.out.alloc(per_tensor, "kv_cache"), per_tensor, ""))
             parts.out.free(key)
         held[:] = grown
     parts.shrink("kv_cache", target)
     parts.grow("kv_cache", target, ())
 
 
-def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int], lazy: int = 0) -> None:
-    """A phase run, moment by moment, then back to its rest; ``lazy`` bytes of Adam's states are made after
-    its last moment (the first optimizer step of an engine), each half (exp_avg, exp_avg_sq) one tensor."""
+def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int], kept: NamedTensors = (), lazy: int = 0) -> None:
+    """A phase run, moment by moment, then back to its ``rest`` (keeping the named tensors ``kept``);
+    ``lazy`` bytes of Adam's states are made after its last moment (the first optimizer step of an engine),
+    each half (exp_avg, exp_avg_sq) one tensor."""
     for k in range(len(phase.moments)):
         sizes = dict(phase.moment_sizes[k] if phase.moment_sizes else phase.sizes)
         targets = _torch_parts(phase, k)
         kv = targets.pop("kv_cache")
-        parts.move(targets, sizes)
+        parts.move(targets, sizes, phase.moment_named[k] if phase.moment_named else ())
         if kv > parts.bytes("kv_cache"):
             _grow_kv(parts, kv, phase.kv_layers)
         else:
@@ -142,17 +188,26 @@ def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int], lazy: int 
     if lazy:
         have = parts.bytes("resident:optimizer_states")
         parts.grow("resident:optimizer_states", have + lazy, (lazy // 2,))
-    parts.move(rest, {})
+    parts.move(rest, {}, kept)
 
 
-def _rest(phase: StepPhase, keeps: bool, ends: bool) -> dict[str, int]:
-    """What a phase run leaves: its group's kept bytes (the smallest moment's non-transient ones, carried
-    gradients; nothing once the group ``ends``) and, when the next phase of the group continues its work
-    (``keeps``), everything."""
-    steady = min(m.total - m.transient - sum(m.parts[i] for i in OUTSIDE) for m in phase.moments)
+def _rest(phase: StepPhase, keeps: bool, ends: bool, after: StepPhase | None) -> tuple[dict[str, int], NamedTensors]:
+    """What a phase run leaves (target bytes per part, and the named tensors kept): everything when the next
+    phase of the group continues its work (``keeps``); nothing once the group ``ends``; otherwise the
+    gradients carried between micro-steps or, before the optimizer step, those it starts with (ZeRO-0's
+    ``param.grad``), among them the named tensors both the run's last moment and the next run's first hold
+    (ZeRO-2's gradient partition)."""
+    if keeps:
+        return {}, ()
     targets = {part: 0 for part in LIVE_PARTS if part not in OUTSIDE_TORCH_PARTS}
-    targets["gradients"] = 0 if ends else max(0, steady)
-    return {} if keeps else targets
+    if ends or after is None:
+        return targets, ()
+    steady = min(m.total - m.transient - sum(m.parts[i] for i in OUTSIDE) for m in phase.moments)
+    handed = after.moments[0].parts[GRADIENTS] if after.group == OPTIMIZER else 0
+    targets["gradients"] = max(0, steady, handed)
+    last = {tensor.name for tensor in phase.moment_named[-1]} if phase.moment_named else set()
+    named = after.moment_named[0] if after.moment_named else ()
+    return targets, tuple(tensor for tensor in named if tensor.name in last)
 
 
 def _optimizer_follows(phases: tuple[StepPhase, ...], j: int) -> bool:
@@ -224,12 +279,14 @@ def step_stream(
     for name, nbytes in resident.items():  # held apart from the live parts of the same name
         target = states if name == "optimizer_states" else nbytes
         parts.grow(f"resident:{name}", target, resident_sizes.get(name, ()))
+    runs = list(_runs(phases, repeats))
     for n in range(steps):
         out.phase(f"{STEP_MARK}{n + 1}")
-        for p, continues, ends in _runs(phases, repeats):
+        for r, (p, continues, ends) in enumerate(runs):
             phase = phases[p]
+            after = phases[runs[r + 1][0]] if r + 1 < len(runs) else None
             out.phase(phase.name)
-            _run_phase(parts, phase, _rest(phase, continues, ends), lazy.pop(phase.name, 0))
+            _run_phase(parts, phase, *_rest(phase, continues, ends, after), lazy.pop(phase.name, 0))
             if empties_after(empty_cache, phase.name):
                 out.empty_cache()
         if empties_after(empty_cache, END_STEP):

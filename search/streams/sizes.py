@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.activations import layer_saved_tensors
+from search.model.moments import FP32_UPCASTS
 from search.model.shapes import linear_shapes, token_embedding_params
 from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
@@ -103,6 +104,13 @@ def training_sizes(
         logits=logit_tensors(model, sequences, seq_len, dtype, loss) if lm_head else (),
         buffers=(reduce_bucket,),
     )
+
+
+def zero0_step_sizes(sizes: Sizes, model: ModelSpec, dtype: str, lora_rank: int) -> Sizes:
+    """``sizes`` and, for a step without ZeRO, the fp32 upcasts FP16_Optimizer.step() makes of the 16-bit
+    gradients, one per parameter in parameter order (the named group ``fp32_upcasts``)."""
+    weights = weight_tensors(model, dtype, lora_rank)
+    return (*sizes, (FP32_UPCASTS, tuple(4 * size // DTYPE_BYTES[dtype] for size in weights)))
 
 
 def inference_sizes(

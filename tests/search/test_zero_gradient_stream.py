@@ -1,0 +1,130 @@
+"""The gradient tensors of a step's allocation stream, as DeepSpeed's code makes them (search.model.moments'
+named tensors, search.streams.build).
+
+ZeRO-2 (``stage_1_and_2.py``): ``grads_in_partition`` is one tensor made when the first full reduce bucket is
+flushed (``reduce_independent_p_g_buckets_and_remove_grads`` -> ``copy_grads_in_partition``), on the reduction
+stream under ``overlap_comm``, kept to ``step()``; ``step()`` upcasts each gradient to fp64 for its norm, then
+flattens the partition (a 16-bit copy), upcasts that to fp32 and frees both 16-bit tensors before Adam.
+No ZeRO (``fused_optimizer.py`` FP16_Optimizer, bf16 too): the 16-bit ``param.grad`` stay from the backward to
+``step()``, which upcasts each to fp32 and flattens those into one fp32 gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from search.coefficients import Coefficients
+from search.model.moments import REDUCTION_STREAM, Named, first_flush_layers
+from search.single.predict import single_step
+from search.step.phases import StepPhase, live
+from search.step.replayed import stream_of
+from search.streams.sizes import weight_tensors
+from store.alloc_stream import ALLOC, FREE, PHASE, AllocStream
+from store.ds_buckets import ZeroBuckets
+from store.gpus import get_gpu
+from store.models import get_model
+from store.records import Hardware, Strategy, Workload
+
+COEF = Coefficients()
+OPT = get_model("opt-1.3b")
+
+
+def _hardware() -> Hardware:
+    spec = get_gpu("H100-80G")
+    return Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=1, cpu_memory_bytes=512 * 2**30)
+
+
+def _events(zero_stage: int, overlap: bool = True, grad_accum: int = 1) -> list[tuple[str, int, int, int, int]]:
+    """(phase, op, key, size, stream) of the second step's events: ``opt-1.3b``, 4 x 512 tokens, bf16, with
+    DeepSpeed's default 5e8-element buckets."""
+    buckets = ZeroBuckets(overlap_comm=overlap) if zero_stage else None
+    strategy = Strategy(zero_stage=zero_stage, micro_batch=4, grad_accum=grad_accum, ds_buckets=buckets)
+    workload = Workload(kind="sft", model=OPT, seq_len=512, global_batch=4 * grad_accum)
+    stream: AllocStream = stream_of(single_step(workload, strategy, _hardware(), COEF), "never")
+    out, phase, step = [], "", 0
+    for op, key, size, on_stream, _ in stream:
+        if op == PHASE:
+            phase = stream.phases[key]
+            step += phase.startswith("step:")
+        elif step == 2:
+            out.append((phase, op, key, size, on_stream))
+    return out
+
+
+def _requests(events: list, phase: str) -> list[int]:
+    return [size for name, op, _, size, _ in events if name == phase and op == ALLOC]
+
+
+def test_first_flush_follows_the_bucket() -> None:
+    """The bucket fills after whole layers: (bucket - the final norm's gradient) // one layer's parameters
+    (opt-1.3b ties its head, so the final norm is the only gradient before the top layer's)."""
+    layer = 12 * 2048**2 + 13 * 2048  # opt-1.3b: q, k, v, out, fc1, fc2 with biases, two LayerNorms
+    assert OPT.layer_params == layer
+    assert first_flush_layers(OPT, True, 0, 500_000_000) == (500_000_000 - 2048) // layer == 9
+    assert first_flush_layers(OPT, True, 0, 200_000_000) == 3
+    assert first_flush_layers(OPT, True, 0, 2 * OPT.total_params) is None  # one bucket holds every gradient
+    assert first_flush_layers(OPT, True, 8, 500_000_000) is None  # LoRA's few gradients: at the backward's end
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero2_partition_is_one_tensor_from_the_first_flush_to_the_step(overlap: bool) -> None:
+    """Made once in the backward, after the top 9 layers' activations were released and before the rest
+    were (DeepSpeed's default 5e8-element bucket), freed only in the optimizer step."""
+    events = _events(2, overlap)
+    partition = 2 * OPT.total_params  # bf16, one rank
+    made = [(phase, key, on) for phase, op, key, size, on in events if op == ALLOC and size == partition]
+    assert [phase for phase, _, _ in made] == ["backward", "optimizer_step"]  # the step's is the flat copy
+    _, key, on_stream = made[0]
+    assert on_stream == (REDUCTION_STREAM if overlap else 0)
+    kinds = {k: size for _, op, k, size, _ in events if op == ALLOC}
+    order = [(phase, op, k) for phase, op, k, _, _ in events]
+    at = order.index(("backward", ALLOC, key))
+    layer = sum(kinds[k] for phase, op, k in order[:at] if phase == "backward" and op == FREE and k in kinds)
+    assert layer > 0 and any(phase == "backward" and op == FREE for phase, op, _ in order[at + 1 :])
+    frees = [phase for phase, op, k in order if op == FREE and k == key]
+    assert frees == ["optimizer_step"]
+
+
+def test_zero2_step_requests_norm_flat_and_fp32_copies_in_order() -> None:
+    """fp64 of the largest gradient (the tied embedding), the 16-bit flat partition, its fp32 upcast; the two
+    16-bit tensors are freed before the fp32 one."""
+    events = _events(2)
+    n = OPT.total_params
+    embedding = OPT.vocab_size * OPT.hidden_size
+    step = _requests(events, "optimizer_step")
+    assert step == [8 * embedding, 2 * n, 4 * n]
+    sizes = {key: size for _, op, key, size, _ in events if op == ALLOC}
+    frees = [sizes.get(key) for phase, op, key, _, _ in events if phase == "optimizer_step" and op == FREE]
+    assert frees[-1] == 4 * n and sorted(frees[-3:-1]) == [2 * n, 2 * n]
+
+
+def test_zero0_step_upcasts_each_gradient_then_flattens() -> None:
+    """The 16-bit grads are not requested again in the step; the upcasts are the weights in fp32, in
+    parameter order (the pattern lists weights and norms; OPT's biases come as what is left), then one flat
+    fp32 gradient."""
+    events = _events(0)
+    upcasts = [2 * size for size in weight_tensors(OPT, "bf16")]
+    step = _requests(events, "optimizer_step")
+    n = 4 * OPT.total_params
+    assert step[: len(upcasts)] == upcasts
+    assert step[-1] == n and sum(step[:-1]) == n and len(step) <= len(upcasts) + 2
+
+
+def test_named_tensors_cannot_hold_more_than_their_part() -> None:
+    moment = live(gradients=100, transient=100)
+    with pytest.raises(ValueError, match="named gradients"):
+        StepPhase("optimizer_step", "optimizer", (moment,), 1.0, 1.0, 0.0, 1,
+                  moment_named=((Named("gradients", "x", 101),),))  # fmt: skip
+    with pytest.raises(ValueError, match="named tensors for 2 of 1"):
+        StepPhase("optimizer_step", "optimizer", (moment,), 1.0, 1.0, 0.0, 1, moment_named=((), ()))
+
+
+def test_one_stream_replay_is_the_same_events_on_the_default_stream() -> None:
+    """A device without side streams (DeepSpeed's CPU accelerator) replays every request on stream 0."""
+    strategy = Strategy(zero_stage=2, micro_batch=4, ds_buckets=ZeroBuckets(overlap_comm=True))
+    workload = Workload(kind="sft", model=OPT, seq_len=512, global_batch=4)
+    stream = stream_of(single_step(workload, strategy, _hardware(), COEF), "never")
+    assert any(on for _, _, _, on, _ in stream)
+    merged = stream.on_one_stream()
+    assert [e[:3] + e[4:] for e in merged] == [e[:3] + e[4:] for e in stream]
+    assert not any(on for _, _, _, on, _ in merged)
