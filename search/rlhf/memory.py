@@ -13,7 +13,7 @@ from typing import Any
 
 from search.coefficients import Coefficients
 from search.model.activations import activations, logits_bytes, traced_terms
-from search.model.moments import TRAINING_PHASES
+from search.model.moments import TRAINING_PHASES, NamedTensors
 from search.model.placement import TrainedPlacement, micro_step
 from search.model.shapes import kv_tokens_held
 from search.step.phases import Live, live, live_of
@@ -194,3 +194,12 @@ def training_live(
                 now[part] += value
             lives.append(live_of(now, steady))
     return tuple(lives)
+
+
+def training_named(
+    trained: TrainedPlacement, micro_batch: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> tuple[NamedTensors, ...]:
+    """The tensors each moment of :func:`training_live` holds by name (DeepSpeed's gradient partition and
+    the optimizer step's copies, :class:`search.model.moments.Named`), in the same order."""
+    moments = micro_step(trained, micro_batch, seq_len, dtype, attn_impl, coef, policy=trained.lm_head).moments
+    return tuple(named for name in TRAINING_PHASES for named in moments.named_of(name))

@@ -28,14 +28,22 @@ from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext
-from search.rlhf.memory import forward_live, generation_live, training_live
+from search.rlhf.memory import forward_live, generation_live, training_live, training_named
 from search.rlhf.models import Models, place_models, trained_model
 from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, generation_time, trained_forward_time
 from search.step.assemble import Step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
 from search.streams.init import engine_init
-from search.streams.sizes import Sizes, inference_sizes, resident_sizes, sizes_of, training_sizes, weight_tensors
+from search.streams.sizes import (
+    Sizes,
+    inference_sizes,
+    resident_sizes,
+    sizes_of,
+    training_sizes,
+    weight_tensors,
+    zero0_step_sizes,
+)
 from store.records import RLHFStrategy, TrainedModelStrategy
 
 
@@ -190,10 +198,20 @@ def training_half(
             p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, "hf", p.work.reduce_bucket,
             p.layout.gradient_checkpointing,
         )  # fmt: skip
+        if p.layout.zero_stage == 0 and dtype != "fp32":
+            sizes = zero0_step_sizes(sizes, p.model, dtype, p.layout.lora_rank)
         phases.append(
             StepPhase(
-                f"{role}_training", TRAINING, live, factor, coef.frag_carried, seconds, epochs * grad_accum, sizes=sizes
-            )
+                f"{role}_training",
+                TRAINING,
+                live,
+                factor,
+                coef.frag_carried,
+                seconds,
+                epochs * grad_accum,
+                sizes=sizes,
+                moment_named=training_named(p, micro_batch, seq_len, dtype, attn, coef),
+            )  # fmt: skip
         )
     time["overhead"] = role_time["shared"] = coef.step_overhead_s * epochs * grad_accum * len(phases)
     return _half(phases, time, role_time)
