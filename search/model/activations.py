@@ -59,6 +59,9 @@ class LossLogits:
     forward: int  # while the loss runs: 16-bit logits, their fp32 upcast and the log-softmax output
     backward: int  # while the loss backward runs: the held logits, log-softmax output and two fp32 gradients
     held: int  # the 16-bit logits the model output keeps alive through the whole backward
+    # transformers' cross-entropy over every logit (ForCausalLMLoss): the logits' elements, for the tensors
+    # the allocation stream makes by name (search.model.moments.loss_tensors); 0 for other losses
+    cross_entropy_elements: int = 0
 
 
 @lru_cache(maxsize=4096)
@@ -104,11 +107,13 @@ def loss_logits(
             forward=peak_of(head[forward], sequences, seq_len, r),
             backward=held + kept + peak_of(head[backward], sequences, seq_len, r),
             held=int(held),
+            cross_entropy_elements=0 if prefix else elements,
         )
     return LossLogits(
         forward=int((d + upcast + 4) * elements),
         backward=int(held + coef.logits_peak_bytes * elements),
         held=int(held),
+        cross_entropy_elements=0 if policy else elements,
     )
 
 

@@ -12,92 +12,66 @@ against CPU probes of tiny models at world sizes 1, 2 and 4 (``tests/probes/test
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
+from search.model.deepspeed_tensors import with_loss_tensors, zero0_moments, zero2_moments
+from search.model.moment_parts import (
+    LIVE_PARTS,
+    TRAINING_PHASES,
+    Moment,
+    TrainingMoments,
+    between_micro_steps,
+    largest,
+    moment,
+    plus,
+)
 from search.model.reuse import zero3_reuse
-from search.model.shapes import lora_params, token_embedding_params
+from search.model.shapes import token_embedding_params
 from search.model.states import ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
 
-# The bytes live beside the resident ones at one moment, named as in the JSON breakdown (``buffers``:
-# DeepSpeed's buckets that exist only for a while, such as ZeRO-1/2's reduce buckets during a backward).
-LIVE_PARTS = ("gradients", "zero3_gathered", "activations", "logits", "buffers")
-Moment = dict[str, int]
-TRAINING_PHASES = ("forward", "backward", "optimizer_step")
-
-
-@dataclass(frozen=True)
-class Named:
-    """A tensor a moment holds by name, in a live part: the allocation stream (:mod:`search.streams`) makes
-    it once and frees it when a later moment no longer names it, in whatever order that is (the rest of a
-    part's bytes come and go last made, first freed). ``stream``: the CUDA stream it is allocated on (0 the
-    default; 1 a side stream, whose blocks torch's allocator keeps in a pool of their own)."""
-
-    part: str
-    name: str
-    size: int
-    stream: int = 0
-
-
-NamedTensors = tuple[Named, ...]
-REDUCTION_STREAM = 1  # DeepSpeed's reduction_stream (ZeRO-1/2 with overlap_comm on a device with streams)
-# ZeRO-2's gradient tensors (stage_1_and_2.py): grads_in_partition, made at the first reduce-bucket flush
-# and kept to step(); get_grad_norm_direct's fp64 upcast of one gradient; the flattened 16-bit partition
-# and its fp32 upcast (single_grad_partition), which step() makes, then frees the first two before Adam.
-GRAD_PARTITION, GRAD_NORM, FLAT_GRADS, FP32_GRADS = "grad_partition", "grad_norm", "flat_grads", "fp32_grads"
-# Without ZeRO: the engine's allreduce flattens the 16-bit gradients (one bucket) after a boundary backward;
-# FP16_Optimizer.step() upcasts each 16-bit gradient to fp32 (a group of tensors, one per parameter) and
-# flattens those into one fp32 gradient (fused_optimizer.py).
-ALLREDUCE_FLAT, FP32_UPCASTS, FP32_FLAT = "allreduce_flat", "fp32_upcasts", "fp32_flat"
-
-
-def moment(**parts: int) -> Moment:
-    """The bytes live beside the resident ones at one moment of a phase (every LIVE_PARTS name present)."""
-    unknown = set(parts) - set(LIVE_PARTS)
-    if unknown:
-        raise ValueError(f"unknown live parts {sorted(unknown)}")
-    return {name: int(parts.get(name, 0)) for name in LIVE_PARTS}
-
-
-def plus(base: Moment, **parts: int) -> Moment:
-    """``base`` with ``parts`` added."""
-    extra = moment(**parts)
-    return {name: base[name] + extra[name] for name in LIVE_PARTS}
-
-
-def between_micro_steps(work: ZeroWorkspace) -> Moment:
-    """What a trained model keeps alive between its micro-steps beyond the resident bytes: gradients
-    accumulated over an optimizer step and, under ZeRO-1, the reduce buckets set up by its first backward."""
-    return moment(gradients=work.carried_grads, buffers=work.backward_buckets if work.buckets_carried else 0)
-
-
-@dataclass(frozen=True)
-class TrainingMoments:
-    """What one trained model adds to its resident bytes, moment by moment, per training phase."""
-
-    base: Moment  # alive before a micro-step starts: carried gradients (and ZeRO-1's carried buckets)
-    gathered_params: int  # ZeRO-3 parameters gathered for the running module (0 on one rank)
-    phases: dict[str, list[Moment]]  # forward, backward, optimizer_step: the candidate peak moments
-    named: dict[str, list[NamedTensors]] | None = None  # per phase and moment, the tensors held by name
-
-    def named_of(self, phase: str) -> tuple[NamedTensors, ...]:
-        """The named tensors of each moment of ``phase`` (empty where none are named)."""
-        named = (self.named or {}).get(phase)
-        return tuple(named) if named else tuple(() for _ in self.phases[phase])
-
-    @property
-    def steady(self) -> int:
-        """Gradients alive between micro-steps: what is not allocated and freed within a step's phases."""
-        return self.base["gradients"]
-
-    @property
-    def carried(self) -> int:
-        """Every byte alive between micro-steps (the gradients and ZeRO-1's reduce buckets under accumulation)."""
-        return sum(self.base.values())
+__all__ = [
+    "LIVE_PARTS",
+    "TRAINING_PHASES",
+    "Moment",
+    "TrainingMoments",
+    "between_micro_steps",
+    "largest",
+    "moment",
+    "plus",
+    "training_moments",
+]
 
 
 def training_moments(
+    *,
+    model: ModelSpec,
+    lm_head: bool,
+    dtype: str,
+    zero_stage: int,
+    lora_rank: int,
+    gradient_checkpointing: bool,
+    grad_accum: int,
+    world_size: int,
+    states: ModelStates,
+    work: ZeroWorkspace,
+    acts: Activations,
+    logits: LossLogits,
+    backward_working: int,
+) -> TrainingMoments:
+    """Forward, backward and optimizer-step moments of one micro-batch of a trained model.
+
+    ``backward_working`` is the activation-gradient bytes of the layer being differentiated; ``logits``
+    are zero for a model without an LM head (a reward model or a critic).
+    """
+    moments = _training_moments(
+        model=model, lm_head=lm_head, dtype=dtype, zero_stage=zero_stage, lora_rank=lora_rank,
+        gradient_checkpointing=gradient_checkpointing, grad_accum=grad_accum, world_size=world_size,
+        states=states, work=work, acts=acts, logits=logits, backward_working=backward_working,
+    )  # fmt: skip
+    return with_loss_tensors(moments, logits, DTYPE_BYTES[dtype])
+
+
+def _training_moments(
     *,
     model: ModelSpec,
     lm_head: bool,
@@ -161,9 +135,9 @@ def training_moments(
         ),
     ]
     if zero_stage == 0:
-        return _zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
+        return zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
     elif zero_stage == 2 and not work.norm_in_backward:
-        return _zero2_moments(
+        return zero2_moments(
             model, lm_head, lora_rank, accumulating, states, work, acts, logits, base, gathered_params, forward,
             backward, inflight, d,
         )  # fmt: skip
@@ -191,130 +165,3 @@ def training_moments(
         gathered_params=gathered_params,
         phases={"forward": forward, "backward": backward, "optimizer_step": step},
     )
-
-
-def first_flush_layers(model: ModelSpec, lm_head: bool, lora_rank: int, bucket_elements: int) -> int | None:
-    """Decoder layers whose backward is done when ZeRO-2 first flushes a full reduce bucket, the moment
-    ``copy_grads_in_partition`` makes ``grads_in_partition``; None when it is made at the backward's end.
-
-    The backward reaches gradients in reverse load order (an untied LM head, the final norm, the layers top
-    down, the token embedding); ``reduce_independent_p_g_buckets_and_remove_grads`` reduces the bucket when
-    the next gradient would overflow it. A gradient larger than the bucket bypasses it until that flush.
-    """
-    if bucket_elements <= 0:
-        return None
-    per_layer = lora_params(model, lora_rank) // model.num_layers if lora_rank else model.layer_params
-    head = model.lm_head_params if lm_head and not lora_rank else 0
-    before = (0 if lora_rank else model.hidden_size) + (head if head <= bucket_elements else 0)
-    if per_layer <= 0 or before + model.num_layers * per_layer <= bucket_elements:
-        return None
-    return max(0, bucket_elements - before) // per_layer
-
-
-def _zero0_moments(
-    states: ModelStates,
-    work: ZeroWorkspace,
-    logits: LossLogits,
-    base: Moment,
-    gathered_params: int,
-    forward: list[Moment],
-    backward: list[Moment],
-    inflight: int,
-) -> TrainingMoments:
-    """No ZeRO, tensor by tensor: the 16-bit ``param.grad`` stay from the backward to step(); the allreduce's
-    flattened copy lives at the backward's end; FP16_Optimizer.step() (bf16 too) upcasts each gradient to
-    fp32 (a tensor per parameter, in the sizes ``search.streams.sizes.zero0_step_sizes`` gives), flattens
-    those into one fp32 gradient, then drops the upcasts and the 16-bit gradients before Adam runs."""
-    grads = states.gradients
-    backward.append(moment(gradients=grads + inflight, logits=logits.held))
-    backward.append(moment(gradients=grads + work.allreduce_copy, logits=logits.held))
-    upcasts = states.step_transient // 2
-    flat = states.step_transient - upcasts
-    step = [
-        moment(gradients=grads),
-        moment(gradients=grads + upcasts),
-        moment(gradients=grads + upcasts + flat),
-        moment(gradients=flat),
-    ]
-    up, flattened = Named("gradients", FP32_UPCASTS, upcasts), Named("gradients", FP32_FLAT, flat)
-    return TrainingMoments(
-        base=base,
-        gathered_params=gathered_params,
-        phases={"forward": forward, "backward": backward, "optimizer_step": step},
-        named={
-            "forward": [()] * len(forward),
-            "backward": [()] * (len(backward) - 1) + [(Named("gradients", ALLREDUCE_FLAT, work.allreduce_copy),)],
-            "optimizer_step": [(), (up,), (up, flattened), (flattened,)],
-        },
-    )
-
-
-def _zero2_moments(
-    model: ModelSpec,
-    lm_head: bool,
-    lora_rank: int,
-    accumulating: bool,
-    states: ModelStates,
-    work: ZeroWorkspace,
-    acts: Activations,
-    logits: LossLogits,
-    base: Moment,
-    gathered_params: int,
-    forward: list[Moment],
-    backward: list[Moment],
-    inflight: int,
-    d: int,
-) -> TrainingMoments:
-    """ZeRO-2 without offload, tensor by tensor as stage_1_and_2.py makes them: ``grads_in_partition`` from
-    the first bucket flush (:func:`first_flush_layers`) or, accumulating, from the first micro-step on, to
-    step(); step() takes each gradient's fp64 norm, flattens the partition, upcasts it to fp32 and frees the
-    16-bit two before Adam runs on the fp32 one."""
-    partition = work.partition_grads
-    flush = first_flush_layers(model, lm_head, lora_rank, work.reduce_bucket // d)
-    made_early = accumulating or flush is not None
-    # copy_grads_in_partition runs under reduce_ipg_grads' stream: the reduction stream with overlap_comm
-    side = REDUCTION_STREAM if work.comm_overlapped else 0
-    held: NamedTensors = (Named("gradients", GRAD_PARTITION, partition, side),)
-    carried = held if accumulating else ()
-    named_backward = [carried, carried]
-    if flush is not None and flush < model.num_layers:
-        remaining = acts.saved * (model.num_layers - flush) // model.num_layers
-        backward.append(
-            moment(
-                gradients=partition + backward[1]["gradients"] - base["gradients"],
-                buffers=work.backward_buckets,
-                activations=remaining,
-                logits=logits.held,
-            )
-        )
-        named_backward.append(held)
-    end = partition if made_early else 0
-    backward.append(moment(gradients=end + inflight, buffers=work.backward_buckets, logits=logits.held))
-    backward.append(moment(gradients=partition, buffers=work.backward_buckets, logits=logits.held))
-    named_backward += [held if made_early else (), held]
-    norm, flat, fp32 = work.grad_norm, work.step_copies, states.step_transient
-    step = [
-        moment(gradients=partition),
-        moment(gradients=partition + norm),
-        moment(gradients=partition + flat),
-        moment(gradients=partition + flat + fp32),
-        moment(gradients=fp32),
-    ]
-    named_step: list[NamedTensors] = [
-        held,
-        (*held, Named("gradients", GRAD_NORM, norm)),
-        (*held, Named("gradients", FLAT_GRADS, flat)),
-        (*held, Named("gradients", FLAT_GRADS, flat), Named("gradients", FP32_GRADS, fp32)),
-        (Named("gradients", FP32_GRADS, fp32),),
-    ]
-    return TrainingMoments(
-        base=base,
-        gathered_params=gathered_params,
-        phases={"forward": forward, "backward": backward, "optimizer_step": step},
-        named={"forward": [carried] * len(forward), "backward": named_backward, "optimizer_step": named_step},
-    )
-
-
-def largest(moments: list[Moment]) -> Moment:
-    """The moment with the most live bytes."""
-    return max(moments, key=lambda parts: sum(parts.values()))

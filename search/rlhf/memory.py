@@ -13,7 +13,7 @@ from typing import Any
 
 from search.coefficients import Coefficients
 from search.model.activations import activations, logits_bytes, traced_terms
-from search.model.moments import TRAINING_PHASES, NamedTensors
+from search.model.moment_parts import TRAINING_PHASES, NamedTensors
 from search.model.placement import TrainedPlacement, micro_step
 from search.model.shapes import kv_tokens_held
 from search.step.phases import Live, live, live_of

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from search.coefficients import Coefficients
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
-from search.model.moments import Moment, NamedTensors, plus
+from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time

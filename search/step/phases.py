@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search.coefficients import Coefficients
-from search.model.moments import Moment, NamedTensors
+from search.model.moment_parts import Moment, NamedTensors
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.streams.sizes import Sizes
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from search.model.moments import Named, NamedTensors
+from search.model.moment_parts import Named, NamedTensors
 from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit
 from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder

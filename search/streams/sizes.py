@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.activations import layer_saved_tensors
-from search.model.moments import FP32_UPCASTS
+from search.model.moment_parts import FP32_UPCASTS
 from search.model.shapes import linear_shapes, token_embedding_params
 from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec

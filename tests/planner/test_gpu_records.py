@@ -159,3 +159,49 @@ def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
     rows = [r for path in RECORDS for r in load_records(path).get("sft", [])]
     with_init = {r["id"] for r in rows if r["measured"].get("after_init_reserved_bytes")}
     assert with_init and with_init == {case.id for case in _init_cases()}
+
+
+# The whole step replayed through the allocator port (search.streams, search.allocator) against the peak the
+# device reserved, with the suite's bounds. The stream makes DeepSpeed's gradient tensors as its code does
+# (search.model.moments' named tensors: ZeRO-2's partition from the first bucket flush, on the reduction
+# stream under overlap_comm; the step's norm, flat and fp32 copies; FP16_Optimizer's upcasts) and the loss's
+# (transformers' cross-entropy: the fp32 upcast and log-softmax, the NLL's and log-softmax's gradients).
+REPLAY_NOT_YET: dict[tuple[str, str], str] = {}  # (record id, scope) -> why its replay is not yet in bounds
+
+
+def _replay_cases() -> list[object]:
+    cases = []
+    for c in COMPARISONS:
+        if c.kind == "sft":
+            low, high = SFT_BOUNDS["peak_reserved"]
+        elif c.workload in ("ppo", "remax", "grpo"):
+            low, high = PPO_BOUNDS["peak_reserved"]
+        else:
+            continue
+        for scope, quantities in c.quantities.items():
+            key = (c.record_id, scope)
+            marks = [pytest.mark.xfail(strict=True, reason=REPLAY_NOT_YET[key])] if key in REPLAY_NOT_YET else []
+            cases.append(pytest.param(quantities["replay_peak_reserved"], low, high, id="-".join(key), marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("compared", "low", "high"), _replay_cases())
+def test_replayed_step_reserves_what_the_gpu_reserved(compared, low: float, high: float) -> None:
+    assert low <= compared.error <= high, (
+        f"replayed {compared.predicted / 2**30:.2f} GiB, measured {compared.measured / 2**30:.2f} GiB: "
+        f"{compared.error:+.1%}"
+    )
+
+
+def test_replayed_empty_cache_effect_within_three_points() -> None:
+    """never vs after-inference, both replayed: the effect on the step's peak reserved is the measured one."""
+    by_id = {c.record_id: c for c in COMPARISONS}
+    for never, after in _ppo_pairs():
+
+        def peak(c: RecordComparison, which: str) -> float:
+            return max(getattr(q["replay_peak_reserved"], which) for q in c.quantities.values())
+
+        n, a = by_id[never["probe_id"]], by_id[after["probe_id"]]
+        measured = peak(a, "measured") / peak(n, "measured") - 1
+        replayed = peak(a, "predicted") / peak(n, "predicted") - 1
+        assert abs(replayed - measured) <= EMPTY_CACHE_POINTS, (replayed, measured)

@@ -59,7 +59,7 @@ def test_a_device_too_small_for_the_cache_makes_the_allocator_retry_then_run_out
     device between the step's allocated and reserved peaks the replay retries and fits (not on every one:
     which blocks the retry can free depends on where the live tensors sit); below the allocated peak it
     runs out, and the report names the phase."""
-    step = _step(0)
+    step = _step(3)
     free = replay_step(step, "never", "default", COEF)
     allocated = max(p.allocated for p in free.phases)
     reserved = max(p.reserved for p in free.phases)

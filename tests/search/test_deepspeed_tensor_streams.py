@@ -1,5 +1,5 @@
-"""The gradient tensors of a step's allocation stream, as DeepSpeed's code makes them (search.model.moments'
-named tensors, search.streams.build).
+"""The gradient and loss tensors of a step's allocation stream, as DeepSpeed's and transformers' code makes
+them (search.model.deepspeed_tensors' named tensors, search.streams.build).
 
 ZeRO-2 (``stage_1_and_2.py``): ``grads_in_partition`` is one tensor made when the first full reduce bucket is
 flushed (``reduce_independent_p_g_buckets_and_remove_grads`` -> ``copy_grads_in_partition``), on the reduction
@@ -7,6 +7,8 @@ stream under ``overlap_comm``, kept to ``step()``; ``step()`` upcasts each gradi
 flattens the partition (a 16-bit copy), upcasts that to fp32 and frees both 16-bit tensors before Adam.
 No ZeRO (``fused_optimizer.py`` FP16_Optimizer, bf16 too): the 16-bit ``param.grad`` stay from the backward to
 ``step()``, which upcasts each to fp32 and flattens those into one fp32 gradient.
+transformers' ``ForCausalLMLoss``: ``logits.float()`` then ``F.cross_entropy`` (log-softmax, NLL); its backward
+makes the NLL's and the log-softmax's fp32 gradients once the upcast (and logits an SFT loop drops) are freed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from search.coefficients import Coefficients
-from search.model.moments import REDUCTION_STREAM, Named, first_flush_layers
+from search.model.deepspeed_tensors import first_flush_layers
+from search.model.moment_parts import REDUCTION_STREAM, Named
 from search.single.predict import single_step
 from search.step.phases import StepPhase, live
 from search.step.replayed import stream_of
@@ -128,3 +131,18 @@ def test_one_stream_replay_is_the_same_events_on_the_default_stream() -> None:
     merged = stream.on_one_stream()
     assert [e[:3] + e[4:] for e in merged] == [e[:3] + e[4:] for e in stream]
     assert not any(on for _, _, _, on, _ in merged)
+
+
+def test_loss_requests_the_upcast_and_log_softmax_then_the_two_fp32_gradients() -> None:
+    """SFT (the loop drops the output): at the loss the 16-bit logits, their fp32 upcast and the fp32
+    log-softmax; at the loss backward the upcast and the 16-bit logits are freed first, then the NLL's and the
+    log-softmax's fp32 gradients are requested beside the saved log-softmax."""
+    events = _events(2)
+    e = 4 * 512 * OPT.vocab_size
+    sizes = {key: size for _, op, key, size, _ in events if op == ALLOC}
+    loss = {2 * e, 4 * e}  # no other tensor of this step has these sizes
+    forward = [size for phase, op, _, size, _ in events if phase == "forward" and op == ALLOC and size in loss]
+    assert forward == [2 * e, 4 * e, 4 * e]
+    backward = [(op, sizes[key]) for phase, op, key, _, _ in events if phase == "backward" and sizes[key] in loss]
+    assert backward[:4] == [(FREE, 2 * e), (FREE, 4 * e), (ALLOC, 4 * e), (ALLOC, 4 * e)]
+    assert sorted(backward[4:]) == [(FREE, 4 * e)] * 3  # the log-softmax and both gradients, once used

@@ -1,0 +1,200 @@
+"""DeepSpeed's and transformers' own tensors in a trained model's moments, made and freed as their code does.
+
+The cost model's moments hold bytes per live part; the allocation stream (:mod:`search.streams`) makes a
+part's bytes in its pattern of sizes, last made first freed. Where the code makes one tensor and frees
+others around it (ZeRO-2's gradient partition, the optimizer step's copies, the loss's fp32 tensors) the
+moments name those tensors (:class:`search.model.moment_parts.Named`), read from ``stage_1_and_2.py``,
+``fused_optimizer.py`` and transformers' ``ForCausalLMLoss``.
+"""
+
+from __future__ import annotations
+
+from search.model.activations import Activations, LossLogits
+from search.model.moment_parts import (
+    ALLREDUCE_FLAT,
+    FLAT_GRADS,
+    FP32_FLAT,
+    FP32_GRADS,
+    FP32_UPCASTS,
+    GRAD_NORM,
+    GRAD_PARTITION,
+    LOG_SOFTMAX,
+    LOG_SOFTMAX_GRAD,
+    LOGITS,
+    LOGITS_FP32,
+    NLL_GRAD,
+    REDUCTION_STREAM,
+    Moment,
+    Named,
+    NamedTensors,
+    TrainingMoments,
+    moment,
+)
+from search.model.shapes import lora_params
+from search.model.states import ModelStates, ZeroWorkspace
+from store.records import ModelSpec
+
+
+def loss_tensors(logits: LossLogits, d: int) -> tuple[NamedTensors, NamedTensors, Named | None]:
+    """transformers' cross-entropy, tensor by tensor (``ForCausalLMLoss``: ``logits.float()``, then
+    ``F.cross_entropy``'s log-softmax and NLL): at the loss the 16-bit logits, their fp32 upcast and the
+    fp32 log-softmax; in its backward the log-softmax (saved), the NLL's fp32 gradient and the log-softmax's
+    fp32 gradient (the upcast, and the 16-bit logits where the loop drops the output, are freed once the
+    loss is computed); and the 16-bit logits a loop that holds the model output keeps (None otherwise)."""
+    e = logits.cross_entropy_elements
+    held = Named("logits", LOGITS, logits.held) if logits.held else None
+    upcast = (Named("logits", LOGITS_FP32, 4 * e),) if d != 4 else ()
+    at_loss = (Named("logits", LOGITS, d * e), *upcast, Named("logits", LOG_SOFTMAX, 4 * e))
+    backward = (
+        *((held,) if held else ()),
+        Named("logits", LOG_SOFTMAX, 4 * e),
+        Named("logits", NLL_GRAD, 4 * e),
+        Named("logits", LOG_SOFTMAX_GRAD, 4 * e),
+    )
+    return at_loss, backward, held
+
+
+def with_loss_tensors(moments: TrainingMoments, logits: LossLogits, d: int) -> TrainingMoments:
+    """``moments`` with the loss's tensors named (:func:`loss_tensors`) where the moments hold them: the
+    forward's loss moment, the loss backward's, and the held 16-bit logits after it. Left as bytes where
+    the loss is not transformers' cross-entropy or the traced bytes are fewer than those tensors."""
+    if not logits.cross_entropy_elements:
+        return moments
+    at_loss, in_backward, held = loss_tensors(logits, d)
+    named = {phase: list(moments.named_of(phase)) for phase in moments.phases}
+    forward, backward = moments.phases["forward"], moments.phases["backward"]
+
+    def fits(moment: Moment, tensors: NamedTensors) -> bool:
+        return sum(t.size for t in tensors) <= moment["logits"]
+
+    if len(forward) > 1 and fits(forward[1], at_loss):
+        named["forward"][1] = (*named["forward"][1], *at_loss)
+    if backward and fits(backward[0], in_backward):
+        named["backward"][0] = (*named["backward"][0], *in_backward)
+    if held is not None:
+        for k, moment in enumerate(backward[1:], start=1):
+            if moment["logits"] >= held.size:
+                named["backward"][k] = (*named["backward"][k], held)
+    return TrainingMoments(moments.base, moments.gathered_params, moments.phases, named)
+
+
+def first_flush_layers(model: ModelSpec, lm_head: bool, lora_rank: int, bucket_elements: int) -> int | None:
+    """Decoder layers whose backward is done when ZeRO-2 first flushes a full reduce bucket, the moment
+    ``copy_grads_in_partition`` makes ``grads_in_partition``; None when it is made at the backward's end.
+
+    The backward reaches gradients in reverse load order (an untied LM head, the final norm, the layers top
+    down, the token embedding); ``reduce_independent_p_g_buckets_and_remove_grads`` reduces the bucket when
+    the next gradient would overflow it. A gradient larger than the bucket bypasses it until that flush.
+    """
+    if bucket_elements <= 0:
+        return None
+    per_layer = lora_params(model, lora_rank) // model.num_layers if lora_rank else model.layer_params
+    head = model.lm_head_params if lm_head and not lora_rank else 0
+    before = (0 if lora_rank else model.hidden_size) + (head if head <= bucket_elements else 0)
+    if per_layer <= 0 or before + model.num_layers * per_layer <= bucket_elements:
+        return None
+    return max(0, bucket_elements - before) // per_layer
+
+
+def zero0_moments(
+    states: ModelStates,
+    work: ZeroWorkspace,
+    logits: LossLogits,
+    base: Moment,
+    gathered_params: int,
+    forward: list[Moment],
+    backward: list[Moment],
+    inflight: int,
+) -> TrainingMoments:
+    """No ZeRO, tensor by tensor: the 16-bit ``param.grad`` stay from the backward to step(); the allreduce's
+    flattened copy lives at the backward's end; FP16_Optimizer.step() (bf16 too) upcasts each gradient to
+    fp32 (a tensor per parameter, in the sizes ``search.streams.sizes.zero0_step_sizes`` gives), flattens
+    those into one fp32 gradient, then drops the upcasts and the 16-bit gradients before Adam runs."""
+    grads = states.gradients
+    backward.append(moment(gradients=grads + inflight, logits=logits.held))
+    backward.append(moment(gradients=grads + work.allreduce_copy, logits=logits.held))
+    upcasts = states.step_transient // 2
+    flat = states.step_transient - upcasts
+    step = [
+        moment(gradients=grads),
+        moment(gradients=grads + upcasts),
+        moment(gradients=grads + upcasts + flat),
+        moment(gradients=flat),
+    ]
+    up, flattened = Named("gradients", FP32_UPCASTS, upcasts), Named("gradients", FP32_FLAT, flat)
+    return TrainingMoments(
+        base=base,
+        gathered_params=gathered_params,
+        phases={"forward": forward, "backward": backward, "optimizer_step": step},
+        named={
+            "forward": [()] * len(forward),
+            "backward": [()] * (len(backward) - 1) + [(Named("gradients", ALLREDUCE_FLAT, work.allreduce_copy),)],
+            "optimizer_step": [(), (up,), (up, flattened), (flattened,)],
+        },
+    )
+
+
+def zero2_moments(
+    model: ModelSpec,
+    lm_head: bool,
+    lora_rank: int,
+    accumulating: bool,
+    states: ModelStates,
+    work: ZeroWorkspace,
+    acts: Activations,
+    logits: LossLogits,
+    base: Moment,
+    gathered_params: int,
+    forward: list[Moment],
+    backward: list[Moment],
+    inflight: int,
+    d: int,
+) -> TrainingMoments:
+    """ZeRO-2 without offload, tensor by tensor as stage_1_and_2.py makes them: ``grads_in_partition`` from
+    the first bucket flush (:func:`first_flush_layers`) or, accumulating, from the first micro-step on, to
+    step(); step() takes each gradient's fp64 norm, flattens the partition, upcasts it to fp32 and frees the
+    16-bit two before Adam runs on the fp32 one."""
+    partition = work.partition_grads
+    flush = first_flush_layers(model, lm_head, lora_rank, work.reduce_bucket // d)
+    made_early = accumulating or flush is not None
+    # copy_grads_in_partition runs under reduce_ipg_grads' stream: the reduction stream with overlap_comm
+    side = REDUCTION_STREAM if work.comm_overlapped else 0
+    held: NamedTensors = (Named("gradients", GRAD_PARTITION, partition, side),)
+    carried = held if accumulating else ()
+    named_backward = [carried, carried]
+    if flush is not None and flush < model.num_layers:
+        remaining = acts.saved * (model.num_layers - flush) // model.num_layers
+        backward.append(
+            moment(
+                gradients=partition + backward[1]["gradients"] - base["gradients"],
+                buffers=work.backward_buckets,
+                activations=remaining,
+                logits=logits.held,
+            )
+        )
+        named_backward.append(held)
+    end = partition if made_early else 0
+    backward.append(moment(gradients=end + inflight, buffers=work.backward_buckets, logits=logits.held))
+    backward.append(moment(gradients=partition, buffers=work.backward_buckets, logits=logits.held))
+    named_backward += [held if made_early else (), held]
+    norm, flat, fp32 = work.grad_norm, work.step_copies, states.step_transient
+    step = [
+        moment(gradients=partition),
+        moment(gradients=partition + norm),
+        moment(gradients=partition + flat),
+        moment(gradients=partition + flat + fp32),
+        moment(gradients=fp32),
+    ]
+    named_step: list[NamedTensors] = [
+        held,
+        (*held, Named("gradients", GRAD_NORM, norm)),
+        (*held, Named("gradients", FLAT_GRADS, flat)),
+        (*held, Named("gradients", FLAT_GRADS, flat), Named("gradients", FP32_GRADS, fp32)),
+        (Named("gradients", FP32_GRADS, fp32),),
+    ]
+    return TrainingMoments(
+        base=base,
+        gathered_params=gathered_params,
+        phases={"forward": forward, "backward": backward, "optimizer_step": step},
+        named={"forward": [carried] * len(forward), "backward": named_backward, "optimizer_step": named_step},
+    )
