@@ -30,9 +30,11 @@ from search.model.moment_parts import (
     TrainingMoments,
     moment,
 )
-from search.model.shapes import lora_params
+from search.model.shapes import largest_trainable_tensor, lora_params, token_embedding_params
 from search.model.states import ModelStates, ZeroWorkspace
 from store.records import ModelSpec
+
+FP64 = 8  # bytes of a norm's upcast element (get_norm_dtype(): torch.float64)
 
 
 def loss_tensors(logits: LossLogits, d: int) -> tuple[NamedTensors, NamedTensors, Named | None]:
@@ -198,3 +200,38 @@ def zero2_moments(
         phases={"forward": forward, "backward": backward, "optimizer_step": step},
         named={"forward": [carried] * len(forward), "backward": named_backward, "optimizer_step": named_step},
     )
+
+
+def offload_norm_upcasts(
+    model: ModelSpec, lm_head: bool, lora_rank: int, trainable: int, world_size: int
+) -> tuple[int, ...]:
+    """ZeRO-1/2 with offload, the backward's end: ``set_norm_for_param_grad_in_gpu`` upcasts each gradient piece
+    of the partition to fp64 for its norm (then ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` its fp32
+    copy, inside the freed block), one at a time in the order the backward reduces them: an untied LM head
+    first, the layers top down, the token embedding last. Each fp64 piece larger than every one before it
+    needs a block of its own; those are the bytes returned, in order (the last is the largest)."""
+    piece = -(-trainable // world_size)
+    if lora_rank:
+        order = [largest_trainable_tensor(model, lora_rank, lm_head=lm_head)]
+    else:
+        head = [model.lm_head_params] if lm_head and model.lm_head_params else []
+        order = [*head, model.hidden_size * model.intermediate_size, token_embedding_params(model)]
+    out: list[int] = []
+    for elements in order:
+        size = FP64 * min(elements, piece)
+        if not out or size > out[-1]:
+            out.append(size)
+    return tuple(out)
+
+
+def offload_epilogue(
+    upcasts: tuple[int, ...], work: ZeroWorkspace, held_logits: int
+) -> tuple[list[Moment], list[NamedTensors]]:
+    """The moments of an offloaded ZeRO-1/2 backward's end, one per fp64 norm upcast of
+    :func:`offload_norm_upcasts` (the reduction stream's under ``overlap_comm``), beside the reduce buckets."""
+    side = REDUCTION_STREAM if work.comm_overlapped else 0
+    moments = [moment(gradients=size, buffers=work.backward_buckets, logits=held_logits) for size in upcasts]
+    named: list[NamedTensors] = [
+        (Named("gradients", f"{GRAD_NORM}_{i}", size, side),) for i, size in enumerate(upcasts)
+    ]
+    return moments, named

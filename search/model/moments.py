@@ -13,11 +13,18 @@ against CPU probes of tiny models at world sizes 1, 2 and 4 (``tests/probes/test
 from __future__ import annotations
 
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
-from search.model.deepspeed_tensors import with_loss_tensors, zero0_moments, zero2_moments
+from search.model.deepspeed_tensors import (
+    offload_epilogue,
+    offload_norm_upcasts,
+    with_loss_tensors,
+    zero0_moments,
+    zero2_moments,
+)
 from search.model.moment_parts import (
     LIVE_PARTS,
     TRAINING_PHASES,
     Moment,
+    NamedTensors,
     TrainingMoments,
     between_micro_steps,
     largest,
@@ -25,7 +32,7 @@ from search.model.moment_parts import (
     plus,
 )
 from search.model.reuse import zero3_reuse
-from search.model.shapes import token_embedding_params
+from search.model.shapes import token_embedding_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -134,6 +141,7 @@ def _training_moments(
             zero3_gathered=at_layers,
         ),
     ]
+    named: dict[str, list[NamedTensors]] | None = None
     if zero_stage == 0:
         return zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
     elif zero_stage == 2 and not work.norm_in_backward:
@@ -143,11 +151,16 @@ def _training_moments(
         )  # fmt: skip
     elif zero_stage in (1, 2):
         at_end = work.carried_grads if zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
-        epilogue = work.grad_norm if work.norm_in_backward else work.partition_grads
         backward.append(moment(gradients=at_end + inflight, buffers=work.backward_buckets, logits=logits.held))
-        backward.append(moment(gradients=epilogue, buffers=work.backward_buckets, logits=logits.held))
         step = [base]  # before the accumulation boundary engine.step() changes nothing
-        if not work.norm_in_backward:
+        if work.norm_in_backward:  # offload: each gradient's fp64 norm and fp32 copy at the backward's end
+            trainable = trainable_params(model, lora_rank, lm_head=lm_head)
+            upcasts = offload_norm_upcasts(model, lm_head, lora_rank, trainable, world_size)
+            ends, ends_named = offload_epilogue(upcasts, work, logits.held)
+            named = {"backward": [()] * len(backward) + ends_named}
+            backward += ends
+        else:
+            backward.append(moment(gradients=work.partition_grads, buffers=work.backward_buckets, logits=logits.held))
             copies = max(work.grad_norm, work.step_copies + states.step_transient)
             step.append(moment(gradients=work.partition_grads + copies))
     else:
@@ -164,4 +177,5 @@ def _training_moments(
         base=base,
         gathered_params=gathered_params,
         phases={"forward": forward, "backward": backward, "optimizer_step": step},
+        named=named,
     )

@@ -166,18 +166,24 @@ def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
 # (search.model.moments' named tensors: ZeRO-2's partition from the first bucket flush, on the reduction
 # stream under overlap_comm; the step's norm, flat and fp32 copies; FP16_Optimizer's upcasts) and the loss's
 # (transformers' cross-entropy: the fp32 upcast and log-softmax, the NLL's and log-softmax's gradients).
-REPLAY_NOT_YET: dict[tuple[str, str], str] = {}  # (record id, scope) -> why its replay is not yet in bounds
+_ZERO3 = (
+    "ZeRO-3's gradient path (stage3.py: the reduce-scatter of each module's gradients and, offloaded, their "
+    "fp32 copies, on its reduction stream with overlap_comm on by default) is not yet made tensor by tensor: "
+    "the replay reserves 8-13% less than the device"
+)
+REPLAY_NOT_YET: dict[tuple[str, str], str] = {  # (record id, scope) -> why its replay is not yet in bounds
+    (probe, phase): _ZERO3
+    for probe in ("57c9a50b001c", "634b2e1b79c5")
+    for phase in ("forward", "backward", "optimizer_step")
+}
 
 
 def _replay_cases() -> list[object]:
     cases = []
-    for c in COMPARISONS:
-        if c.kind == "sft":
-            low, high = SFT_BOUNDS["peak_reserved"]
-        elif c.workload in ("ppo", "remax", "grpo"):
-            low, high = PPO_BOUNDS["peak_reserved"]
-        else:
-            continue
+    for c in COMPARISONS:  # SFT loop rows and SFT probes with the SFT rows' bounds, RLHF probes with PPO's
+        low, high = (
+            PPO_BOUNDS["peak_reserved"] if c.workload in ("ppo", "remax", "grpo") else SFT_BOUNDS["peak_reserved"]
+        )
         for scope, quantities in c.quantities.items():
             key = (c.record_id, scope)
             marks = [pytest.mark.xfail(strict=True, reason=REPLAY_NOT_YET[key])] if key in REPLAY_NOT_YET else []

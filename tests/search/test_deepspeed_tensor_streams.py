@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from search.coefficients import Coefficients
-from search.model.deepspeed_tensors import first_flush_layers
+from search.model.deepspeed_tensors import first_flush_layers, offload_norm_upcasts
 from search.model.moment_parts import REDUCTION_STREAM, Named
 from search.single.predict import single_step
 from search.step.phases import StepPhase, live
@@ -146,3 +146,25 @@ def test_loss_requests_the_upcast_and_log_softmax_then_the_two_fp32_gradients() 
     backward = [(op, sizes[key]) for phase, op, key, _, _ in events if phase == "backward" and sizes[key] in loss]
     assert backward[:4] == [(FREE, 2 * e), (FREE, 4 * e), (ALLOC, 4 * e), (ALLOC, 4 * e)]
     assert sorted(backward[4:]) == [(FREE, 4 * e)] * 3  # the log-softmax and both gradients, once used
+
+
+def test_offload_norm_upcasts_need_a_block_each_time_one_is_larger() -> None:
+    """ZeRO-2 with CPU offload: each gradient's fp64 upcast, in the backward's order; opt-1.3b's layers first
+    (fc1/fc2: 2048 x 8192), then the tied embedding; an untied head comes first and is the largest."""
+    t = OPT.total_params
+    assert offload_norm_upcasts(OPT, True, 0, t, 1) == (8 * 2048 * 8192, 8 * OPT.vocab_size * 2048)
+    llama = get_model("llama-3-8b")  # untied head, 128256 x 4096, reduced before everything else
+    assert offload_norm_upcasts(llama, True, 0, llama.total_params, 1) == (8 * llama.lm_head_params,)
+    assert offload_norm_upcasts(OPT, True, 0, t, 16) == (8 * 2048 * 8192, 8 * -(-t // 16))  # a rank piece
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_offload_norm_upcasts_run_on_the_reduction_stream_under_overlap(overlap: bool) -> None:
+    strategy = Strategy(
+        zero_stage=2, offload_optimizer="cpu", micro_batch=4, ds_buckets=ZeroBuckets(overlap_comm=overlap)
+    )
+    workload = Workload(kind="sft", model=OPT, seq_len=512, global_batch=4)
+    stream = stream_of(single_step(workload, strategy, _hardware(), COEF), "never")
+    upcasts = set(offload_norm_upcasts(OPT, True, 0, OPT.total_params, 1))
+    streams = {on for op, _, size, on, _ in stream if op == ALLOC and size in upcasts}
+    assert streams == {REDUCTION_STREAM if overlap else 0}
