@@ -70,8 +70,10 @@ class Coefficients:
     reserved_spread: float = _coef(
         0.08,
         "fraction of peak reserved",
-        "the same ZeRO-2 step reserved 29.62 GiB under planner probe and 32.07 GiB in a user-style loop on the "
-        "H100 (27.03 GiB allocated in both): the program around the step moves reserved memory by this much",
+        "what the fragment coefficients cannot see moves reserved memory by this much: the same ZeRO-2 step "
+        "reserved 29.62 GiB under planner probe (memplan's buckets, overlap_comm: the gradient partition in the "
+        "reduction stream's own pool) and 32.07 GiB in a user-style loop (DeepSpeed's defaults), 27.03 GiB "
+        "allocated in both; the allocator replay gives both within 10 MiB",
     )
     # --- time (search.model.roofline; the GPU's own rates and efficiencies are in its catalog entry) ---------
     host_s_per_kernel: float = _coef(
