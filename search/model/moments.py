@@ -65,36 +65,8 @@ def training_moments(
     logits: LossLogits,
     backward_working: int,
 ) -> TrainingMoments:
-    """Forward, backward and optimizer-step moments of one micro-batch of a trained model.
-
-    ``backward_working`` is the activation-gradient bytes of the layer being differentiated; ``logits``
-    are zero for a model without an LM head (a reward model or a critic).
-    """
-    moments = _training_moments(
-        model=model, lm_head=lm_head, dtype=dtype, zero_stage=zero_stage, lora_rank=lora_rank,
-        gradient_checkpointing=gradient_checkpointing, grad_accum=grad_accum, world_size=world_size,
-        states=states, work=work, acts=acts, logits=logits, backward_working=backward_working,
-    )  # fmt: skip
-    return with_loss_tensors(moments, logits, DTYPE_BYTES[dtype])
-
-
-def _training_moments(
-    *,
-    model: ModelSpec,
-    lm_head: bool,
-    dtype: str,
-    zero_stage: int,
-    lora_rank: int,
-    gradient_checkpointing: bool,
-    grad_accum: int,
-    world_size: int,
-    states: ModelStates,
-    work: ZeroWorkspace,
-    acts: Activations,
-    logits: LossLogits,
-    backward_working: int,
-) -> TrainingMoments:
-    """Forward, backward and optimizer-step moments of one micro-batch of a trained model.
+    """Forward, backward and optimizer-step moments of one micro-batch of a trained model, with the tensors
+    DeepSpeed and transformers make by name where this layout's are known (:mod:`search.model.deepspeed_tensors`).
 
     ``backward_working`` is the activation-gradient bytes of the layer being differentiated; ``logits``
     are zero for a model without an LM head (a reward model or a critic).
@@ -143,12 +115,14 @@ def _training_moments(
     ]
     named: dict[str, list[NamedTensors]] | None = None
     if zero_stage == 0:
-        return zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
+        moments = zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
+        return with_loss_tensors(moments, logits, d)
     elif zero_stage == 2 and not work.norm_in_backward:
-        return zero2_moments(
+        moments = zero2_moments(
             model, lm_head, lora_rank, accumulating, states, work, acts, logits, base, gathered_params, forward,
             backward, inflight, d,
         )  # fmt: skip
+        return with_loss_tensors(moments, logits, d)
     elif zero_stage in (1, 2):
         at_end = work.carried_grads if zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
         backward.append(moment(gradients=at_end + inflight, buffers=work.backward_buckets, logits=logits.held))
@@ -173,9 +147,5 @@ def _training_moments(
         step = [base]
         if not work.norm_in_backward:
             step.append(moment(gradients=kept + max(work.grad_norm, states.step_transient)))
-    return TrainingMoments(
-        base=base,
-        gathered_params=gathered_params,
-        phases={"forward": forward, "backward": backward, "optimizer_step": step},
-        named=named,
-    )
+    phases = {"forward": forward, "backward": backward, "optimizer_step": step}
+    return with_loss_tensors(TrainingMoments(base, gathered_params, phases, named), logits, d)
