@@ -22,7 +22,7 @@ from search.single.predict import single_step
 from search.step.phases import StepPhase, live
 from search.step.replayed import stream_of
 from search.streams.sizes import weight_tensors
-from store.alloc_stream import ALLOC, FREE, PHASE, AllocStream
+from store.alloc_stream import ALLOC, FREE, KIND_INDEX, PHASE, AllocStream
 from store.ds_buckets import ZeroBuckets
 from store.gpus import get_gpu
 from store.models import get_model
@@ -37,13 +37,17 @@ def _hardware() -> Hardware:
     return Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=1, cpu_memory_bytes=512 * 2**30)
 
 
-def _events(zero_stage: int, overlap: bool = True, grad_accum: int = 1) -> list[tuple[str, int, int, int, int]]:
-    """(phase, op, key, size, stream) of the second step's events: ``opt-1.3b``, 4 x 512 tokens, bf16, with
-    DeepSpeed's default 5e8-element buckets."""
+def _stream(zero_stage: int, overlap: bool = True, grad_accum: int = 1) -> AllocStream:
+    """The step's stream: ``opt-1.3b``, 4 x 512 tokens, bf16, with DeepSpeed's default 5e8-element buckets."""
     buckets = ZeroBuckets(overlap_comm=overlap) if zero_stage else None
     strategy = Strategy(zero_stage=zero_stage, micro_batch=4, grad_accum=grad_accum, ds_buckets=buckets)
     workload = Workload(kind="sft", model=OPT, seq_len=512, global_batch=4 * grad_accum)
-    stream: AllocStream = stream_of(single_step(workload, strategy, _hardware(), COEF), "never")
+    return stream_of(single_step(workload, strategy, _hardware(), COEF), "never")
+
+
+def _events(zero_stage: int, overlap: bool = True, grad_accum: int = 1) -> list[tuple[str, int, int, int, int]]:
+    """(phase, op, key, size, stream) of the second step's events of :func:`_stream`."""
+    stream = _stream(zero_stage, overlap, grad_accum)
     out, phase, step = [], "", 0
     for op, key, size, on_stream, _ in stream:
         if op == PHASE:
@@ -79,11 +83,11 @@ def test_zero2_partition_is_one_tensor_from_the_first_flush_to_the_step(overlap:
     assert [phase for phase, _, _ in made] == ["backward", "optimizer_step"]  # the step's is the flat copy
     _, key, on_stream = made[0]
     assert on_stream == (REDUCTION_STREAM if overlap else 0)
-    kinds = {k: size for _, op, k, size, _ in events if op == ALLOC}
+    activations = {k for op, k, _, _, kind in _stream(2, overlap) if op == ALLOC and kind == KIND_INDEX["activations"]}
     order = [(phase, op, k) for phase, op, k, _, _ in events]
     at = order.index(("backward", ALLOC, key))
-    layer = sum(kinds[k] for phase, op, k in order[:at] if phase == "backward" and op == FREE and k in kinds)
-    assert layer > 0 and any(phase == "backward" and op == FREE for phase, op, _ in order[at + 1 :])
+    freed = [op == FREE and k in activations and phase == "backward" for phase, op, k in order]
+    assert any(freed[:at]) and any(freed[at + 1 :])  # the top layers' activations before, the rest after
     frees = [phase for phase, op, k in order if op == FREE and k == key]
     assert frees == ["optimizer_step"]
 
