@@ -60,7 +60,7 @@ class LossLogits:
     backward: int  # while the loss backward runs: the held logits, log-softmax output and two fp32 gradients
     held: int  # the 16-bit logits the model output keeps alive through the whole backward
     # transformers' cross-entropy over every logit (ForCausalLMLoss): the logits' elements, for the tensors
-    # the allocation stream makes by name (search.model.moments.loss_tensors); 0 for other losses
+    # the allocation stream makes by name (search.model.deepspeed_tensors.loss_tensors); 0 for other losses
     cross_entropy_elements: int = 0
 
 

@@ -66,16 +66,16 @@ def with_loss_tensors(moments: TrainingMoments, logits: LossLogits, d: int) -> T
     named = {phase: list(moments.named_of(phase)) for phase in moments.phases}
     forward, backward = moments.phases["forward"], moments.phases["backward"]
 
-    def fits(moment: Moment, tensors: NamedTensors) -> bool:
-        return sum(t.size for t in tensors) <= moment["logits"]
+    def fits(at: Moment, tensors: NamedTensors) -> bool:
+        return sum(t.size for t in tensors) <= at["logits"]
 
     if len(forward) > 1 and fits(forward[1], at_loss):
         named["forward"][1] = (*named["forward"][1], *at_loss)
     if backward and fits(backward[0], in_backward):
         named["backward"][0] = (*named["backward"][0], *in_backward)
     if held is not None:
-        for k, moment in enumerate(backward[1:], start=1):
-            if moment["logits"] >= held.size:
+        for k, at in enumerate(backward[1:], start=1):
+            if at["logits"] >= held.size:
                 named["backward"][k] = (*named["backward"][k], held)
     return TrainingMoments(moments.base, moments.gathered_params, moments.phases, named)
 
@@ -110,7 +110,7 @@ def zero0_moments(
 ) -> TrainingMoments:
     """No ZeRO, tensor by tensor: the 16-bit ``param.grad`` stay from the backward to step(); the allreduce's
     flattened copy lives at the backward's end; FP16_Optimizer.step() (bf16 too) upcasts each gradient to
-    fp32 (a tensor per parameter, in the sizes ``search.streams.sizes.zero0_step_sizes`` gives), flattens
+    fp32 (a tensor per parameter, the ``fp32_upcasts`` sizes of ``search.streams.sizes.training_sizes``), flattens
     those into one fp32 gradient, then drops the upcasts and the 16-bit gradients before Adam runs."""
     grads = states.gradients
     backward.append(moment(gradients=grads + inflight, logits=logits.held))

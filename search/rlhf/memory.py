@@ -200,6 +200,6 @@ def training_named(
     trained: TrainedPlacement, micro_batch: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
 ) -> tuple[NamedTensors, ...]:
     """The tensors each moment of :func:`training_live` holds by name (DeepSpeed's gradient partition and
-    the optimizer step's copies, :class:`search.model.moments.Named`), in the same order."""
+    the optimizer step's copies, :class:`search.model.moment_parts.Named`), in the same order."""
     moments = micro_step(trained, micro_batch, seq_len, dtype, attn_impl, coef, policy=trained.lm_head).moments
     return tuple(named for name in TRAINING_PHASES for named in moments.named_of(name))

@@ -42,7 +42,6 @@ from search.streams.sizes import (
     sizes_of,
     training_sizes,
     weight_tensors,
-    zero0_step_sizes,
 )
 from store.records import RLHFStrategy, TrainedModelStrategy
 
@@ -198,8 +197,6 @@ def training_half(
             p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, "hf", p.work.reduce_bucket,
             p.layout.gradient_checkpointing,
         )  # fmt: skip
-        if p.layout.zero_stage == 0 and dtype != "fp32":
-            sizes = zero0_step_sizes(sizes, p.model, dtype, p.layout.lora_rank)
         phases.append(
             StepPhase(
                 f"{role}_training",

@@ -22,7 +22,7 @@ from search.prediction import Prediction
 from search.step.assemble import Step, finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.init import engine_init
-from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors, zero0_step_sizes
+from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
 from store.errors import InputError
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 
@@ -108,9 +108,6 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, s.loss,
         placed.work.reduce_bucket, s.gradient_checkpointing,
     )  # fmt: skip
-    step_sizes = trained_sizes
-    if s.zero_stage == 0 and workload.dtype != "fp32":
-        step_sizes = zero0_step_sizes(trained_sizes, model, workload.dtype, s.lora_rank)
     phases = []
     for name, options in moments.items():
         inference = name == "reference_forward"
@@ -124,7 +121,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 carry=coef.frag_inference_carried if inference else coef.frag_carried,
                 time_s=seconds.optimizer if in_step else per_micro_step[name] * s.grad_accum,
                 count=1 if in_step else s.grad_accum,
-                sizes=step_sizes if in_step else trained_sizes,
+                sizes=trained_sizes,
                 moment_named=named[name],
             )
         )

@@ -116,7 +116,7 @@ class _Parts:
 
     def move(self, targets: dict[str, int], sizes: dict[str, tuple[int, ...]], named: NamedTensors = ()) -> None:
         """Frees first, then requests, until every part holds its target bytes: the tensors ``named`` names
-        (:data:`search.model.moments.NamedTensors`, held until a later move no longer names them; in the
+        (:data:`search.model.moment_parts.NamedTensors`, held until a later move no longer names them; in the
         sizes of ``sizes[name]`` where that exists) and its pattern's tensors for the rest."""
         by_part: dict[str, dict[str, Named]] = {}
         for tensor in named:

@@ -103,14 +103,9 @@ def training_sizes(
         activations=layers(model, sequences, seq_len, dtype, attn_impl, coef),
         logits=logit_tensors(model, sequences, seq_len, dtype, loss) if lm_head else (),
         buffers=(reduce_bucket,),
+        # the named group FP16_Optimizer.step() makes without ZeRO: each gradient's fp32 upcast, in order
+        **{FP32_UPCASTS: tuple(4 * size // DTYPE_BYTES[dtype] for size in weights)},
     )
-
-
-def zero0_step_sizes(sizes: Sizes, model: ModelSpec, dtype: str, lora_rank: int) -> Sizes:
-    """``sizes`` and, for a step without ZeRO, the fp32 upcasts FP16_Optimizer.step() makes of the 16-bit
-    gradients, one per parameter in parameter order (the named group ``fp32_upcasts``)."""
-    weights = weight_tensors(model, dtype, lora_rank)
-    return (*sizes, (FP32_UPCASTS, tuple(4 * size // DTYPE_BYTES[dtype] for size in weights)))
 
 
 def inference_sizes(
