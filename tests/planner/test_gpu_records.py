@@ -111,18 +111,24 @@ def _ppo_pairs() -> list[tuple[dict, dict]]:
     return pairs
 
 
-def test_empty_cache_effect_within_three_points() -> None:
-    pairs = _ppo_pairs()
-    assert pairs, "no PPO probe pair differing only in empty_cache"
+def _empty_cache_effects(quantity: str) -> list[tuple[float, float]]:
+    """(predicted, measured) effect of empty_cache after inference on the step's peak ``quantity``
+    (``peak_reserved`` or ``replay_peak_reserved``), per never/after-inference pair of PPO probes."""
     by_id = {c.record_id: c for c in COMPARISONS}
-    for never, after in pairs:
 
-        def peak(c: RecordComparison, which: str) -> float:
-            return max(getattr(q["peak_reserved"], which) for q in c.quantities.values())
+    def peak(c: RecordComparison, which: str) -> float:
+        return max(getattr(q[quantity], which) for q in c.quantities.values())
 
+    effects = []
+    for never, after in _ppo_pairs():
         n, a = by_id[never["probe_id"]], by_id[after["probe_id"]]
-        measured = peak(a, "measured") / peak(n, "measured") - 1
-        predicted = peak(a, "predicted") / peak(n, "predicted") - 1
+        effects.append((peak(a, "predicted") / peak(n, "predicted") - 1, peak(a, "measured") / peak(n, "measured") - 1))
+    return effects
+
+
+def test_empty_cache_effect_within_three_points() -> None:
+    assert _ppo_pairs(), "no PPO probe pair differing only in empty_cache"
+    for predicted, measured in _empty_cache_effects("peak_reserved"):
         assert abs(predicted - measured) <= EMPTY_CACHE_POINTS, (predicted, measured)
 
 
@@ -201,13 +207,5 @@ def test_replayed_step_reserves_what_the_gpu_reserved(compared, low: float, high
 
 def test_replayed_empty_cache_effect_within_three_points() -> None:
     """never vs after-inference, both replayed: the effect on the step's peak reserved is the measured one."""
-    by_id = {c.record_id: c for c in COMPARISONS}
-    for never, after in _ppo_pairs():
-
-        def peak(c: RecordComparison, which: str) -> float:
-            return max(getattr(q["replay_peak_reserved"], which) for q in c.quantities.values())
-
-        n, a = by_id[never["probe_id"]], by_id[after["probe_id"]]
-        measured = peak(a, "measured") / peak(n, "measured") - 1
-        replayed = peak(a, "predicted") / peak(n, "predicted") - 1
+    for replayed, measured in _empty_cache_effects("replay_peak_reserved"):
         assert abs(replayed - measured) <= EMPTY_CACHE_POINTS, (replayed, measured)
