@@ -24,6 +24,7 @@ class PhaseReport(BaseModel):
     peak_reserved_bytes: int
     time_s: float
     count: int = 1
+    inactive_split_bytes: int = 0  # the replay's free blocks inside split segments (reserved, not reusable)
 
 
 class Predicted(BaseModel):
@@ -51,6 +52,10 @@ class Predicted(BaseModel):
     reserved_uncertainty: float = 0.0  # peak reserved may differ by this fraction with the program around the step
     # RLHF with a vLLM/SGLang rollout engine: its solved gpu_memory_utilization, KV cache and bytes
     rollout: dict[str, Any] | None = None
+    # "replay": peak reserved from the allocator replay of the step (search.step.finish); "screen": from the
+    # fragment coefficients (plans saved before the replay decided)
+    reserved_from: str = "screen"
+    screen_reserved_bytes: int = 0  # the fragment coefficients' peak reserved beside a replayed one (0: none)
 
 
 class Alternative(BaseModel):

@@ -34,7 +34,8 @@ def what_would_fit(
 
     def fits(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> str | None:
         try:
-            best = run_search(w, h, coef, lora_ranks=ranks, rollouts=("hybrid-engine",), closest=False).best
+            hybrid = ("hybrid-engine",)
+            best = run_search(w, h, coef, lora_ranks=ranks, rollouts=hybrid, closest=False, alternatives=0).best
         except ValueError:  # the batch does not split over the new GPU count
             return None
         return None if best is None else best.strategy.describe()

@@ -14,7 +14,7 @@ each depending only on those above it:
 """
 
 from search.choose.candidates import Candidate, SearchResult
-from search.choose.optimize import exhaustive, search
+from search.choose.optimize import exhaustive, screen_search, search
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients, describe_coefficients
 from search.prediction import PhasePrediction, Prediction
@@ -25,8 +25,9 @@ from search.predictor import (
     predict_cpu_backend,
     replay_memory,
     replay_timeline,
+    screen,
 )
-from search.rlhf.predict import predict_rlhf
+from search.rlhf.predict import predict_rlhf, screen_rlhf
 from store.phases import PHASES
 
 RLHF_PHASES: tuple[str, ...] = PHASES["ppo"]
@@ -47,8 +48,11 @@ __all__ = [
     "predict_cpu_allocated",
     "predict_cpu_backend",
     "predict_rlhf",
+    "screen_rlhf",
+    "screen",
     "replay_memory",
     "replay_timeline",
+    "screen_search",
     "search",
     "search_rlhf",
 ]

@@ -15,12 +15,15 @@ class PhasePrediction:
     peak_reserved_bytes: int
     time_s: float
     count: int = 1  # how many times the phase runs per optimizer step
+    # peak bytes of free blocks inside split segments (reserved, unusable for a larger request): the replay's
+    inactive_split_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
+            "inactive_split_bytes": self.inactive_split_bytes,
             "time_s": round(self.time_s, 6),
             "count": self.count,
         }
@@ -57,6 +60,12 @@ class Prediction:
     # RLHF with a vLLM/SGLang rollout engine: its settings (the solved gpu_memory_utilization), KV cache and
     # bytes (search.rollout.engine.ResolvedEngine.report); empty otherwise
     rollout: dict[str, Any] = field(default_factory=dict)
+    # Where peak reserved comes from: "replay" (the step's allocation stream through the port of torch's
+    # caching allocator, search.step.finish) or "screen" (the fragment coefficients a search ranks with)
+    reserved_from: str = "replay"
+    # The screen's peak reserved bytes beside a replayed prediction (0 when not computed): how far the
+    # fragment coefficients the search ranks with were from the replay
+    screen_reserved_bytes: int = 0
 
     @property
     def dominant_time_term(self) -> str:
@@ -93,6 +102,7 @@ class Prediction:
                 phase,
                 peak_allocated_bytes=phase.peak_allocated_bytes + host,
                 peak_reserved_bytes=phase.peak_allocated_bytes + host,
+                inactive_split_bytes=0,
             )
             for phase in self.phases
         )
@@ -128,6 +138,8 @@ class Prediction:
             "time_terms": {k: round(v, 6) for k, v in self.time_terms.items()},
             "dominant_time_term": self.dominant_time_term,
             "reserved_uncertainty": self.reserved_uncertainty,
+            "reserved_from": self.reserved_from,
+            "screen_reserved_bytes": self.screen_reserved_bytes,
             "phases": [phase.to_dict() for phase in self.phases],
             "notes": list(self.notes),
         } | ({"rollout": dict(self.rollout)} if self.rollout else {})

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.prediction import Prediction
-from search.rlhf.predict import predict_rlhf, rlhf_step
-from search.single.predict import predict_single_model, single_step
-from search.step.assemble import Step
+from search.rlhf.predict import rlhf_step
+from search.single.predict import checked_step
+from search.step.assemble import Step, screen_step
+from search.step.finish import finish_step
 from search.step.replayed import StepReplayed, StepTimeline, replay_step, step_timeline
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS, Hardware, RLHFStrategy, Strategy, Workload
@@ -18,31 +19,42 @@ def predict(
     hardware: Hardware,
     coef: Coefficients = DEFAULT_COEFFICIENTS,
 ) -> Prediction:
-    """Predicted memory and time of ``strategy`` for ``workload`` on ``hardware``.
+    """Predicted memory and time of ``strategy`` for ``workload`` on ``hardware``; peak reserved from the
+    allocator replay of its step (:func:`search.step.finish.finish_step`).
 
     Single-model kinds (sft, reward, dpo) take a ``Strategy``; RLHF kinds (ppo, remax, grpo) an
     ``RLHFStrategy``. The other shape is an InputError.
     """
+    step = _step(workload, strategy, hardware, coef)
+    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+
+
+def screen(
+    workload: Workload,
+    strategy: Strategy | RLHFStrategy,
+    hardware: Hardware,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> Prediction:
+    """As :func:`predict`, with peak reserved from the fragment coefficients a search screens with
+    (:func:`search.step.assemble.screen_step`)."""
+    step = _step(workload, strategy, hardware, coef)
+    return screen_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+
+
+def _step(workload: Workload, strategy: Strategy | RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """The strategy's step before its policy is applied, once the strategy is known to be the workload's."""
     if workload.kind in SINGLE_MODEL_WORKLOADS:
         if not isinstance(strategy, Strategy):
             raise InputError(f"{workload.kind} trains one model: give a single-model strategy, not an RLHF one")
-        return predict_single_model(workload, strategy, hardware, coef)
+        return checked_step(workload, strategy, hardware, coef)
     if workload.kind in RLHF_WORKLOADS:
         if not isinstance(strategy, RLHFStrategy):
             raise InputError(
                 f"{workload.kind} is an RLHF workload: give an RLHF strategy (actor/critic/reference/reward blocks)"
             )
-        return predict_rlhf(workload, strategy, hardware, coef)
+        return rlhf_step(workload, strategy, hardware, coef)
     kinds = ", ".join(SINGLE_MODEL_WORKLOADS + RLHF_WORKLOADS)
     raise InputError(f"workload {workload.kind!r} is not supported; supported: {kinds}")
-
-
-def _step(workload: Workload, strategy: Strategy | RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
-    """The strategy's step before its policy is applied, after the same checks as a prediction."""
-    predict(workload, strategy, hardware, coef)
-    if isinstance(strategy, RLHFStrategy):
-        return rlhf_step(workload, strategy, hardware, coef)
-    return single_step(workload, strategy, hardware, coef)
 
 
 def replay_memory(

@@ -51,6 +51,7 @@ class SearchResult:
     trials: int
     sampler: str
     fastest_ignoring_memory: Candidate | None = None
+    replays: int = 0  # steps the confirmation replayed (search.choose.confirm); 0 for the screen's ranking
 
     @property
     def best(self) -> Candidate | None:

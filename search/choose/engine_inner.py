@@ -26,7 +26,7 @@ from search.rollout.step import engine_step_of, offloadable_states, trainer_hard
 from search.rollout.timing import (
     offload_states_seconds,
 )
-from search.step.assemble import finish_step, gpu_budget_bytes, score_step
+from search.step.assemble import gpu_budget_bytes, score_step, screen_step
 from store.records import FrozenModelStrategy, Hardware, RLHFStrategy, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -151,7 +151,7 @@ def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardw
                 break  # the later cache choices of this pair can at best tie
     assert chosen is not None
     strategy, step, policy, allocator = chosen
-    prediction = finish_step(step, policy, allocator, trainer, coef)
+    prediction = screen_step(step, policy, allocator, trainer, coef)
     assert strategy.rollout is not None
     solved = strategy.rollout.with_(gpu_memory_utilization=prediction.rollout["gpu_memory_utilization"])
     return Candidate(strategy.with_(empty_cache=policy, allocator=allocator, rollout=solved), prediction)

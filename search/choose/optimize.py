@@ -1,17 +1,26 @@
 """The search for every workload kind: single-model kinds to the Optuna study of
-:mod:`search.choose.single_search`, RLHF kinds to :mod:`search.choose.rlhf_search` (same arguments)."""
+:mod:`search.choose.single_search`, RLHF kinds to :mod:`search.choose.rlhf_search` (same arguments), ranked
+by the screen, then confirmed by the allocator replay (:mod:`search.choose.confirm`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 from search.choose.candidates import Candidate, SearchResult
+from search.choose.confirm import confirm
 from search.choose.rlhf_search import ROLLOUT_FAMILIES, exhaustive_rlhf, search_rlhf
+from search.choose.rlhf_space import batch_choices, cache_choices
 from search.choose.rlhf_walk import RLHF_ALTERNATIVES
 from search.choose.single_search import exhaustive_single, search_single
+from search.choose.single_space import OuterPoint, inner_choices, strategy_at
 from search.coefficients import Coefficients
-from store.records import Hardware, Workload
+from search.rlhf.predict import predict_rlhf, screen_rlhf
+from search.single.predict import predict_single_model, screen_single_model
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 
-def search(
+def screen_search(
     workload: Workload,
     hardware: Hardware,
     coef: Coefficients,
@@ -23,12 +32,8 @@ def search(
     closest: bool = True,
     alternatives: int = RLHF_ALTERNATIVES - 1,
 ) -> SearchResult:
-    """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan).
-
-    ``rollouts``: what may generate an RLHF rollout ("hybrid-engine" for DeepSpeed's own, "vllm", "sglang").
-    ``closest`` False (RLHF): when the search's bounds prove that nothing fits, return at once with nothing
-    ranked instead of ranking the closest strategies (for a caller that reads only ``best``). ``alternatives``
-    (RLHF): how many fitting strategies after the best the bound walk must rank exactly."""
+    """Rank the strategies a search evaluated by the screen (peak reserved from the fragment coefficients),
+    fastest fitting first (seeded: same inputs, same ranking). Arguments as for :func:`search`."""
     if workload.is_rlhf:
         return search_rlhf(
             workload,
@@ -44,6 +49,76 @@ def search(
     return search_single(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
 
 
+def search(
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    *,
+    lora_ranks: tuple[int, ...] = (0,),
+    seed: int = 0,
+    sampler: str = "auto",
+    rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
+    closest: bool = True,
+    alternatives: int = RLHF_ALTERNATIVES - 1,
+) -> SearchResult:
+    """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan), every
+    prediction replayed through the allocator port: the screen's ranking (:func:`screen_search`) confirmed
+    until ``alternatives`` + 1 replayed plans fit (:func:`search.choose.confirm.confirm`).
+
+    ``rollouts``: what may generate an RLHF rollout ("hybrid-engine" for DeepSpeed's own, "vllm", "sglang").
+    ``closest`` False (RLHF): when the search's bounds prove that nothing fits, return at once with nothing
+    ranked instead of ranking the closest strategies (for a caller that reads only ``best``). ``alternatives``:
+    how many fitting strategies after the best to rank (RLHF: the bound walk ranks that many exactly)."""
+    screened = screen_search(
+        workload,
+        hardware,
+        coef,
+        lora_ranks=lora_ranks,
+        seed=seed,
+        sampler=sampler,
+        rollouts=rollouts,
+        closest=closest,
+        alternatives=alternatives,
+    )
+    if workload.is_rlhf:
+        return confirm(
+            screened,
+            alternatives + 1,
+            partial(rlhf_variants, workload, hardware),
+            partial(screen_rlhf, workload, hardware=hardware, coef=coef),
+            partial(predict_rlhf, workload, hardware=hardware, coef=coef),
+        )
+    return confirm(
+        screened,
+        alternatives + 1,
+        partial(single_variants, workload, hardware),
+        partial(screen_single_model, workload, hardware=hardware, coef=coef),
+        partial(predict_single_model, workload, hardware=hardware, coef=coef),
+    )
+
+
+def single_variants(workload: Workload, hardware: Hardware, strategy: Strategy) -> list[Strategy]:
+    """The inner choices of ``strategy``'s outer point, in the search's order (simplest first)."""
+    point = OuterPoint(
+        strategy.zero_stage,
+        strategy.offload_optimizer,
+        strategy.offload_param,
+        strategy.gradient_checkpointing,
+        strategy.lora_rank,
+    )
+    return [strategy_at(point, inner) for inner in inner_choices(workload, hardware)]
+
+
+def rlhf_variants(workload: Workload, hardware: Hardware, strategy: RLHFStrategy) -> list[RLHFStrategy]:
+    """``strategy`` at every (generation batch, micro-batch, accumulation) x (empty_cache, allocator), in the
+    search's order (``batch_choices`` x ``cache_choices``); a rollout engine's settings stay as resolved."""
+    return [
+        replace(strategy, generation_batch=g, micro_batch=m, grad_accum=a, empty_cache=policy, allocator=allocator)
+        for g, m, a in batch_choices(workload, hardware)
+        for policy, allocator in cache_choices()
+    ]
+
+
 def exhaustive(
     workload: Workload,
     hardware: Hardware,
@@ -52,7 +127,8 @@ def exhaustive(
     lora_ranks: tuple[int, ...] = (0,),
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
 ) -> Candidate | None:
-    """The fastest fitting strategy by trying every point of the whole space (for tests and checks)."""
+    """The fastest strategy the screen says fits, by trying every point of the whole space (for tests of the
+    screen search :func:`screen_search`)."""
     if workload.is_rlhf:
         return exhaustive_rlhf(workload, hardware, coef, lora_ranks=lora_ranks, rollouts=rollouts)
     return exhaustive_single(workload, hardware, coef, lora_ranks=lora_ranks)

@@ -34,9 +34,9 @@ from search.choose.rollout_space import (
 )
 from search.coefficients import Coefficients
 from search.rlhf.job import rlhf_context
-from search.rlhf.predict import predict_rlhf, rlhf_step
+from search.rlhf.predict import rlhf_step, screen_rlhf
 from search.rlhf.step import reserved_floor, step_halves, step_of, step_time
-from search.step.assemble import finish_step, gpu_budget_bytes, score_step
+from search.step.assemble import gpu_budget_bytes, score_step, screen_step
 from store.records import Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -82,7 +82,7 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
     _, i, j = best
     policy, allocator = cache_choices()[j]
     strategy = next(split[2] for split in splits if split[1] == i)
-    prediction = finish_step(steps[i], policy, allocator, hardware, coef)
+    prediction = screen_step(steps[i], policy, allocator, hardware, coef)
     return Candidate(strategy.with_(empty_cache=policy, allocator=allocator), prediction)
 
 
@@ -213,7 +213,7 @@ def fastest_rlhf_ignoring_memory(
         point = replace(point, reference=min(blocks, key=lambda b: role_time(replace(point, reference=b), "reference")))
         point = replace(point, reward=min(blocks, key=lambda b: role_time(replace(point, reward=b), "reward")))
         strategy = rlhf_strategy_at(point, batches)
-        candidate = Candidate(strategy, predict_rlhf(workload, strategy, hardware, coef))
+        candidate = Candidate(strategy, screen_rlhf(workload, strategy, hardware, coef))
         if fastest is None or candidate.prediction.step_time_s < fastest.prediction.step_time_s:
             fastest = candidate
     return fastest

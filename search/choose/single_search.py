@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.single_space import OuterPoint, all_strategies, inner_choices, outer_points, strategy_at
 from search.coefficients import Coefficients
-from search.single.predict import predict_single_model
+from search.single.predict import screen_single_model
 from store.records import Hardware, Workload
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ TPE_TRIALS = 48
 def best_inner(point: OuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:
     """The fastest (micro-batch, empty_cache, allocator) of an outer point that fits; else the least overflow."""
     options = [
-        Candidate(s, predict_single_model(workload, s, hardware, coef))
+        Candidate(s, screen_single_model(workload, s, hardware, coef))
         for s in (strategy_at(point, inner) for inner in inner_choices(workload, hardware))
     ]
     return min(options, key=lambda c: c.score)  # min keeps the first of equals: the simpler setting
@@ -101,7 +101,7 @@ def fastest_ignoring_memory(
     fastest: Candidate | None = None
     for point in points:
         strategy = strategy_at(point, inner_choices(workload, hardware)[0])  # largest micro-batch, no extras
-        candidate = Candidate(strategy, predict_single_model(workload, strategy, hardware, coef))
+        candidate = Candidate(strategy, screen_single_model(workload, strategy, hardware, coef))
         if fastest is None or candidate.prediction.step_time_s < fastest.prediction.step_time_s:
             fastest = candidate
     return fastest
@@ -113,7 +113,7 @@ def exhaustive_single(
     """The fastest fitting strategy by trying every point of the whole space (for tests and checks)."""
     best: Candidate | None = None
     for strategy in all_strategies(workload, hardware, lora_ranks):
-        candidate = Candidate(strategy, predict_single_model(workload, strategy, hardware, coef))
+        candidate = Candidate(strategy, screen_single_model(workload, strategy, hardware, coef))
         if candidate.prediction.fits and (best is None or candidate.rank_key < best.rank_key):
             best = candidate
     return best

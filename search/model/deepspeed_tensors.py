@@ -152,7 +152,8 @@ def zero2_moments(
     inflight: int,
     d: int,
 ) -> TrainingMoments:
-    """ZeRO-2 without offload, tensor by tensor as stage_1_and_2.py makes them: ``grads_in_partition`` from
+    """ZeRO-2 without offload (and ZeRO-1 reducing as its hooks fire), tensor by tensor as stage_1_and_2.py makes
+    them: ``grads_in_partition`` from
     the first bucket flush (:func:`first_flush_layers`) or, accumulating, from the first micro-step on, to
     step(); step() takes each gradient's fp64 norm, flattens the partition, upcasts it to fp32 and frees the
     16-bit two before Adam runs on the fp32 one."""

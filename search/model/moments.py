@@ -117,7 +117,11 @@ def training_moments(
     if zero_stage == 0:
         moments = zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
         return with_loss_tensors(moments, logits, d)
-    elif zero_stage == 2 and not work.norm_in_backward:
+    elif not work.norm_in_backward and (
+        zero_stage == 2 or (zero_stage == 1 and work.comm_overlapped and not accumulating)
+    ):
+        # ZeRO-1 takes ZeRO-2's path where its gradient hooks reduce as they fire (overlap_comm; every micro-step
+        # an accumulation boundary): reduce_ipg_grads copies its partition's gradients into grads_in_partition
         moments = zero2_moments(
             model, lm_head, lora_rank, accumulating, states, work, acts, logits, base, gathered_params, forward,
             backward, inflight, d,

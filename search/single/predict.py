@@ -12,6 +12,8 @@ Checked against CPU probes of tiny models (``tests/probes/test_cost_model_accura
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from search.coefficients import Coefficients
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
 from search.model.moment_parts import Moment, NamedTensors, plus
@@ -19,7 +21,8 @@ from search.model.placement import TrainedPlacement, micro_step, trained_placeme
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
-from search.step.assemble import Step, finish_step
+from search.step.assemble import Step, screen_step
+from search.step.finish import finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.init import engine_init
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
@@ -176,12 +179,31 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     )
 
 
-def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
-    """Predicted peak memory per GPU, host memory per node and step time of one strategy."""
+def checked_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """The strategy's step, once the strategy is known to apply to the workload."""
     if strategy.loss != "hf" and workload.kind != "sft":
         raise InputError(
             f"strategy: loss {strategy.loss!r} applies to sft (the causal LM's cross-entropy); "
             f'{workload.kind} computes its loss otherwise: use loss "hf"'
         )
-    step = single_step(workload, strategy, hardware, coef)
+    return _policy_free_step(workload, strategy.with_(empty_cache="never", allocator="default"), hardware, coef)
+
+
+@lru_cache(maxsize=4096)
+def _policy_free_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """One Step for every ``empty_cache`` policy and allocator of a strategy (a Step holds neither)."""
+    return single_step(workload, strategy, hardware, coef)
+
+
+def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """Predicted peak memory per GPU, host memory per node and step time of one strategy (peak reserved from
+    the allocator replay of its step)."""
+    step = checked_step(workload, strategy, hardware, coef)
     return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+
+
+def screen_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """The search's screen of one strategy: as :func:`predict_single_model`, peak reserved from the fragment
+    coefficients (:func:`search.step.assemble.screen_step`)."""
+    step = checked_step(workload, strategy, hardware, coef)
+    return screen_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)

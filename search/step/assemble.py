@@ -2,7 +2,8 @@
 
 Single-model training and RLHF both end here: :class:`Step` holds everything about a strategy except its
 ``empty_cache`` policy and allocator, which only move fragments (and the cost of releasing them), so a
-search shares one Step between those choices (:func:`score_step`) and :func:`finish_step` assembles the Prediction.
+search shares one Step between those choices (:func:`score_step`). :func:`screen_step` assembles the search's
+screen Prediction (fragment coefficients); :func:`search.step.finish.finish_step` the replayed one.
 """
 
 from __future__ import annotations
@@ -83,25 +84,44 @@ def reserved_floor(resident: int, phases: tuple[StepPhase, ...], coef: Coefficie
 
 
 def score_step(step: Step, empty_cache: str, allocator: str, coef: Coefficients) -> tuple[int, float]:
-    """(peak reserved bytes, step seconds) of a step under a policy: what :func:`finish_step` would report."""
+    """(peak reserved bytes, step seconds) of a step under a policy: what :func:`screen_step` would report."""
     reserved, _, cache_seconds, _ = apply_policy(
         step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef, step.init_cached
     )
     return max(max(reserved), step.separate_gpu_bytes), step.base_time_s + cache_seconds
 
 
-def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware, coef: Coefficients) -> Prediction:
-    """Apply the ``empty_cache`` policy and the allocator to a step: fragments, their cost, the Prediction.
-
-    The breakdown is that of the peak phase's peak moment and sums to its peak reserved bytes.
-    """
-    phases = step.phases
+def screen_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware, coef: Coefficients) -> Prediction:
+    """The search's screen: the Prediction with peak reserved from the fragment coefficients
+    (:func:`search.step.fragments.apply_policy`), cheap enough for every inner choice of every point a search
+    meets. A plan's own prediction replays its step instead (:func:`search.step.finish.finish_step`)."""
     reserved, chosen, cache_seconds, own = apply_policy(
         step.phases, step.structure, step.resident_bytes, empty_cache, allocator, coef, step.init_cached
     )
+    return assemble(step, reserved, chosen, own, cache_seconds, hardware, coef, reserved_from="screen")
+
+
+def assemble(
+    step: Step,
+    reserved: list[int],
+    chosen: list[int],
+    need: list[int],
+    cache_seconds: float,
+    hardware: Hardware,
+    coef: Coefficients,
+    *,
+    reserved_from: str,
+    inactive_split: list[int] | None = None,
+    screen_reserved: int = 0,
+) -> Prediction:
+    """The Prediction of a step whose peak reserved bytes per phase (``reserved``) and ``empty_cache`` seconds
+    are known. ``chosen``: the moment of each phase the breakdown shows; ``need``: what breaks ties between
+    phases at the same reserved bytes (the phase that set the peak). The breakdown is that of the peak phase's
+    chosen moment and sums to its peak reserved bytes."""
+    phases = step.phases
     allocated = [step.resident_bytes + phase.live for phase in phases]
     # the peak phase is the one whose own need sets the step's peak (later phases find it reserved)
-    peak = max(range(len(phases)), key=lambda i: (reserved[i], own[i], allocated[i]))
+    peak = max(range(len(phases)), key=lambda i: (reserved[i], need[i], allocated[i]))
     moment = phases[peak].moments[chosen[peak]]
     breakdown = dict(step.resident)
     for name, value in moment.as_dict().items():
@@ -110,6 +130,7 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
     peak_phase = phases[peak].name
     if step.separate_gpu_bytes > max(reserved):  # the engine's own GPUs hold the most
         breakdown, peak_phase = {"rollout_engine": step.separate_gpu_bytes}, "generation"
+    split = inactive_split or [0] * len(phases)
     return Prediction(
         peak_allocated_bytes=max(max(allocated), step.separate_gpu_bytes),
         peak_reserved_bytes=max(max(reserved), step.separate_gpu_bytes),
@@ -123,7 +144,8 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
         step_time_s=step.base_time_s + cache_seconds,
         breakdown=breakdown,
         phases=tuple(
-            PhasePrediction(ph.name, allocated[i], reserved[i], ph.time_s, ph.count) for i, ph in enumerate(phases)
+            PhasePrediction(ph.name, allocated[i], reserved[i], ph.time_s, ph.count, split[i])
+            for i, ph in enumerate(phases)
         ),
         peak_phase=peak_phase,
         rollout=dict(step.rollout),
@@ -131,4 +153,6 @@ def finish_step(step: Step, empty_cache: str, allocator: str, hardware: Hardware
         time_terms=dict(step.time_terms, empty_cache=cache_seconds) if cache_seconds else dict(step.time_terms),
         reserved_uncertainty=coef.reserved_spread,
         notes=step.notes,
+        reserved_from=reserved_from,
+        screen_reserved_bytes=max(screen_reserved, step.separate_gpu_bytes) if screen_reserved else 0,
     )

@@ -89,7 +89,12 @@ def empty_cache_seconds(frees: int, mallocs_after: int, calls: int, coef: Coeffi
 
 @lru_cache(maxsize=2048)
 def _replay(stream: AllocStream, allocator: str, device_bytes: int | None) -> ReplayResult:
-    return replay(stream, ALLOCATOR_CONFIGS[allocator], device_bytes)
+    config = ALLOCATOR_CONFIGS[allocator]
+    if device_bytes is not None and not config.garbage_collection_threshold:
+        unlimited = _replay(stream, allocator, None)
+        if unlimited.peak_reserved <= device_bytes:
+            return unlimited  # no cudaMalloc went beyond the device: the limit changes nothing
+    return replay(stream, config, device_bytes)
 
 
 def _outside(phase: StepPhase) -> int:

@@ -14,7 +14,8 @@ moment, the bytes each live part holds. The stream makes those moments happen in
    token longer (``torch.cat``: the new tensor is requested, then the old one freed).
 3. **Between phase runs** a phase's transient bytes are freed; what stays is what its group keeps (the
    activations a forward leaves for its backward; the gradients carried between micro-steps).
-4. ``empty_cache`` calls where the policy puts them (:func:`store.phases.empties_after`).
+4. ``empty_cache`` calls where the policy puts them (:func:`store.phases.empties_after`), and before a
+   ``fresh`` phase whatever the policy (a colocated rollout engine's turn).
 
 Several steps are built (``steps``): a probe measures after a warm-up step, and reserved memory may still
 grow in the second. Bytes outside torch's allocator (the hybrid engine's workspace, and its KV cache) are
@@ -32,7 +33,10 @@ from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 
 KV = LIVE_PARTS.index("kv_cache")
-OUTSIDE = tuple(LIVE_PARTS.index(part) for part in OUTSIDE_TORCH_PARTS)
+OFFLOADED = LIVE_PARTS.index("offloaded_states")
+# bytes no torch allocator of the trainer holds: the hybrid engine's, a rollout engine's (the states DeepSpeed
+# offloads for a rollout are freed and made again in the stream: _offload_states)
+OUTSIDE = tuple(LIVE_PARTS.index(part) for part in OUTSIDE_TORCH_PARTS if part != "offloaded_states")
 GRADIENTS = LIVE_PARTS.index("gradients")
 # (phase making its first optimizer step, parameter bytes, optimizer-state bytes, its init allocations, the
 # sizes of its weights as loaded)
@@ -133,8 +137,8 @@ class _Parts:
 
 def outside_torch(moment: Live) -> int:
     """The bytes of a moment that torch's allocator never sees: the hybrid engine's workspace, and a KV cache
-    inside it (then the moment's transient bytes, those through torch, leave the cache out); a rollout engine's
-    bytes and the states DeepSpeed moved out of the way for it (search.rollout)."""
+    inside it (then the moment's transient bytes, those through torch, leave the cache out); a rollout
+    engine's bytes (search.rollout)."""
     kv = moment.parts[KV]
     outside = sum(moment.parts[i] for i in OUTSIDE)
     kv_outside = kv if kv and moment.transient < moment.total - outside else 0
@@ -260,6 +264,24 @@ def _engines_init(parts: _Parts, engines: Engines, resident_sizes: dict[str, tup
             parts.out.free(key)
 
 
+def _offload_states(parts: _Parts, offloaded: int, wanted: int) -> int:
+    """DeepSpeed's ``offload_states`` before a rollout engine's turn frees ``wanted`` bytes of the trained
+    models' fp32 states (the newest first: Adam's moments, then the masters; then ZeRO-3's gradient
+    partition), and ``reload_states`` after it makes them again; returns the bytes now offloaded."""
+    if wanted == offloaded:
+        return offloaded
+    states, grads = parts.bytes("resident:optimizer_states"), parts.bytes("resident:gradients")
+    if wanted > offloaded:
+        moved = wanted - offloaded
+        from_states = min(moved, states)
+        parts.shrink("resident:optimizer_states", states - from_states)
+        parts.shrink("resident:gradients", max(0, grads - (moved - from_states)))
+    else:
+        back = offloaded - wanted
+        parts.grow("resident:optimizer_states", states + back, ())
+    return wanted
+
+
 def step_stream(
     resident: dict[str, int],
     resident_sizes: dict[str, tuple[int, ...]],
@@ -280,12 +302,19 @@ def step_stream(
         target = states if name == "optimizer_states" else nbytes
         parts.grow(f"resident:{name}", target, resident_sizes.get(name, ()))
     runs = list(_runs(phases, repeats))
+    offloaded = 0
     for n in range(steps):
         out.phase(f"{STEP_MARK}{n + 1}")
         for r, (p, continues, ends) in enumerate(runs):
             phase = phases[p]
             after = phases[runs[r + 1][0]] if r + 1 < len(runs) else None
+            wanted = max(-m.parts[OFFLOADED] for m in phase.moments)
+            if wanted > offloaded:  # freed before the cache is emptied for the engine
+                offloaded = _offload_states(parts, offloaded, wanted)
+            if phase.fresh:  # the trainer's cache is emptied before a colocated rollout engine wakes
+                out.empty_cache()
             out.phase(phase.name)
+            offloaded = _offload_states(parts, offloaded, wanted)  # reloaded: the phase's first requests
             _run_phase(parts, phase, *_rest(phase, continues, ends, after), lazy.pop(phase.name, 0))
             if empties_after(empty_cache, phase.name):
                 out.empty_cache()

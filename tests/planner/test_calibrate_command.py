@@ -32,8 +32,10 @@ def test_the_h100_measurements_calibrate_the_h100(h100_db: tuple[Path, dict[str,
     assert report["target"] == "H100-80G" and report["device"] == "cuda" and report["calibration_id"]
     assert report["observations"] == 14 and not report["skipped"]  # 7 probes that finished, 7 loop rows
     errors = report["errors"]
-    # peak reserved: the fragment corrections were guesses; the fit, held out, does better than them
-    assert errors["held_out"]["peak_reserved"]["median_abs"] < errors["before"]["peak_reserved"]["median_abs"]
+    # peak reserved comes from the allocator replay: within 2% (median) before any fit, and no coefficient the
+    # fit moves changes it (the fragment coefficients only screen the search)
+    reserved = errors["before"]["peak_reserved"]["median_abs"]
+    assert reserved < 0.02 and errors["held_out"]["peak_reserved"]["median_abs"] == reserved
     assert errors["after"]["time"]["median_abs"] < errors["before"]["time"]["median_abs"]
     determined = {p["name"] for p in report["parameters"] if p["determined"]}
     assert {"gpu.matmul_efficiency", "host_s_per_kernel", "host_memory_gbps"} <= determined
@@ -48,7 +50,7 @@ def test_held_out_error_falls_on_the_h100_probes() -> None:
     probes, _ = records_file_entries(str(H100_RECORDS))
     fit = calibrate(gather(probes, "H100").observations)
     assert fit.held_out["time"].median_abs < fit.before["time"].median_abs
-    assert fit.held_out["peak_reserved"].median_abs < fit.before["peak_reserved"].median_abs
+    assert fit.held_out["peak_reserved"].median_abs == fit.before["peak_reserved"].median_abs  # the replay's
 
 
 def test_predictions_use_and_name_the_calibration_of_their_gpu(cli: Cli, h100_db: tuple[Path, dict[str, Any]]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from search import DEFAULT_COEFFICIENTS as COEF
-from search import predict
+from search import screen
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.choose.single_search import exhaustive_single, search_single
@@ -66,7 +66,7 @@ def single_roomy() -> Candidate:
 @pytest.mark.parametrize("path", ["grid", "tpe", "exhaustive"])
 def test_single_model_search_rejects_plans_over_the_host_budget(single_roomy: Candidate, path: str) -> None:
     tight = replace(SINGLE_HW, cpu_memory_bytes=single_roomy.prediction.host_bytes - 1)
-    rejected = predict(SINGLE, single_roomy.strategy, tight)
+    rejected = screen(SINGLE, single_roomy.strategy, tight)
     assert rejected.fits_gpu and not rejected.fits_host and not rejected.fits
     if path == "exhaustive":
         chosen = _within_host(exhaustive_single(SINGLE, tight, COEF), tight)
@@ -95,7 +95,7 @@ def rlhf_roomy() -> Candidate:
 @pytest.mark.parametrize("path", ["grid", "bound", "tpe", "exhaustive"])
 def test_rlhf_search_rejects_plans_over_the_host_budget(rlhf_roomy: Candidate, path: str) -> None:
     tight = replace(RLHF_HW, cpu_memory_bytes=rlhf_roomy.prediction.host_bytes - 1)
-    rejected = predict(RLHF, rlhf_roomy.strategy, tight)
+    rejected = screen(RLHF, rlhf_roomy.strategy, tight)
     assert rejected.fits_gpu and not rejected.fits_host and not rejected.fits
     if path == "exhaustive":
         chosen = _within_host(exhaustive_rlhf(RLHF, tight, COEF), tight)

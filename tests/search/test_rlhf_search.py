@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from search import DEFAULT_COEFFICIENTS, exhaustive, exhaustive_rlhf, predict_rlhf, search, search_rlhf
+from search import DEFAULT_COEFFICIENTS, exhaustive, exhaustive_rlhf, screen_rlhf, screen_search, search_rlhf
 from search.choose.candidates import Candidate
 from search.choose.rlhf_search import best_inner_rlhf
 from search.choose.rlhf_space import (
@@ -97,7 +97,9 @@ def test_search_is_deterministic_with_a_seed() -> None:
 
 def test_generic_entry_points_route_rlhf_workloads(optima: dict[str, Candidate | None]) -> None:
     workload, hardware = _job("opt-125m-grpo-16G")
-    assert search(workload, hardware, C, rollouts=DS).best == search_rlhf(workload, hardware, C, rollouts=DS).best
+    assert (
+        screen_search(workload, hardware, C, rollouts=DS).best == search_rlhf(workload, hardware, C, rollouts=DS).best
+    )
     assert exhaustive(workload, hardware, C, rollouts=DS) == optima["opt-125m-grpo-16G"]
 
 
@@ -109,7 +111,7 @@ def test_ranked_candidates_keep_every_batch_exact_and_fastest_first() -> None:
         s = candidate.strategy
         assert prompts % s.generation_batch == 0
         assert s.micro_batch * s.grad_accum == prompts * workload.samples_per_prompt
-        assert candidate.prediction == predict_rlhf(workload, s, hardware, C)
+        assert candidate.prediction == screen_rlhf(workload, s, hardware, C)
     times = [c.prediction.step_time_s for c in result.feasible]
     assert times == sorted(times) and len(times) >= 2
     fastest = result.fastest_ignoring_memory
@@ -124,7 +126,7 @@ def test_inner_resolution_equals_trying_every_inner_choice() -> None:
         for point in points[:: max(1, len(points) // 24)]:
             brute = min(
                 (
-                    Candidate(s, predict_rlhf(workload, s, hardware, C))
+                    Candidate(s, screen_rlhf(workload, s, hardware, C))
                     for s in (
                         rlhf_strategy_at(point, batches, cache)
                         for batches in batch_choices(workload, hardware)
@@ -159,7 +161,7 @@ def test_per_model_pieces_bound_whole_points() -> None:
         assert step.resident_bytes + own <= floor
         for policy, allocator in cache_choices():
             assert (
-                predict_rlhf(
+                screen_rlhf(
                     workload, strategy.with_(empty_cache=policy, allocator=allocator), hardware, C
                 ).peak_reserved_bytes
                 >= floor

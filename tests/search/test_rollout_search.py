@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from search import DEFAULT_COEFFICIENTS, Candidate, exhaustive_rlhf, predict_rlhf, search_rlhf
+from search import DEFAULT_COEFFICIENTS, Candidate, exhaustive_rlhf, screen_rlhf, search_rlhf
 from search.choose.engine_inner import best_inner_engine, step_bounds
 from search.choose.rlhf_space import batch_choices, cache_choices, rlhf_outer_points, rlhf_strategy_at
 from search.choose.rollout_space import knob_variants, rollout_options, searched_generations
@@ -64,7 +64,7 @@ def test_the_inner_resolution_equals_trying_every_variant_split_and_cache_choice
         trainer = trainer_hardware(hardware, point.rollout)
         brute = min(
             (
-                Candidate(s, predict_rlhf(workload, s, hardware, C))
+                Candidate(s, screen_rlhf(workload, s, hardware, C))
                 for variant in knob_variants(point.rollout)
                 for batches in batch_choices(workload, trainer)
                 for cache in cache_choices()
@@ -76,7 +76,7 @@ def test_the_inner_resolution_equals_trying_every_variant_split_and_cache_choice
         assert found.score == brute.score
         assert found.strategy.rollout is not None and found.strategy.rollout.gpu_memory_utilization is not None
         # the candidate's strategy, utilization filled in, predicts what it was ranked by
-        assert predict_rlhf(workload, found.strategy, hardware, C).step_time_s == found.prediction.step_time_s
+        assert screen_rlhf(workload, found.strategy, hardware, C).step_time_s == found.prediction.step_time_s
 
 
 def test_the_pair_bounds_never_exceed_the_step() -> None:
@@ -91,7 +91,7 @@ def test_the_pair_bounds_never_exceed_the_step() -> None:
                 assert seconds <= step.base_time_s
                 assert host <= step.host_bytes
                 least = min(
-                    predict_rlhf(workload, strategy.with_(empty_cache=p, allocator=a), hardware, C).peak_reserved_bytes
+                    screen_rlhf(workload, strategy.with_(empty_cache=p, allocator=a), hardware, C).peak_reserved_bytes
                     for p, a in cache_choices()
                 )
                 assert reserved <= least

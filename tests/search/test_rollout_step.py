@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from search import DEFAULT_COEFFICIENTS, predict_rlhf
+from search import DEFAULT_COEFFICIENTS, predict_rlhf, screen_rlhf
 from search.rlhf.job import rlhf_context
 from search.rlhf.models import place_models
 from search.rollout.engine import engine_limits, resolve_engine
@@ -66,7 +66,7 @@ def test_the_phases_follow_the_colocated_loop() -> None:
 def test_offload_states_frees_the_trainers_optimizer_states_for_the_rollout_only() -> None:
     """DeepSpeed's offload_states moves the fp32 master and Adam moments (and ZeRO-3's gradient partition) off
     the GPU while the engine generates; the 16-bit weights stay (OpenRLHF#808). With the utilization fixed, the
-    generation phase holds exactly those bytes less, and the training phases the same."""
+    generation phase holds exactly those bytes less, and the training phases the same bytes."""
     workload, hardware = _job()
     fixed = RolloutStrategy(gpu_memory_utilization=0.4, sleep_level=2)
     kept = predict_rlhf(workload, _strategy(fixed.with_(offload_training=False)), hardware, C)
@@ -78,7 +78,8 @@ def test_offload_states_frees_the_trainers_optimizer_states_for_the_rollout_only
     assert offloadable_states(models, fixed) == states > 0
     a, b = _phases(kept)["generation"], _phases(moved)["generation"]
     assert a.peak_allocated_bytes - b.peak_allocated_bytes == states
-    assert _phases(kept)["actor_training"] == _phases(moved)["actor_training"]
+    # training holds the same bytes; what it reserves differs with where the reloaded states land (the replay)
+    assert _phases(kept)["actor_training"].peak_allocated_bytes == _phases(moved)["actor_training"].peak_allocated_bytes
     # and it costs the states over PCIe both ways
     expected = 2 * states / (hardware.gpu.pcie_gbps * 1e9 * hardware.gpu.pcie_efficiency)
     assert moved.time_breakdown["offload_states"] == pytest.approx(expected, rel=1e-9)
@@ -125,8 +126,10 @@ def test_the_solved_utilization_is_the_middle_of_what_holds_the_rollout_and_fits
     # sequences a replica generates: 8 prompts x 4 samples per GPU, one GPU per replica at tp 1
     assert r["sequences_per_replica"] == 32
     assert prediction.fits
-    # at the top of the range the engine fills the room the trainer leaves: still within the budget
-    top = predict_rlhf(workload, _strategy(RolloutStrategy(gpu_memory_utilization=high)), hardware, C)
+    # at the top of the range the engine fills the room the trainer leaves, as the search's screen counts it:
+    # still within the budget there (the replay finds some of the trainer's segments held by live tensors
+    # after the cache is emptied for the engine: the chosen middle keeps half the range for that)
+    top = screen_rlhf(workload, _strategy(RolloutStrategy(gpu_memory_utilization=high)), hardware, C)
     assert top.peak_reserved_bytes <= top.gpu_budget_bytes
 
 

@@ -1,0 +1,108 @@
+"""A search's answer confirmed by the allocator replay: the plans it returns are those the replay says fit.
+
+A search meets thousands of (point, inner choice) pairs, too many to replay each; it ranks them with the
+screen (peak reserved from the fragment coefficients, :func:`search.step.assemble.screen_step`). Whether a
+plan fits is then decided by the replay of its step (:func:`search.step.finish.finish_step`):
+
+1. The screen's ranking is walked in order. Each point the walk takes is resolved again with the replay
+   (:func:`resolve`): its inner choices (micro-batch and accumulation, ``empty_cache`` policy, allocator;
+   RLHF: the generation batch too) in the screen's order, the first replayed, the later ones only where they
+   could beat the best replayed so far: fewer screened seconds than its screened seconds (seconds are
+   compared screen to screen: the replay's ``empty_cache`` seconds add to every choice of a point alike, the
+   cudaMallocs after a rollout engine's turn among them) and a screened peak reserved within
+   :data:`SCREEN_MARGIN` of the budget (the screen's fragments may be too many).
+2. The walk takes every point the screen found fitting until ``wanted`` replayed plans fit and no later
+   point has fewer screened seconds than the last of them (equals keep the screen's order); of the points the
+   screen found not fitting it takes those within the margin that could beat them, and the first ones when
+   nothing fits (the closest plans, by the replay's overflow).
+
+Every prediction in the answer is replayed; the screen only chooses which points are replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from search.choose.candidates import Candidate, SearchResult
+from search.prediction import Prediction
+from store.errors import InputError
+from store.records import RLHFStrategy, Strategy
+
+SCREEN_MARGIN = 0.10  # a screen-rejected point is replayed when its screened reserved is this close to the budget
+MAX_REPLAYS_PER_POINT = 4  # a point whose inner choices need more replays keeps the best replayed so far
+
+Predict = Callable[[Strategy | RLHFStrategy], Prediction]
+
+
+def near_fit(prediction: Prediction) -> bool:
+    """Does the screen say it fits, or overflow by less than :data:`SCREEN_MARGIN` of the GPU budget?"""
+    return prediction.fits_host and prediction.peak_reserved_bytes <= prediction.gpu_budget_bytes * (1 + SCREEN_MARGIN)
+
+
+def resolve(
+    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, predict: Predict
+) -> tuple[Candidate | None, float, int]:
+    """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
+
+    The variants are replayed in the screen's order (best screened score first; ``variants`` come simplest
+    first, and the earlier wins among equals), those the screen says overflow by more than the margin
+    (:func:`near_fit`) only when nothing before them was replayed, until one fits; after it, only those that
+    could still beat it: fewer screened seconds than it has. At most :data:`MAX_REPLAYS_PER_POINT` replays."""
+    screened: list[tuple[float, int, Prediction]] = []
+    for i, strategy in enumerate(variants):
+        try:
+            prediction = screen(strategy)
+        except InputError:  # a batch split this workload cannot run
+            continue
+        screened.append((Candidate(strategy, prediction).score, i, prediction))
+    screened.sort(key=lambda entry: entry[:2])
+    best: tuple[float, int, Candidate, float] | None = None
+    replays = 0
+    for _, i, prediction in screened:
+        if replays >= MAX_REPLAYS_PER_POINT:
+            break
+        if best is not None and not near_fit(prediction):
+            continue  # the screen's fragments would have to be too many by more than the margin
+        if best is not None and best[2].prediction.fits and prediction.step_time_s >= best[3]:
+            continue  # it cannot beat the best replayed (equals keep the screen's preference)
+        candidate = Candidate(variants[i], predict(variants[i]))
+        replays += 1
+        if best is None or (candidate.score, i) < best[:2]:
+            best = (candidate.score, i, candidate, prediction.step_time_s)
+    if best is None:
+        return None, 0.0, replays
+    return best[2], best[3], replays
+
+
+def confirm(
+    result: SearchResult,
+    wanted: int,
+    variants: Callable[[Any], Sequence[Strategy | RLHFStrategy]],
+    screen: Predict,
+    predict: Predict,
+) -> SearchResult:
+    """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
+    ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's (its
+    memory does not matter to the search; a caller that shows it replays it)."""
+    confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
+    replays = 0
+    keys: set[str] = set()
+    for candidate in result.ranked:
+        fitting = sorted(seconds for c, seconds in confirmed if c.prediction.fits)
+        if len(fitting) >= wanted and candidate.prediction.step_time_s >= fitting[wanted - 1]:
+            continue  # it cannot beat the last of those wanted (equals keep the screen's order)
+        if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):
+            continue
+        exact, seconds, made = resolve(variants(candidate.strategy), screen, predict)
+        replays += made
+        if exact is not None and _key(exact.strategy) not in keys:
+            keys.add(_key(exact.strategy))
+            confirmed.append((exact, seconds))
+    ranked = sorted((c for c, _ in confirmed), key=lambda c: c.rank_key)  # stable: equals keep the screen's order
+    return replace(result, ranked=tuple(ranked), replays=replays)
+
+
+def _key(strategy: Strategy | RLHFStrategy) -> str:
+    return repr(strategy.to_dict())
