@@ -113,28 +113,44 @@ def _breakdown_table(predicted: Predicted) -> Table:
 
 
 def _phases_table(predicted: Predicted, replay: dict[str, Any] | None = None) -> Table:
-    """Each phase's peaks and time; with ``replay``, the reserved bytes the allocator replay gives too."""
+    """Each phase's peaks, inactive-split bytes and time; where peak reserved is not the replay's (a plan saved
+    before the replay decided), the replay's column beside it."""
     table = Table(title="Phases of one optimizer step", title_justify="left")
-    columns = ["phase", "runs", "peak allocated", "peak reserved"]
+    columns = ["phase", "runs", "peak allocated", "peak reserved", "inactive split"]
     replayed = {p["name"]: p["peak_reserved_bytes"] for p in replay["phases"]} if replay else {}
-    if replayed:
-        columns.append("reserved, allocator replay")
+    beside = bool(replayed) and predicted.reserved_from != "replay"
+    if beside:
+        columns.append("reserved, replay alone")
     for column in (*columns, "time"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for phase in predicted.phases:
         mark = " *" if phase.name == predicted.peak_phase else ""
-        cells = [phase.name + mark, str(phase.count), _gib(phase.peak_allocated_bytes), _gib(phase.peak_reserved_bytes)]
-        if replayed:
+        cells = [
+            phase.name + mark,
+            str(phase.count),
+            _gib(phase.peak_allocated_bytes),
+            _gib(phase.peak_reserved_bytes),
+            _gib(phase.inactive_split_bytes),
+        ]
+        if beside:
             cells.append(_gib(replayed.get(phase.name, 0)))
         table.add_row(*cells, _seconds(phase.time_s))
+    source = (
+        "peak reserved from the allocator replay"
+        if predicted.reserved_from == "replay"
+        else "peak reserved from the fragment coefficients (a plan saved before the replay decided)"
+    )
+    caption = source
     if replay:
-        table.caption = (
-            f"allocator replay: the step's stream ({replay['events']:,} events) through the rules of torch's "
-            f"caching allocator; {_gib(replay['after_init_reserved_bytes'])} reserved once the engines are built"
+        caption += (
+            f": the step's stream ({replay['events']:,} events) through the rules of torch's caching allocator; "
+            f"{_gib(replay['after_init_reserved_bytes'])} reserved once the engines are built"
         )
         if replay.get("oom_phase"):
-            table.caption += f"; it runs out of the GPU's memory in {replay['oom_phase']}"
-        table.caption_justify = "left"
+            caption += f"; it runs out of the GPU's memory in {replay['oom_phase']}"
+    if predicted.screen_reserved_bytes:
+        caption += f" (the search's screen said {_gib(predicted.screen_reserved_bytes)})"
+    table.caption, table.caption_justify = caption, "left"
     return table
 
 
@@ -265,9 +281,10 @@ def render_plan(plan: Plan) -> None:
     if effect:
         chosen = effect["chosen"]
         verb = "" if chosen else "not chosen; it would take "
+        saved = effect["peak_reserved_saved_fraction"]
         console.print(
             f"empty_cache {effect['policy']}: {verb}peak reserved {_gib(effect['peak_reserved_never_bytes'])} -> "
-            f"{_gib(effect['peak_reserved_bytes'])} ({100 * effect['peak_reserved_saved_fraction']:.0f}% less) "
+            f"{_gib(effect['peak_reserved_bytes'])} ({abs(100 * saved):.0f}% {'less' if saved >= 0 else 'more'}) "
             f"for {100 * effect['step_time_added_fraction']:+.1f}% step time, against never calling it"
             + ("" if effect["fits_without"] or not chosen else "; without it the plan would not fit"),
             soft_wrap=True,

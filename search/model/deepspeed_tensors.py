@@ -236,3 +236,45 @@ def offload_epilogue(
         (Named("gradients", f"{GRAD_NORM}_{i}", size, side),) for i, size in enumerate(upcasts)
     ]
     return moments, named
+
+
+def zero3_step(kept: int, norm: int, flat: int, fp32: int) -> tuple[list[Moment], list[NamedTensors]]:
+    """ZeRO-3's optimizer step without offload, tensor by tensor as stage3.py makes them beside the gradient
+    partition buffer (``kept``): ``get_grad_norm_direct`` upcasts each gradient partition to fp64 for its
+    norm (``norm``: the largest), then ``_prepare_fp32_grad_for_sub_group`` flattens the sub-group's 16-bit
+    gradients (``flat``) and upcasts them to fp32 (``fp32``), frees the flat copy, and Adam runs on the fp32."""
+    moments = [
+        moment(gradients=kept),
+        moment(gradients=kept + norm),
+        moment(gradients=kept + flat),
+        moment(gradients=kept + flat + fp32),
+        moment(gradients=kept + fp32),
+    ]
+    named: list[NamedTensors] = [
+        (),
+        (Named("gradients", GRAD_NORM, norm),),
+        (Named("gradients", FLAT_GRADS, flat),),
+        (Named("gradients", FLAT_GRADS, flat), Named("gradients", FP32_GRADS, fp32)),
+        (Named("gradients", FP32_GRADS, fp32),),
+    ]
+    return moments, named
+
+
+def zero3_offload_upcasts(
+    model: ModelSpec, lm_head: bool, lora_rank: int, world_size: int, chunk_elements: int
+) -> tuple[int, ...]:
+    """ZeRO-3 with offload: as each bucket's gradient partitions reach ``_offload_grad_partition_at_boundary``,
+    ``_constant_buffered_norm2`` upcasts each partition to fp64 in chunks of at most ``chunk_elements``, then
+    the fp32 copy for the host lands in the freed block; in the backward's order (an untied LM head, the
+    layers top down, the token embedding last). The fp64 sizes that each need a larger block, in order."""
+    if lora_rank:
+        order = [largest_trainable_tensor(model, lora_rank, lm_head=lm_head)]
+    else:
+        head = [model.lm_head_params] if lm_head and model.lm_head_params else []
+        order = [*head, model.hidden_size * model.intermediate_size, token_embedding_params(model)]
+    out: list[int] = []
+    for elements in order:
+        size = FP64 * min(-(-elements // world_size), chunk_elements)
+        if not out or size > out[-1]:
+            out.append(size)
+    return tuple(out)

@@ -19,11 +19,16 @@ from search.model.deepspeed_tensors import (
     with_loss_tensors,
     zero0_moments,
     zero2_moments,
+    zero3_offload_upcasts,
+    zero3_step,
 )
 from search.model.moment_parts import (
+    GRAD_NORM,
     LIVE_PARTS,
+    REDUCTION_STREAM,
     TRAINING_PHASES,
     Moment,
+    Named,
     NamedTensors,
     TrainingMoments,
     between_micro_steps,
@@ -33,7 +38,7 @@ from search.model.moment_parts import (
 )
 from search.model.reuse import zero3_reuse
 from search.model.shapes import token_embedding_params, trainable_params
-from search.model.states import ModelStates, ZeroWorkspace
+from search.model.states import ZERO3_NORM_CHUNK_ELEMENTS, ModelStates, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec
 
 __all__ = [
@@ -144,12 +149,19 @@ def training_moments(
     else:
         embedding_params = embedding_grad if gathered_params else 0  # gathered for its own backward
         backward.append(moment(gradients=kept + inflight, zero3_gathered=embedding_params, logits=logits.held))
-        # reduce-scatter of the largest gradient: its flattened copy, then (offload) its fp64 norm once the
-        # full gradient is released (stage3.py partition_grads / _offload_grad_partition_at_boundary)
-        reducing = max(work.reduce_copy, work.reduced + (work.grad_norm if work.norm_in_backward else 0))
-        backward.append(moment(gradients=kept + reducing, logits=logits.held))
+        # reduce-scatter of the largest gradient: its flattened copy (stage3.py partition_grads)
+        backward.append(moment(gradients=kept + max(work.reduce_copy, work.reduced), logits=logits.held))
         step = [base]
-        if not work.norm_in_backward:
-            step.append(moment(gradients=kept + max(work.grad_norm, states.step_transient)))
+        if work.norm_in_backward:  # offload: each partition's fp64 norm and fp32 copy on the reduction stream
+            upcasts = zero3_offload_upcasts(model, lm_head, lora_rank, world_size, ZERO3_NORM_CHUNK_ELEMENTS)
+            side = REDUCTION_STREAM if work.comm_overlapped else 0
+            named = {"backward": [()] * len(backward)}
+            for i, size in enumerate(upcasts):
+                backward.append(moment(gradients=kept + work.reduced + size, logits=logits.held))
+                named["backward"].append((Named("gradients", f"{GRAD_NORM}_{i}", size, side),))
+        else:
+            fp32 = 4 * states.step_transient // (d + 4)  # the sub-group's fp32 gradient; the rest is its flat copy
+            step, step_named = zero3_step(kept, work.grad_norm, states.step_transient - fp32, fp32)
+            named = {"optimizer_step": step_named}
     phases = {"forward": forward, "backward": backward, "optimizer_step": step}
     return with_loss_tensors(TrainingMoments(base, gathered_params, phases, named), logits, d)

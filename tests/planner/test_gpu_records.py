@@ -172,15 +172,13 @@ def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
 # (search.model.moments' named tensors: ZeRO-2's partition from the first bucket flush, on the reduction
 # stream under overlap_comm; the step's norm, flat and fp32 copies; FP16_Optimizer's upcasts) and the loss's
 # (transformers' cross-entropy: the fp32 upcast and log-softmax, the NLL's and log-softmax's gradients).
-_ZERO3 = (
-    "ZeRO-3's gradient path (stage3.py: the reduce-scatter of each module's gradients and, offloaded, their "
-    "fp32 copies, on its reduction stream with overlap_comm on by default) is not yet made tensor by tensor: "
-    "the replay reserves 8-13% less than the device"
+_ZERO3_OFFLOAD = (
+    "ZeRO-3 with the optimizer on the host: the replay reserves 5.3% less than the device (allocated in the "
+    "backward 4.1% less): the reduce-and-partition stream's pool beyond the fp64 norm upcasts is not yet built "
+    "(each gradient copied into the bucket and reduce-scattered there, the old one released to that stream's events)"
 )
 REPLAY_NOT_YET: dict[tuple[str, str], str] = {  # (record id, scope) -> why its replay is not yet in bounds
-    (probe, phase): _ZERO3
-    for probe in ("57c9a50b001c", "634b2e1b79c5")
-    for phase in ("forward", "backward", "optimizer_step")
+    ("57c9a50b001c", phase): _ZERO3_OFFLOAD for phase in ("forward", "backward", "optimizer_step")
 }
 
 

@@ -1,6 +1,7 @@
 """The gradient and loss tensors of a step's allocation stream, as DeepSpeed's and transformers' code makes
 them (search.model.deepspeed_tensors' named tensors, search.streams.build).
 
+ZeRO-3 (``stage3.py``) likewise for its step and its offloaded norms.
 ZeRO-2 (``stage_1_and_2.py``): ``grads_in_partition`` is one tensor made when the first full reduce bucket is
 flushed (``reduce_independent_p_g_buckets_and_remove_grads`` -> ``copy_grads_in_partition``), on the reduction
 stream under ``overlap_comm``, kept to ``step()``; ``step()`` upcasts each gradient to fp64 for its norm, then
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from search.coefficients import Coefficients
-from search.model.deepspeed_tensors import first_flush_layers, offload_norm_upcasts
+from search.model.deepspeed_tensors import first_flush_layers, offload_norm_upcasts, zero3_offload_upcasts
 from search.model.moment_parts import REDUCTION_STREAM, Named
 from search.single.predict import single_step
 from search.step.phases import StepPhase, live
@@ -172,3 +173,31 @@ def test_offload_norm_upcasts_run_on_the_reduction_stream_under_overlap(overlap:
     upcasts = set(offload_norm_upcasts(OPT, True, 0, OPT.total_params, 1))
     streams = {on for op, _, size, on, _ in stream if op == ALLOC and size in upcasts}
     assert streams == {REDUCTION_STREAM if overlap else 0}
+
+
+def test_zero3_step_requests_norm_flat_and_fp32_copies_in_order() -> None:
+    """stage3.py step(): ``get_grad_norm_direct`` upcasts each gradient partition to fp64 (the tied embedding
+    is the largest), then ``_prepare_fp32_grad_for_sub_group`` flattens the 16-bit gradients and upcasts the
+    flat copy to fp32; the flat copy is freed before the fp32 gradient, which Adam steps on and then drops.
+    Sub-groups step one at a time: the largest is DeepSpeed's default sub_group_size (1e9 elements) here."""
+    events = _events(3)
+    n = min(OPT.total_params, ZeroBuckets().sub_group_size)
+    assert n < OPT.total_params
+    embedding = OPT.vocab_size * OPT.hidden_size
+    assert _requests(events, "optimizer_step") == [8 * embedding, 2 * n, 4 * n]
+    sizes = {key: size for _, op, key, size, _ in events if op == ALLOC}
+    frees = [sizes.get(key) for phase, op, key, _, _ in events if phase == "optimizer_step" and op == FREE]
+    assert frees.index(8 * embedding) < frees.index(2 * n) < frees.index(4 * n)
+
+
+def test_zero3_offload_upcasts_each_partition_in_chunks_on_the_reduction_stream() -> None:
+    """ZeRO-3 with CPU offload: ``_constant_buffered_norm2`` upcasts each gradient partition to fp64 in chunks
+    of at most 250M elements, as the backward reduces them (layers top down, the embedding last)."""
+    assert zero3_offload_upcasts(OPT, True, 0, 1, 250_000_000) == (8 * 2048 * 8192, 8 * OPT.vocab_size * 2048)
+    assert zero3_offload_upcasts(OPT, True, 0, 4, 250_000_000) == (8 * 2048 * 8192 // 4, 8 * OPT.vocab_size * 512)
+    assert zero3_offload_upcasts(OPT, True, 0, 1, 10_000_000) == (8 * 10_000_000,)  # every piece one chunk
+    strategy = Strategy(zero_stage=3, offload_optimizer="cpu", micro_batch=4)
+    workload = Workload(kind="sft", model=OPT, seq_len=512, global_batch=4)
+    stream = stream_of(single_step(workload, strategy, _hardware(), COEF), "never")
+    upcasts = set(zero3_offload_upcasts(OPT, True, 0, 1, 250_000_000))
+    assert {on for op, _, size, on, _ in stream if op == ALLOC and size in upcasts} == {REDUCTION_STREAM}
