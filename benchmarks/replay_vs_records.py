@@ -1,11 +1,12 @@
-"""Peak reserved on the GPU records: the fragment coefficients against the allocator replay of the built stream.
+"""Peak reserved on the GPU records: the prediction (the allocator replay) against the search's screen.
 
 For every record of tests/data/gpu/, `planner.records_check` predicts through the public API (as
-`benchmarks/shared_gpu_records.py` does); each prediction carries peak reserved twice: as the planner decides
-with it (`search.step.fragments.apply_policy`, six named fragment coefficients) and from the replay of the
-step's allocation stream, built from the cost model's bytes (`search.streams`), through the port of torch's
-caching allocator (`search.allocator`; the report's `allocator_replay`). Prints both relative errors
-(predicted / measured - 1) per record and phase. The replay's speed is `benchmarks/allocator_replay.py`'s.
+`benchmarks/shared_gpu_records.py` does). Each prediction's peak reserved comes from the replay of the step's
+allocation stream, built from the cost model's bytes (`search.streams`), through the port of torch's caching
+allocator (`search.allocator`), per phase; beside it, the peak reserved of the search's screen (six named
+fragment coefficients, `search.step.fragments.apply_policy`, step-level: what a search ranks with before the
+replay confirms). Prints both relative errors (predicted / measured - 1). The replay's speed is
+`benchmarks/allocator_replay.py`'s.
 
     .venv/bin/python benchmarks/replay_vs_records.py [--records tests/data/gpu/h100-2026-11-23.json ...]
 """
@@ -30,14 +31,13 @@ def main() -> int:
     if not args.records or any(not p.is_file() for p in args.records):
         print("no records at tests/data/gpu/", file=sys.stderr)
         return 2
-    print("| record | scope | reserved, fragment coefficients | reserved, allocator replay |")
+    print("| record | scope | reserved, predicted (allocator replay) | reserved, search's screen (step) |")
     print("|---|---|---|---|")
     for path in args.records:
         for c in compare_records(path):
+            screen = f"{c.screen_peak_reserved.error:+.1%}" if c.screen_peak_reserved else "-"
             for scope, q in c.quantities.items():
-                replay = q.get("replay_peak_reserved")
-                cell = f"{replay.error:+.1%}" if replay else "-"
-                print(f"| {c.record_id} | {scope} | {q['peak_reserved'].error:+.1%} | {cell} |")
+                print(f"| {c.record_id} | {scope} | {q['peak_reserved'].error:+.1%} | {screen} |")
     return 0
 
 

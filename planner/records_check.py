@@ -42,6 +42,8 @@ class RecordComparison:
     time_comparable: bool = True  # False where the record's timing is known not to be steady
     why_not_timed: str = ""
     dominant_time_term: str = ""
+    # the search's screen (fragment coefficients) against the step's measured peak reserved (None: not given)
+    screen_peak_reserved: Compared | None = None
 
 
 def load_records(path: str | Path) -> dict[str, Any]:
@@ -107,6 +109,7 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
         workload=workload["kind"],
         quantities={"step": step},
         dominant_time_term=predicted.dominant_time_term,
+        screen_peak_reserved=_screen(measured["peak_reserved_bytes"], predicted.screen_reserved_bytes),
     )
 
 
@@ -166,7 +169,14 @@ def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
         time_comparable=steady,
         why_not_timed=why,
         dominant_time_term=predicted.dominant_time_term,
+        screen_peak_reserved=_screen(
+            max(phase["peak_reserved_bytes"] for phase in result["phases"]), predicted.screen_reserved_bytes
+        ),
     )
+
+
+def _screen(measured: float, screened: int) -> Compared | None:
+    return Compared(measured, screened) if screened else None
 
 
 def compare_records(path: str | Path) -> list[RecordComparison]:

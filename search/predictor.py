@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.prediction import Prediction
-from search.rlhf.predict import rlhf_step
-from search.single.predict import checked_step
+from search.rlhf.predict import predict_rlhf, rlhf_step
+from search.single.predict import checked_step, predict_single_model
 from search.step.assemble import Step, screen_step
-from search.step.finish import finish_step
 from search.step.replayed import StepReplayed, StepTimeline, replay_step, step_timeline
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS, Hardware, RLHFStrategy, Strategy, Workload
@@ -25,8 +24,10 @@ def predict(
     Single-model kinds (sft, reward, dpo) take a ``Strategy``; RLHF kinds (ppo, remax, grpo) an
     ``RLHFStrategy``. The other shape is an InputError.
     """
-    step = _step(workload, strategy, hardware, coef)
-    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+    _step_kind(workload, strategy)
+    if isinstance(strategy, RLHFStrategy):
+        return predict_rlhf(workload, strategy, hardware, coef)
+    return predict_single_model(workload, strategy, hardware, coef)
 
 
 def screen(
@@ -41,20 +42,28 @@ def screen(
     return screen_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
 
 
-def _step(workload: Workload, strategy: Strategy | RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
-    """The strategy's step before its policy is applied, once the strategy is known to be the workload's."""
+def _step_kind(workload: Workload, strategy: Strategy | RLHFStrategy) -> None:
+    """InputError unless the strategy's shape is the workload kind's."""
     if workload.kind in SINGLE_MODEL_WORKLOADS:
         if not isinstance(strategy, Strategy):
             raise InputError(f"{workload.kind} trains one model: give a single-model strategy, not an RLHF one")
-        return checked_step(workload, strategy, hardware, coef)
+        return
     if workload.kind in RLHF_WORKLOADS:
         if not isinstance(strategy, RLHFStrategy):
             raise InputError(
                 f"{workload.kind} is an RLHF workload: give an RLHF strategy (actor/critic/reference/reward blocks)"
             )
-        return rlhf_step(workload, strategy, hardware, coef)
+        return
     kinds = ", ".join(SINGLE_MODEL_WORKLOADS + RLHF_WORKLOADS)
     raise InputError(f"workload {workload.kind!r} is not supported; supported: {kinds}")
+
+
+def _step(workload: Workload, strategy: Strategy | RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
+    """The strategy's step before its policy is applied, once the strategy is known to be the workload's."""
+    _step_kind(workload, strategy)
+    if isinstance(strategy, RLHFStrategy):
+        return rlhf_step(workload, strategy, hardware, coef)
+    return checked_step(workload, strategy, hardware, coef)
 
 
 def replay_memory(

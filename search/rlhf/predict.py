@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.prediction import Prediction
@@ -26,6 +27,7 @@ def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, co
     return step_of(ctx, strategy)
 
 
+@lru_cache(maxsize=4096)  # a search's confirmation and the report ask for the same plan again
 def predict_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Prediction:
     """Predicted peak memory per GPU, host memory per node and step time of an RLHF strategy.
 

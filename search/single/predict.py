@@ -195,6 +195,7 @@ def _policy_free_step(workload: Workload, strategy: Strategy, hardware: Hardware
     return single_step(workload, strategy, hardware, coef)
 
 
+@lru_cache(maxsize=4096)  # a search's confirmation and the report ask for the same plan again
 def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:
     """Predicted peak memory per GPU, host memory per node and step time of one strategy (peak reserved from
     the allocator replay of its step)."""

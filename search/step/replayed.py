@@ -12,6 +12,7 @@ every segment the step then has to map again (:func:`empty_cache_seconds`). Repl
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -114,11 +115,36 @@ def _calls_in_last_step(stream: AllocStream) -> int:
     return calls
 
 
-def stream_of(step: Step, empty_cache: str) -> AllocStream:
-    """The allocation stream of ``step``'s engine init and :data:`STEPS` steps under ``empty_cache``."""
-    return step_stream(
-        step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache, STEPS
+_STREAMS: OrderedDict[tuple[object, ...], AllocStream] = OrderedDict()  # the last built, by what builds them
+STREAMS_KEPT = 512
+
+
+def _stream_key(step: Step, empty_cache: str) -> tuple[object, ...]:
+    """Everything the stream is built from (:func:`search.streams.build.step_stream`), not the seconds: a
+    calibration that moves only rates meets the same stream again."""
+    phases = tuple(
+        (p.name, p.group, p.count, p.moments, p.sizes, p.moment_sizes, p.kv_layers, p.fresh, p.moment_named)
+        for p in step.phases
     )
+    repeats = tuple(sorted(step.repeats.items()))
+    return (tuple(step.resident.items()), step.resident_sizes, step.engines, phases, repeats, empty_cache)
+
+
+def stream_of(step: Step, empty_cache: str) -> AllocStream:
+    """The allocation stream of ``step``'s engine init and :data:`STEPS` steps under ``empty_cache`` (built
+    once for each different step: the last :data:`STREAMS_KEPT` are kept)."""
+    key = _stream_key(step, empty_cache)
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = step_stream(
+            step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache, STEPS
+        )
+        _STREAMS[key] = stream
+        if len(_STREAMS) > STREAMS_KEPT:
+            _STREAMS.popitem(last=False)
+    else:
+        _STREAMS.move_to_end(key)
+    return stream
 
 
 def replay_step(

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from search.model.moment_parts import Named, NamedTensors
+from search.model.moment_parts import NamedTensors
 from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit
-from store.alloc_stream import KIND_INDEX, AllocStream, StreamBuilder
+from search.streams.parts import Parts
+from store.alloc_stream import AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 
 KV = LIVE_PARTS.index("kv_cache")
@@ -43,96 +44,6 @@ GRADIENTS = LIVE_PARTS.index("gradients")
 Engines = tuple[tuple[str, int, int, EngineInit, tuple[int, ...]], ...]
 STEP_MARK = "step:"  # a marker phase that opens each step (no events of its own)
 KV_GROWTH_EVENTS = 64  # most KV growth steps built per generate call (each one exact at its token count)
-
-
-def _kind(part: str) -> str:
-    """The stream's kind for a part or resident name (weights of any model count as parameters)."""
-    part = part.removeprefix("resident:")
-    if part in KIND_INDEX:
-        return part
-    weights = part in ("init", "ema") or part.endswith(("parameters", "_model"))  # reference_model, reward_model
-    return "parameters" if weights else "other"
-
-
-class _Parts:
-    """The tensors each part holds now (newest last, each with its name or "" for a part's patterned bytes),
-    and the stream they are recorded into."""
-
-    def __init__(self, out: StreamBuilder) -> None:
-        self.out = out
-        self.held: dict[str, list[tuple[int, int, str]]] = {}
-
-    def bytes(self, part: str) -> int:
-        return sum(size for _, size, _ in self.held.get(part, ()))
-
-    def _unnamed(self, part: str) -> int:
-        return sum(size for _, size, name in self.held.get(part, ()) if not name)
-
-    def shrink(self, part: str, target: int) -> None:
-        """Frees the part's patterned tensors, newest first, until they hold at most ``target`` bytes beside
-        its named ones."""
-        held = self.held.setdefault(part, [])
-        total = self._unnamed(part)
-        i = len(held) - 1
-        while i >= 0 and total > target:
-            key, size, name = held[i]
-            if not name:
-                self.out.free(key)
-                del held[i]
-                total -= size
-            i -= 1
-
-    def release(self, part: str, keep: dict[str, Named]) -> None:
-        """Frees the part's named tensors that ``keep`` does not name (a moment that no longer holds them),
-        oldest first."""
-        held = self.held.setdefault(part, [])
-        for entry in [e for e in held if e[2] and e[2] not in keep]:
-            self.out.free(entry[0])
-            held.remove(entry)
-
-    def grow(self, part: str, target: int, pattern: tuple[int, ...]) -> None:
-        """Requests patterned tensors until they hold ``target`` bytes beside the part's named ones."""
-        held = self.held.setdefault(part, [])
-        missing = target - self._unnamed(part)
-        pattern = pattern or (missing,)
-        i = sum(1 for _, _, name in held if not name)
-        while missing > 0:
-            size = min(pattern[i % len(pattern)], missing)
-            held.append((self.out.alloc(size, _kind(part)), size, ""))
-            missing -= size
-            i += 1
-
-    def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
-        """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
-        ``sizes`` is a group of tensors of those sizes (made together, freed together)."""
-        held = self.held.setdefault(part, [])
-        have = {name for _, _, name in held if name}
-        for name, tensor in named.items():
-            size = tensor.size
-            if name in have or size <= 0:
-                continue
-            pattern, i = sizes.get(name) or (size,), 0
-            while size > 0:
-                piece = min(pattern[i % len(pattern)], size)
-                held.append((self.out.alloc(piece, _kind(part), tensor.stream), piece, name))
-                size -= piece
-                i += 1
-
-    def move(self, targets: dict[str, int], sizes: dict[str, tuple[int, ...]], named: NamedTensors = ()) -> None:
-        """Frees first, then requests, until every part holds its target bytes: the tensors ``named`` names
-        (:data:`search.model.moment_parts.NamedTensors`, held until a later move no longer names them; in the
-        sizes of ``sizes[name]`` where that exists) and its pattern's tensors for the rest."""
-        by_part: dict[str, dict[str, Named]] = {}
-        for tensor in named:
-            by_part.setdefault(tensor.part, {})[tensor.name] = tensor
-        for part, target in targets.items():
-            keep = by_part.get(part, {})
-            self.release(part, keep)
-            self.shrink(part, max(0, target - sum(t.size for t in keep.values())))
-        for part, target in targets.items():
-            keep = by_part.get(part, {})
-            self.grow(part, max(0, target - sum(t.size for t in keep.values())), sizes.get(part, ()))
-            self.make(part, keep, sizes)
 
 
 def outside_torch(moment: Live) -> int:
@@ -156,7 +67,7 @@ def _torch_parts(phase: StepPhase, k: int) -> dict[str, int]:
     return parts
 
 
-def _grow_kv(parts: _Parts, target: int, layers: int) -> None:
+def _grow_kv(parts: Parts, target: int, layers: int) -> None:
     """HF's dynamic KV cache from its current bytes to ``target``: each layer's K and V one step longer."""
     start = parts.bytes("kv_cache")
     held = parts.held.setdefault("kv_cache", [])
@@ -176,7 +87,7 @@ def _grow_kv(parts: _Parts, target: int, layers: int) -> None:
     parts.grow("kv_cache", target, ())
 
 
-def _run_phase(parts: _Parts, phase: StepPhase, rest: dict[str, int], kept: NamedTensors = (), lazy: int = 0) -> None:
+def _run_phase(parts: Parts, phase: StepPhase, rest: dict[str, int], kept: NamedTensors = (), lazy: int = 0) -> None:
     """A phase run, moment by moment, then back to its ``rest`` (keeping the named tensors ``kept``);
     ``lazy`` bytes of Adam's states are made after its last moment (the first optimizer step of an engine),
     each half (exp_avg, exp_avg_sq) one tensor."""
@@ -242,7 +153,7 @@ def _runs(phases: tuple[StepPhase, ...], repeats: dict[str, int]) -> Iterable[tu
         i = j
 
 
-def _engines_init(parts: _Parts, engines: Engines, resident_sizes: dict[str, tuple[int, ...]]) -> None:
+def _engines_init(parts: Parts, engines: Engines, resident_sizes: dict[str, tuple[int, ...]]) -> None:
     """Each trained engine in turn: its weights loaded, DeepSpeed's own copies made, the originals and the
     temporary copies freed (:mod:`search.streams.init`); Adam's states wait for the first step."""
     params = masters = 0
@@ -264,7 +175,7 @@ def _engines_init(parts: _Parts, engines: Engines, resident_sizes: dict[str, tup
             parts.out.free(key)
 
 
-def _offload_states(parts: _Parts, offloaded: int, wanted: int) -> int:
+def _offload_states(parts: Parts, offloaded: int, wanted: int) -> int:
     """DeepSpeed's ``offload_states`` before a rollout engine's turn frees ``wanted`` bytes of the trained
     models' fp32 states (the newest first: Adam's moments, then the masters; then ZeRO-3's gradient
     partition), and ``reload_states`` after it makes them again; returns the bytes now offloaded."""
@@ -293,7 +204,7 @@ def step_stream(
 ) -> AllocStream:
     """The allocation stream of engine init and ``steps`` steps (see the module docstring)."""
     out = StreamBuilder()
-    parts = _Parts(out)
+    parts = Parts(out)
     out.phase("setup")
     _engines_init(parts, engines, resident_sizes)
     lazy = {phase: init.lazy for phase, _, _, init, _ in engines if init.lazy}

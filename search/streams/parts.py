@@ -1,0 +1,97 @@
+"""The tensors each part of a step holds while its allocation stream is built (search.streams.build): made in
+a part's pattern of sizes or by name, freed newest first or when no longer named, each recorded as it happens."""
+
+from __future__ import annotations
+
+from search.model.moment_parts import Named, NamedTensors
+from store.alloc_stream import KIND_INDEX, StreamBuilder
+
+
+def _kind(part: str) -> str:
+    """The stream's kind for a part or resident name (weights of any model count as parameters)."""
+    part = part.removeprefix("resident:")
+    if part in KIND_INDEX:
+        return part
+    weights = part in ("init", "ema") or part.endswith(("parameters", "_model"))  # reference_model, reward_model
+    return "parameters" if weights else "other"
+
+
+class Parts:
+    """The tensors each part holds now (newest last, each with its name or "" for a part's patterned bytes),
+    and the stream they are recorded into."""
+
+    def __init__(self, out: StreamBuilder) -> None:
+        self.out = out
+        self.held: dict[str, list[tuple[int, int, str]]] = {}
+
+    def bytes(self, part: str) -> int:
+        return sum(size for _, size, _ in self.held.get(part, ()))
+
+    def _unnamed(self, part: str) -> int:
+        return sum(size for _, size, name in self.held.get(part, ()) if not name)
+
+    def shrink(self, part: str, target: int) -> None:
+        """Frees the part's patterned tensors, newest first, until they hold at most ``target`` bytes beside
+        its named ones."""
+        held = self.held.setdefault(part, [])
+        total = self._unnamed(part)
+        i = len(held) - 1
+        while i >= 0 and total > target:
+            key, size, name = held[i]
+            if not name:
+                self.out.free(key)
+                del held[i]
+                total -= size
+            i -= 1
+
+    def release(self, part: str, keep: dict[str, Named]) -> None:
+        """Frees the part's named tensors that ``keep`` does not name (a moment that no longer holds them),
+        oldest first."""
+        held = self.held.setdefault(part, [])
+        for entry in [e for e in held if e[2] and e[2] not in keep]:
+            self.out.free(entry[0])
+            held.remove(entry)
+
+    def grow(self, part: str, target: int, pattern: tuple[int, ...]) -> None:
+        """Requests patterned tensors until they hold ``target`` bytes beside the part's named ones."""
+        held = self.held.setdefault(part, [])
+        missing = target - self._unnamed(part)
+        pattern = pattern or (missing,)
+        i = sum(1 for _, _, name in held if not name)
+        while missing > 0:
+            size = min(pattern[i % len(pattern)], missing)
+            held.append((self.out.alloc(size, _kind(part)), size, ""))
+            missing -= size
+            i += 1
+
+    def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
+        """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
+        ``sizes`` is a group of tensors of those sizes (made together, freed together)."""
+        held = self.held.setdefault(part, [])
+        have = {name for _, _, name in held if name}
+        for name, tensor in named.items():
+            size = tensor.size
+            if name in have or size <= 0:
+                continue
+            pattern, i = sizes.get(name) or (size,), 0
+            while size > 0:
+                piece = min(pattern[i % len(pattern)], size)
+                held.append((self.out.alloc(piece, _kind(part), tensor.stream), piece, name))
+                size -= piece
+                i += 1
+
+    def move(self, targets: dict[str, int], sizes: dict[str, tuple[int, ...]], named: NamedTensors = ()) -> None:
+        """Frees first, then requests, until every part holds its target bytes: the tensors ``named`` names
+        (:data:`search.model.moment_parts.NamedTensors`, held until a later move no longer names them; in the
+        sizes of ``sizes[name]`` where that exists) and its pattern's tensors for the rest."""
+        by_part: dict[str, dict[str, Named]] = {}
+        for tensor in named:
+            by_part.setdefault(tensor.part, {})[tensor.name] = tensor
+        for part, target in targets.items():
+            keep = by_part.get(part, {})
+            self.release(part, keep)
+            self.shrink(part, max(0, target - sum(t.size for t in keep.values())))
+        for part, target in targets.items():
+            keep = by_part.get(part, {})
+            self.grow(part, max(0, target - sum(t.size for t in keep.values())), sizes.get(part, ()))
+            self.make(part, keep, sizes)
