@@ -42,7 +42,7 @@ def main() -> None:
                 slower = after.step_time_s / never.step_time_s - 1
                 print(
                     f"| {gpus} | {stage} | {allocator} | {never.peak_reserved_bytes / GiB:.2f} | "
-                    f"{after.peak_reserved_bytes / GiB:.2f} | -{saved:.1%} | {slower:+.1%} |"
+                    f"{after.peak_reserved_bytes / GiB:.2f} | {-saved:+.1%} | {slower:+.1%} |"
                 )
 
 

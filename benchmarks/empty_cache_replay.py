@@ -7,7 +7,8 @@ from those bytes (search.streams.build) with the empty_cache calls where each po
 through the port of torch's caching allocator (search.step.replayed.replay_step). Memory is the step's peak
 reserved (torch's allocator plus what the hybrid engine holds outside it); time is the step's predicted
 seconds plus what the replayed calls cost (their cudaFree now, the cudaMalloc later). Beside it, the
-fragment coefficients' answer (`planner predict`). Predictions only: nothing here runs a GPU.
+fragment coefficients' answer (the search's screen, `search.screen`; `planner predict` gives the replay's since
+2026-11-25). Predictions only: nothing here runs a GPU.
 
 Usage: .venv/bin/python benchmarks/empty_cache_replay.py
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search import DEFAULT_COEFFICIENTS, predict  # noqa: E402
+from search import DEFAULT_COEFFICIENTS, screen  # noqa: E402
 from search.rlhf.predict import rlhf_step  # noqa: E402
 from search.step.replayed import replay_step  # noqa: E402
 from store.gpus import generic_gpu  # noqa: E402
@@ -62,8 +63,8 @@ def main() -> None:
                         )  # fmt: skip
                         never, never_s = _replayed(w, strategy, hw, "never")
                         after, after_s = _replayed(w, strategy, hw, "after-inference")
-                        closed_never = predict(w, strategy.with_(empty_cache="never"), hw, COEF)
-                        closed_after = predict(w, strategy.with_(empty_cache="after-inference"), hw, COEF)
+                        closed_never = screen(w, strategy.with_(empty_cache="never"), hw, COEF)
+                        closed_after = screen(w, strategy.with_(empty_cache="after-inference"), hw, COEF)
                         closed_memory = closed_after.peak_reserved_bytes / closed_never.peak_reserved_bytes - 1
                         closed_time = closed_after.step_time_s / closed_never.step_time_s - 1
                         print(

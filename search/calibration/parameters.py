@@ -59,12 +59,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     # (torch's counters never see the CUDA context: probes leave it undetermined, unless a record measures it)
     Parameter("cuda_context_bytes", 1.0, 2.0**33, "memory", "CUDA context, kernels and library handles"),
     Parameter("cublas_workspace_bytes", 1.0, 2.0**31, "memory", "cuBLAS workspace through the caching allocator"),
-    Parameter("frag_within_step", 1e-4, 2.0, "memory", "fragments of the step's own transient bytes"),
-    Parameter("frag_carried", 1e-4, 2.0, "memory", "fragments carried from earlier phases and steps"),
-    Parameter("frag_inference_carried", 1e-4, 4.0, "memory", "fragments an inference phase leaves to training"),
-    Parameter("frag_zero3_factor", 0.1, 10.0, "memory", "ZeRO-3's gathers: more fragments"),
-    Parameter("frag_checkpointing_factor", 0.1, 10.0, "memory", "recompute's short-lived activations"),
-    Parameter("frag_offload_factor", 0.1, 10.0, "memory", "offload's smaller GPU heap"),
+    # (peak reserved comes from the allocator replay, which no coefficient here moves but the workspace: the
+    # fragment coefficients only screen a search's choices, so no probe can calibrate them)
 )
 BY_NAME: dict[str, Parameter] = {p.name: p for p in PARAMETERS}
 

@@ -2,7 +2,7 @@
 calibrate, and a measured plan is confirmed and saved.
 
 Most cases run on a simulated device: a stand-in probe runner that measures what the cost model predicts under
-coefficients the planner does not know (a slower host, more fragments), so that what the tune should find
+coefficients the planner does not know (a slower host, slower matrix products), so that what the tune should find
 is known. One case tunes DeepSpeed's CPU accelerator for real, end to end through the CLI.
 """
 
@@ -21,8 +21,8 @@ from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest
 
 Cli = Callable[..., CliResult]
 # The device the tune meets: its host issues kernels 2.5x slower than the default coefficient says, and its
-# allocator leaves three times the fragments.
-TRUE_VALUES = {"host_s_per_kernel": 1e-4, "frag_carried": 0.3, "gpu.matmul_efficiency": 0.5}
+# matrix products reach half the catalog's rate (its peak reserved is the allocator replay's: nothing to tune).
+TRUE_VALUES = {"host_s_per_kernel": 1e-4, "gpu.matmul_efficiency": 0.5}
 JOB: dict[str, Any] = dict(workload="sft", gpu_mem="12G", cpu_mem="64G", batch=16, seq_len=1024)
 
 

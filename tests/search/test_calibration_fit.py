@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from search import predict, screen
 from search.calibration import PARAMETERS, Observation, apply_values, calibrate, predicted_quantities
 from search.calibration.fit import DETERMINED
 from search.calibration.solver import levenberg_marquardt
@@ -78,12 +79,20 @@ def test_a_fit_finds_the_coefficients_the_device_measured_with() -> None:
 
 
 def test_reserved_comes_from_the_replay_which_no_fitted_coefficient_moves() -> None:
-    """A device with more fragments than the defaults measures what the replay of the allocator's rules
-    says: the fragment coefficients (the search's screen) move no prediction, so the fit leaves them."""
-    fit = calibrate(_measured_with({**TRUE_VALUES, "frag_carried": 0.16}), leave_one_out=False)
+    """Peak reserved is the allocator replay's: a device with more fragments than the defaults is no
+    different to a prediction (the fragment coefficients only screen a search), so they are not calibrated."""
+    fit = calibrate(_measured_with(TRUE_VALUES), leave_one_out=False)
     assert fit.before["peak_reserved"].median_abs == fit.after["peak_reserved"].median_abs == 0.0
-    for name in FRAGMENT_COEFFICIENTS:
-        assert fit.sensitivity[name] < DETERMINED and name not in fit.values
+    assert not {p.name for p in PARAMETERS} & set(FRAGMENT_COEFFICIENTS)
+    workload, strategy = _workload("opt-1.3b", 512), STRATEGIES[1]
+    doubled = {name: 2 * getattr(DEFAULT_COEFFICIENTS, name) for name in FRAGMENT_COEFFICIENTS}
+    more = DEFAULT_COEFFICIENTS.with_(**doubled)
+    assert predict(workload, strategy, H100, more).peak_reserved_bytes == (
+        predict(workload, strategy, H100, DEFAULT_COEFFICIENTS).peak_reserved_bytes
+    )
+    assert screen(workload, strategy, H100, more).peak_reserved_bytes > (
+        screen(workload, strategy, H100, DEFAULT_COEFFICIENTS).peak_reserved_bytes
+    )
 
 
 def test_what_the_probes_do_not_determine_keeps_its_default() -> None:
@@ -110,9 +119,9 @@ def test_fitted_values_stay_within_their_bounds() -> None:
 
 
 def test_values_apply_to_the_gpu_entry_and_the_coefficients() -> None:
-    hardware, coef = apply_values(H100, DEFAULT_COEFFICIENTS, {"gpu.hbm_efficiency": 0.5, "frag_carried": 0.2})
-    assert hardware.gpu.hbm_efficiency == 0.5 and hardware.gpu.name == "H100-80G" and coef.frag_carried == 0.2
-    assert H100.gpu.hbm_efficiency != 0.5 and DEFAULT_COEFFICIENTS.frag_carried != 0.2  # copies, not changes
+    hardware, coef = apply_values(H100, DEFAULT_COEFFICIENTS, {"gpu.hbm_efficiency": 0.5, "step_overhead_s": 0.2})
+    assert hardware.gpu.hbm_efficiency == 0.5 and hardware.gpu.name == "H100-80G" and coef.step_overhead_s == 0.2
+    assert H100.gpu.hbm_efficiency != 0.5 and DEFAULT_COEFFICIENTS.step_overhead_s != 0.2  # copies, not changes
     slower = _measured_with({"gpu.hbm_efficiency": 0.01})[1]
     faster = _measured_with({})[1]
     step = ("optimizer_step", "time")
