@@ -19,7 +19,7 @@ from planner.reports import alternative, prediction_report
 from planner.results import CheckResult, Plan, PredictionReport
 from planner.saved import export, plan, plans, probes, save_plan
 from planner.suggest import what_would_fit
-from search import DEFAULT_COEFFICIENTS, Candidate, Coefficients, Prediction, describe_coefficients
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, describe_coefficients
 from search import predict as predict_strategy
 from search import search as run_search
 from search.batches import per_gpu_batch
@@ -142,9 +142,7 @@ def recommend(
         )
     if result.best is None or used_fallback:
         suggestions.extend(what_would_fit(resolved, coefficients, include_lora=not used_fallback, searched=searched))
-    fastest = result.fastest_ignoring_memory
-    if fastest is not None:  # the search kept the screen's prediction of it: shown, it is replayed
-        fastest = Candidate(fastest.strategy, predict_strategy(workload, fastest.strategy, hardware, coefficients))
+    fastest = result.fastest_ignoring_memory  # a yardstick of time: its memory is the screen's (not replayed)
     overhead = None
     if fastest is not None and result.best is not None:
         overhead = chosen.prediction.step_time_s / fastest.prediction.step_time_s - 1.0

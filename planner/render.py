@@ -270,7 +270,8 @@ def render_plan(plan: Plan) -> None:
         console.print(
             f"[dim]overhead is against the fastest strategy if memory were unlimited: "
             f"{describe(f.strategy)}, {_seconds(f.predicted.step_time_s)}, "
-            f"{_gib(f.predicted.peak_reserved_bytes)} peak[/dim]"
+            f"{_gib(f.predicted.peak_reserved_bytes)} peak"
+            f"{' (the search screen, not replayed)' if f.predicted.reserved_from == 'screen' else ''}[/dim]"
         )
     _host_line(plan.predicted)
     console.print(_breakdown_table(plan.predicted))

@@ -52,12 +52,27 @@ def basis(sequences: int, tokens: int, rank: int = 0) -> tuple[int, ...]:
 
 def evaluate(coefficients: Polynomial, sequences: int, tokens: int, rank: int = 0) -> int:
     """Bytes of one fitted size at ``sequences`` x ``tokens`` (LoRA rank ``rank``)."""
-    return _values([coefficients], sequences, tokens, rank)[0]
+    terms = basis(sequences, tokens, rank)
+    return round(sum(c * t for c, t in zip(coefficients, terms, strict=False)))
+
+
+_EVALUATED: dict[tuple[int, int, int, int], tuple[list[Polynomial], list[int]]] = {}
+EVALUATED_KEPT = 65536
 
 
 def _values(window: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> list[int]:
+    """Each size of ``window`` at the job's size, remembered per window object (a search evaluates the same
+    packaged windows at the same sizes thousands of times; the entry holds the window, so its id stays its)."""
+    key = (id(window), sequences, tokens, rank)
+    known = _EVALUATED.get(key)
+    if known is not None and known[0] is window:
+        return known[1]
     terms = basis(sequences, tokens, rank)
-    return [round(sum(c * t for c, t in zip(coefficients, terms, strict=False))) for coefficients in window]
+    values = [round(sum(c * t for c, t in zip(coefficients, terms, strict=False))) for coefficients in window]
+    if len(_EVALUATED) >= EVALUATED_KEPT:
+        _EVALUATED.clear()
+    _EVALUATED[key] = (window, values)
+    return values
 
 
 def peak_of(window: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> int:

@@ -41,6 +41,7 @@ class CachingAllocator(ExpandableCore):
 
     def __init__(self, config: AllocatorConfig = AllocatorConfig(), device_bytes: int | None = None) -> None:  # noqa: B008
         super().__init__(config, device_bytes)
+        self._sizing: dict[int, tuple[int, int]] = {}  # request size -> (rounded size, segment size)
 
     def malloc(self, size: int, stream: int = 0) -> int:
         """Allocate ``size`` bytes on ``stream``; returns the block's handle (``DeviceCachingAllocator::malloc``).
@@ -50,9 +51,12 @@ class CachingAllocator(ExpandableCore):
         """
         if size == 0:
             return 0
-        config = self.config
-        rounded = round_size(size, config)
-        p = AllocParams(rounded, stream, self.get_pool(rounded), allocation_size(rounded, config))
+        sizing = self._sizing.get(size)
+        if sizing is None:  # the rounding rules depend on the size alone: worked out once per size
+            rounded = round_size(size, self.config)
+            sizing = self._sizing[size] = (rounded, allocation_size(rounded, self.config))
+        rounded, alloc_size = sizing
+        p = AllocParams(rounded, stream, self.get_pool(rounded), alloc_size)
         found = self.get_free_block(p)
         if not found:
             if self.gc_armed:

@@ -19,7 +19,8 @@ from store.records import Hardware, RLHFStrategy, Workload
 def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
     """Validate, then build (from cached pieces) the policy-independent part of a prediction: one Step for
     every ``empty_cache`` policy and allocator of a strategy."""
-    strategy = replace(strategy, empty_cache="never", allocator="default")
+    if strategy.empty_cache != "never" or strategy.allocator != "default":
+        strategy = replace(strategy, empty_cache="never", allocator="default")
     if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
         return engine_step(workload, strategy, hardware, coef)
     ctx = rlhf_context(workload, hardware, coef)

@@ -186,7 +186,9 @@ def checked_step(workload: Workload, strategy: Strategy, hardware: Hardware, coe
             f"strategy: loss {strategy.loss!r} applies to sft (the causal LM's cross-entropy); "
             f'{workload.kind} computes its loss otherwise: use loss "hf"'
         )
-    return _policy_free_step(workload, strategy.with_(empty_cache="never", allocator="default"), hardware, coef)
+    if strategy.empty_cache != "never" or strategy.allocator != "default":
+        strategy = strategy.with_(empty_cache="never", allocator="default")
+    return _policy_free_step(workload, strategy, hardware, coef)
 
 
 @lru_cache(maxsize=4096)

@@ -83,6 +83,7 @@ def _grow_kv(parts: Parts, target: int, layers: int) -> None:
             grown.append((parts.out.alloc(per_tensor, "kv_cache"), per_tensor, ""))
             parts.out.free(key)
         held[:] = grown
+        parts.patterned["kv_cache"] = (per_tensor * n, n)
     parts.shrink("kv_cache", target)
     parts.grow("kv_cache", target, ())
 

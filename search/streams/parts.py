@@ -23,46 +23,53 @@ class Parts:
     def __init__(self, out: StreamBuilder) -> None:
         self.out = out
         self.held: dict[str, list[tuple[int, int, str]]] = {}
+        self.patterned: dict[str, tuple[int, int]] = {}  # part -> (bytes, tensors) of its patterned tensors
+        self.named: dict[str, int] = {}  # part -> bytes of its named tensors
 
     def bytes(self, part: str) -> int:
-        return sum(size for _, size, _ in self.held.get(part, ()))
+        return self.patterned.get(part, (0, 0))[0] + self.named.get(part, 0)
 
     def _unnamed(self, part: str) -> int:
-        return sum(size for _, size, name in self.held.get(part, ()) if not name)
+        return self.patterned.get(part, (0, 0))[0]
 
     def shrink(self, part: str, target: int) -> None:
         """Frees the part's patterned tensors, newest first, until they hold at most ``target`` bytes beside
         its named ones."""
         held = self.held.setdefault(part, [])
-        total = self._unnamed(part)
+        total, count = self.patterned.get(part, (0, 0))
         i = len(held) - 1
         while i >= 0 and total > target:
             key, size, name = held[i]
             if not name:
                 self.out.free(key)
                 del held[i]
-                total -= size
+                total, count = total - size, count - 1
             i -= 1
+        self.patterned[part] = (total, count)
 
     def release(self, part: str, keep: dict[str, Named]) -> None:
         """Frees the part's named tensors that ``keep`` does not name (a moment that no longer holds them),
         oldest first."""
         held = self.held.setdefault(part, [])
+        if not self.named.get(part):
+            return
         for entry in [e for e in held if e[2] and e[2] not in keep]:
             self.out.free(entry[0])
             held.remove(entry)
+            self.named[part] -= entry[1]
 
     def grow(self, part: str, target: int, pattern: tuple[int, ...]) -> None:
         """Requests patterned tensors until they hold ``target`` bytes beside the part's named ones."""
         held = self.held.setdefault(part, [])
-        missing = target - self._unnamed(part)
+        total, i = self.patterned.get(part, (0, 0))
+        missing = target - total
         pattern = pattern or (missing,)
-        i = sum(1 for _, _, name in held if not name)
+        kind = _kind(part)
         while missing > 0:
             size = min(pattern[i % len(pattern)], missing)
-            held.append((self.out.alloc(size, _kind(part)), size, ""))
-            missing -= size
-            i += 1
+            held.append((self.out.alloc(size, kind), size, ""))
+            missing, total, i = missing - size, total + size, i + 1
+        self.patterned[part] = (total, i)
 
     def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
         """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
@@ -77,6 +84,7 @@ class Parts:
             while size > 0:
                 piece = min(pattern[i % len(pattern)], size)
                 held.append((self.out.alloc(piece, _kind(part), tensor.stream), piece, name))
+                self.named[part] = self.named.get(part, 0) + piece
                 size -= piece
                 i += 1
 
