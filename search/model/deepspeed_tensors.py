@@ -9,6 +9,8 @@ moments name those tensors (:class:`search.model.moment_parts.Named`), read from
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from search.model.activations import Activations, LossLogits
 from search.model.moment_parts import (
     ALLREDUCE_FLAT,
@@ -212,14 +214,22 @@ def offload_norm_upcasts(
     first, the layers top down, the token embedding last. Each fp64 piece larger than every one before it
     needs a block of its own; those are the bytes returned, in order (the last is the largest)."""
     piece = -(-trainable // world_size)
+    return _growing(FP64 * min(elements, piece) for elements in _reduction_order(model, lm_head, lora_rank))
+
+
+def _reduction_order(model: ModelSpec, lm_head: bool, lora_rank: int) -> list[int]:
+    """Elements of the gradients a backward reduces, as far as their sizes go up: an untied LM head first, a
+    layer's largest weight, the token embedding last; with LoRA, its largest adapter."""
     if lora_rank:
-        order = [largest_trainable_tensor(model, lora_rank, lm_head=lm_head)]
-    else:
-        head = [model.lm_head_params] if lm_head and model.lm_head_params else []
-        order = [*head, model.hidden_size * model.intermediate_size, token_embedding_params(model)]
+        return [largest_trainable_tensor(model, lora_rank, lm_head=lm_head)]
+    head = [model.lm_head_params] if lm_head and model.lm_head_params else []
+    return [*head, model.hidden_size * model.intermediate_size, token_embedding_params(model)]
+
+
+def _growing(sizes: Iterable[int]) -> tuple[int, ...]:
+    """The sizes that each need a block larger than every one before them, in order."""
     out: list[int] = []
-    for elements in order:
-        size = FP64 * min(elements, piece)
+    for size in sizes:
         if not out or size > out[-1]:
             out.append(size)
     return tuple(out)
@@ -267,14 +277,5 @@ def zero3_offload_upcasts(
     ``_constant_buffered_norm2`` upcasts each partition to fp64 in chunks of at most ``chunk_elements``, then
     the fp32 copy for the host lands in the freed block; in the backward's order (an untied LM head, the
     layers top down, the token embedding last). The fp64 sizes that each need a larger block, in order."""
-    if lora_rank:
-        order = [largest_trainable_tensor(model, lora_rank, lm_head=lm_head)]
-    else:
-        head = [model.lm_head_params] if lm_head and model.lm_head_params else []
-        order = [*head, model.hidden_size * model.intermediate_size, token_embedding_params(model)]
-    out: list[int] = []
-    for elements in order:
-        size = FP64 * min(-(-elements // world_size), chunk_elements)
-        if not out or size > out[-1]:
-            out.append(size)
-    return tuple(out)
+    order = _reduction_order(model, lm_head, lora_rank)
+    return _growing(FP64 * min(-(-elements // world_size), chunk_elements) for elements in order)
