@@ -21,7 +21,7 @@ Every prediction in the answer is replayed; the screen only chooses which points
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,21 +42,23 @@ def near_fit(prediction: Prediction) -> bool:
 
 
 def resolve(
-    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, predict: Predict
+    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, predict: Predict, first: Candidate | None = None
 ) -> tuple[Candidate | None, float, int]:
     """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
 
     The variants are replayed in the screen's order (best screened score first; ``variants`` come simplest
     first, and the earlier wins among equals), those the screen says overflow by more than the margin
     (:func:`near_fit`) only when nothing before them was replayed, until one fits; after it, only those that
-    could still beat it: fewer screened seconds than it has. At most :data:`MAX_REPLAYS_PER_POINT` replays."""
-    screened: list[tuple[float, int, Prediction]] = []
-    for i, strategy in enumerate(variants):
-        try:
-            prediction = screen(strategy)
-        except InputError:  # a batch split this workload cannot run
-            continue
-        screened.append((Candidate(strategy, prediction).score, i, prediction))
+    could still beat it: fewer screened seconds than it has. At most :data:`MAX_REPLAYS_PER_POINT` replays.
+
+    ``first``: the screen's best of them (the search's own choice), replayed first; when it fits, only the
+    variants of steps that could be faster are screened (a step's fewest seconds are those of its variant
+    without ``empty_cache`` calls)."""
+    if first is not None:
+        replayed = Candidate(first.strategy, predict(first.strategy))
+        if replayed.prediction.fits:
+            return _beaten(variants, screen, predict, replayed, first.prediction.step_time_s)
+    screened = _screened(range(len(variants)), variants, screen)
     screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
     replays = 0
@@ -74,6 +76,50 @@ def resolve(
     if best is None:
         return None, 0.0, replays
     return best[2], best[3], replays
+
+
+def _screened(
+    indices: Iterable[int], variants: Sequence[Strategy | RLHFStrategy], screen: Predict
+) -> list[tuple[float, int, Prediction]]:
+    """(screened score, index, screened prediction) of the valid ones among ``variants[indices]``."""
+    out = []
+    for i in indices:
+        try:
+            prediction = screen(variants[i])
+        except InputError:  # a batch split this workload cannot run
+            continue
+        out.append((Candidate(variants[i], prediction).score, i, prediction))
+    return out
+
+
+def _beaten(
+    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, predict: Predict, best: Candidate, seconds: float
+) -> tuple[Candidate, float, int]:
+    """``best`` (replayed, it fits) against the variants the screen has faster and near fitting: screened only
+    for the steps whose variant without ``empty_cache`` calls is faster (the others cannot be)."""
+    steps: dict[str, list[int]] = {}
+    for i, strategy in enumerate(variants):
+        steps.setdefault(_key(replace(strategy, empty_cache="never", allocator="default")), []).append(i)
+    faster: list[tuple[float, int, Prediction]] = []
+    for members in steps.values():
+        fewest = [i for i in members if variants[i].empty_cache == "never" and variants[i].allocator == "default"]
+        floor = _screened(fewest[:1], variants, screen)
+        if fewest and (not floor or floor[0][2].step_time_s >= seconds):
+            continue  # invalid, or no variant of this step is faster
+        faster += [e for e in _screened(members, variants, screen) if e[2].step_time_s < seconds and near_fit(e[2])]
+    faster.sort(key=lambda entry: entry[:2])
+    replays, score = 1, best.score
+    index = variants.index(best.strategy) if best.strategy in variants else len(variants)
+    for _, i, prediction in faster:
+        if replays >= MAX_REPLAYS_PER_POINT:
+            break
+        if prediction.step_time_s >= seconds:
+            continue  # no faster than the best replayed since
+        candidate = Candidate(variants[i], predict(variants[i]))
+        replays += 1
+        if (candidate.score, i) < (score, index):
+            best, seconds, score, index = candidate, prediction.step_time_s, candidate.score, i
+    return best, seconds, replays
 
 
 def confirm(
@@ -95,7 +141,7 @@ def confirm(
             continue  # it cannot beat the last of those wanted (equals keep the screen's order)
         if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):
             continue
-        exact, seconds, made = resolve(variants(candidate.strategy), screen, predict)
+        exact, seconds, made = resolve(variants(candidate.strategy), screen, predict, candidate)
         replays += made
         if exact is not None and _key(exact.strategy) not in keys:
             keys.add(_key(exact.strategy))

@@ -95,3 +95,34 @@ def test_resolve_keeps_the_least_overflow_when_nothing_fits_and_stops_at_its_cap
     assert made == MAX_REPLAYS_PER_POINT == len(asked)
     assert best is not None and best.strategy.micro_batch == MAX_REPLAYS_PER_POINT  # least replayed overflow
     assert not best.prediction.fits
+
+
+def test_resolve_from_the_searchs_own_choice_screens_only_steps_that_could_be_faster() -> None:
+    """The search's choice fits when replayed: a step whose variant without empty_cache is slower is not
+    screened further, and a faster one the screen rejects by less than the margin is replayed."""
+    variants = [Strategy(micro_batch=m, empty_cache=p) for m in (1, 2, 4) for p in ("never", "every-step")]
+    screened = {
+        (1, "never"): _prediction(1.0, 9.0),
+        (1, "every-step"): _prediction(1.1, 8.0),
+        (2, "never"): _prediction(1.5, 5.0),  # slower: its every-step variant is never screened
+        (2, "every-step"): _prediction(1.6, 4.0),
+        (4, "never"): _prediction(0.8, 10.5),  # faster, rejected by the screen within the margin
+        (4, "every-step"): _prediction(0.9, 10.2),
+    }
+    replayed = {(4, "never"): _prediction(0.8, 9.8), (4, "every-step"): _prediction(0.9, 9.5)}
+    asked: list[tuple[int, str]] = []
+
+    def screen(s: Strategy) -> Prediction:
+        asked.append((s.micro_batch, s.empty_cache))
+        return screened[(s.micro_batch, s.empty_cache)]
+
+    def replay(s: Strategy) -> Prediction:
+        return replayed.get((s.micro_batch, s.empty_cache), _prediction(1.0, 9.5))
+
+    first = Candidate(variants[0], screened[(1, "never")])
+    best, seconds, made = resolve(variants, screen, replay, first)
+    assert best is not None and (best.strategy.micro_batch, best.strategy.empty_cache) == (4, "never")
+    # the search's choice, then the faster ones in the screen's order: every-step overflows the budget less on
+    # the screen, so it comes first (fits: 0.9 s), then never (faster still, fits: 0.8 s)
+    assert seconds == 0.8 and made == 3
+    assert (2, "every-step") not in asked and (1, "every-step") not in asked
