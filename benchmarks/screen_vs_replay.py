@@ -22,9 +22,10 @@ from planner.api import _job  # noqa: E402
 from search import DEFAULT_COEFFICIENTS, predict, screen_search, search  # noqa: E402
 from search.choose.candidates import Candidate  # noqa: E402
 from search.choose.single_space import all_strategies  # noqa: E402
+from store.records import Hardware, Workload  # noqa: E402
 
 
-def _replayed(workload, hardware, candidate: Candidate | None) -> str:  # noqa: ANN001
+def _replayed(workload: Workload, hardware: Hardware, candidate: Candidate | None) -> str:
     if candidate is None:
         return "-"
     replayed = Candidate(candidate.strategy, predict(workload, candidate.strategy, hardware, DEFAULT_COEFFICIENTS))

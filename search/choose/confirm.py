@@ -97,16 +97,17 @@ def _beaten(
 ) -> tuple[Candidate, float, int]:
     """``best`` (replayed, it fits) against the variants the screen has faster and near fitting: screened only
     for the steps whose variant without ``empty_cache`` calls is faster (the others cannot be)."""
-    steps: dict[str, list[int]] = {}
+    steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
     for i, strategy in enumerate(variants):
-        steps.setdefault(_key(replace(strategy, empty_cache="never", allocator="default")), []).append(i)
+        steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
     faster: list[tuple[float, int, Prediction]] = []
-    for members in steps.values():
-        fewest = [i for i in members if variants[i].empty_cache == "never" and variants[i].allocator == "default"]
-        floor = _screened(fewest[:1], variants, screen)
-        if fewest and (not floor or floor[0][2].step_time_s >= seconds):
+    for fewest, members in steps.items():
+        own = [i for i in members if variants[i] == fewest]
+        floor = _screened(own, variants, screen)
+        if own and (not floor or floor[0][2].step_time_s >= seconds):
             continue  # invalid, or no variant of this step is faster
-        faster += [e for e in _screened(members, variants, screen) if e[2].step_time_s < seconds and near_fit(e[2])]
+        rest = _screened([i for i in members if i not in own], variants, screen)
+        faster += [e for e in floor + rest if e[2].step_time_s < seconds and near_fit(e[2])]
     faster.sort(key=lambda entry: entry[:2])
     replays, score = 1, best.score
     index = variants.index(best.strategy) if best.strategy in variants else len(variants)
@@ -130,11 +131,11 @@ def confirm(
     predict: Predict,
 ) -> SearchResult:
     """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
-    ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's (its
-    memory does not matter to the search; a caller that shows it replays it)."""
+    ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's: a
+    yardstick of time, whose memory the search does not decide with."""
     confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
     replays = 0
-    keys: set[str] = set()
+    seen: set[Strategy | RLHFStrategy] = set()
     for candidate in result.ranked:
         fitting = sorted(seconds for c, seconds in confirmed if c.prediction.fits)
         if len(fitting) >= wanted and candidate.prediction.step_time_s >= fitting[wanted - 1]:
@@ -143,12 +144,8 @@ def confirm(
             continue
         exact, seconds, made = resolve(variants(candidate.strategy), screen, predict, candidate)
         replays += made
-        if exact is not None and _key(exact.strategy) not in keys:
-            keys.add(_key(exact.strategy))
+        if exact is not None and exact.strategy not in seen:
+            seen.add(exact.strategy)
             confirmed.append((exact, seconds))
     ranked = sorted((c for c, _ in confirmed), key=lambda c: c.rank_key)  # stable: equals keep the screen's order
     return replace(result, ranked=tuple(ranked), replays=replays)
-
-
-def _key(strategy: Strategy | RLHFStrategy) -> str:
-    return repr(strategy.to_dict())

@@ -13,7 +13,7 @@ every segment the step then has to map again (:func:`empty_cache_seconds`). Repl
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from search.allocator import AllocatorConfig, PhaseReplay, ReplayResult, replay
@@ -122,10 +122,7 @@ STREAMS_KEPT = 512
 def _stream_key(step: Step, empty_cache: str) -> tuple[object, ...]:
     """Everything the stream is built from (:func:`search.streams.build.step_stream`), not the seconds: a
     calibration that moves only rates meets the same stream again."""
-    phases = tuple(
-        (p.name, p.group, p.count, p.moments, p.sizes, p.moment_sizes, p.kv_layers, p.fresh, p.moment_named)
-        for p in step.phases
-    )
+    phases = tuple(replace(phase, time_s=0.0) for phase in step.phases)
     repeats = tuple(sorted(step.repeats.items()))
     return (tuple(step.resident.items()), step.resident_sizes, step.engines, phases, repeats, empty_cache)
 

@@ -16,7 +16,7 @@ from search.choose.candidates import Candidate
 from search.choose.confirm import MAX_REPLAYS_PER_POINT, SCREEN_MARGIN, resolve
 from search.choose.single_space import all_strategies
 from search.prediction import Prediction
-from store.records import Strategy
+from store.records import Hardware, Strategy, Workload
 
 GiB = 2**30
 
@@ -24,7 +24,7 @@ GiB = 2**30
 DISAGREEING = [("opt-125m", "6G")]  # gpt2 on 6G disagrees too (benchmarks/screen_vs_replay.py)
 
 
-def _exhaustive_by_replay(workload, hardware) -> Candidate | None:  # noqa: ANN001
+def _exhaustive_by_replay(workload: Workload, hardware: Hardware) -> Candidate | None:
     best = None
     for strategy in all_strategies(workload, hardware, (0,)):
         candidate = Candidate(strategy, predict(workload, strategy, hardware, C))
