@@ -48,7 +48,7 @@ class Coefficients:
         "activation gradients of the layer being differentiated, live beside the saved ones; CPU probes of a "
         "tiny Llama (recompute, mb 2-8, sdpa and eager) measured 0.08-0.14 of a layer's activations (was 1.0)",
     )
-    # --- fragmentation (reserved minus allocated) -------------------------------------------------
+    # --- the search's screen: fragments (reserved minus allocated) before the allocator replay decides -------
     frag_within_step: float = _coef(
         0.06, "fraction of transient bytes", "block splitting and 2 MiB rounding within one step"
     )
@@ -70,10 +70,10 @@ class Coefficients:
     reserved_spread: float = _coef(
         0.08,
         "fraction of peak reserved",
-        "what the fragment coefficients cannot see moves reserved memory by this much: the same ZeRO-2 step "
+        "the program around a step moves its reserved memory by this much: the same ZeRO-2 step "
         "reserved 29.62 GiB under planner probe (memplan's buckets, overlap_comm: the gradient partition in the "
         "reduction stream's own pool) and 32.07 GiB in a user-style loop (DeepSpeed's defaults), 27.03 GiB "
-        "allocated in both; the allocator replay gives both within 10 MiB",
+        "allocated in both; the allocator replay, told which config ran, gives both within 10 MiB",
     )
     # --- time (search.model.roofline; the GPU's own rates and efficiencies are in its catalog entry) ---------
     host_s_per_kernel: float = _coef(
