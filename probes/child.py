@@ -90,6 +90,9 @@ def describe(exc: BaseException) -> str:
 def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tuple[list[Any], int]:
     """Run the probe; returns (phase measurements, layers run). Raises whatever the probe raised."""
     reporter.enter("startup")
+    from probes.jit_lock import install
+
+    install()  # before DeepSpeed loads an op: a lock this process leaves names it (probes.jit_lock)
     import deepspeed
     import torch
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from probes.arch_list import arch_list_env
 from probes.artifacts import read_artifacts
+from probes.jit_lock import extensions_root, release_stale_locks
 from store.artifacts import ProbeArtifact
 
 __all__ = [
@@ -232,6 +233,7 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, mo
                 kill_group(proc.pid)  # helpers the child may have left behind
                 wait_group_gone(proc.pid)
                 release_shared_memory(env.get("MASTER_PORT", ""))
+                release_stale_locks(extensions_root(env))  # a JIT lock the killed child held
         wall = time.perf_counter() - start
         result = None if timed_out else read_result(folder / RESULT_FILE)
         return ChildRun(

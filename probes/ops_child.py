@@ -34,6 +34,9 @@ from probes.isolation import REQUEST_FILE, RESULT_FILE
 def build(request: dict[str, Any], reporter: Reporter, out: dict[str, Any]) -> None:
     """Load every op of ``request`` in order; raises what the first failing builder raised."""
     reporter.enter("import")
+    from probes.jit_lock import install
+
+    install()  # before the first load: a lock this process leaves names it (probes.jit_lock)
     import deepspeed  # noqa: F401 - sets up the accelerator DS_ACCELERATOR names
     from deepspeed.accelerator import get_accelerator
 

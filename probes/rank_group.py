@@ -43,6 +43,7 @@ from probes.isolation import (
     tail,
     wait_group_gone,
 )
+from probes.jit_lock import extensions_root, release_stale_locks
 
 __all__ = ["GroupRun", "kill_tree", "launcher_command", "rank_folder", "run_group"]
 
@@ -205,6 +206,7 @@ def run_group(
                 proc.wait()
                 wait_group_gone(proc.pid)
                 release_shared_memory(env["MASTER_PORT"])
+                release_stale_locks(extensions_root(env))  # a JIT lock a killed rank held
         wall = time.perf_counter() - start
         ranks = []
         for rank in range(world_size):
