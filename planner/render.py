@@ -102,12 +102,13 @@ def _breakdown_table(predicted: Predicted) -> Table:
     headroom = predicted.gpu_budget_bytes - predicted.peak_reserved_bytes
     table.add_row("headroom", format_bytes(headroom), "", style="green" if headroom >= 0 else "red")
     if predicted.reserved_uncertainty:
+        # usable memory is sized so that peak reserved x (1 + spread) fits beside the CUDA context
+        # (search.step.assemble.gpu_budget_bytes): a plan within it has the spread kept free on top
         spread = predicted.reserved_uncertainty * predicted.peak_reserved_bytes
-        covered = "covers" if headroom >= spread else "does not cover"
         table.add_row(
             f"reserved spread (+/-{100 * predicted.reserved_uncertainty:.0f}%)",
             format_bytes(spread),
-            f"headroom {covered} it",
+            "kept free beyond usable" if headroom >= 0 else "not kept: over usable",
         )
     return table
 

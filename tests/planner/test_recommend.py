@@ -235,3 +235,23 @@ def test_gpu_without_bf16_defaults_to_fp16(cli: Cli, db: Path) -> None:
     assert doc["workload"]["dtype"] == "fp16"
     assert doc["ds_config"]["fp16"]["enabled"] is True
     assert doc["ds_config"].get("bf16", {}).get("enabled", False) is False
+
+
+def test_the_reserved_spread_is_kept_free_beyond_usable_memory(cli: Cli, opt13_24g, nothing_fits) -> None:
+    """Usable memory leaves room for peak reserved x (1 + spread) beside the CUDA context, so a plan that fits
+    has its spread kept free; the table says so (it once said the headroom did not cover it)."""
+    from search import DEFAULT_COEFFICIENTS
+
+    predicted = opt13_24g.doc["predicted"]
+    spread = predicted["reserved_uncertainty"]
+    assert spread > 0
+    device = opt13_24g.doc["hardware"]["gpu_memory_bytes"] - DEFAULT_COEFFICIENTS.cuda_context_bytes
+    assert predicted["peak_reserved_bytes"] * (1 + spread) <= device
+    shown = cli("recommend", *opt13_24g.args, "--db", opt13_24g.db)
+    assert shown.rc == 0, shown.err
+    row = next(line for line in shown.out.splitlines() if "reserved spread" in line)
+    assert "kept free beyond usable" in row
+    over = cli("recommend", *nothing_fits.args, "--db", nothing_fits.db)
+    assert over.rc == 0, over.err
+    row = next(line for line in over.out.splitlines() if "reserved spread" in line)
+    assert "not kept: over usable" in row
