@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,18 @@ def release_stale_locks(root: Path | None = None) -> list[Path]:
     return removed
 
 
-def install() -> None:
-    """Make this process's ``FileBaton``s record their holder and outwait only a live one (idempotent)."""
+def waiting_step(lock: Path) -> str:
+    """The step a child reports while it waits on ``lock`` (a timeout then names the file to look at)."""
+    return (
+        f"waiting on {lock} (another process's build of that op, or a lock a killed process left: remove it if "
+        "no build is running)"
+    )
+
+
+def install(on_wait: Callable[[Path], None] | None = None) -> None:
+    """Make this process's ``FileBaton``s record their holder and outwait only a live one; ``on_wait(lock)`` is
+    called when a wait on a lock held by a live or unknown holder begins (idempotent: the first call's hook
+    stays)."""
     import time
 
     from torch.utils import file_baton
@@ -104,11 +115,15 @@ def install() -> None:
 
     def wait(self: Any) -> None:
         lock = Path(self.lock_file_path)
+        told = False
         while lock.exists():
             if holder_is_gone(lock):
                 with contextlib.suppress(FileNotFoundError):
                     lock.unlink()
                 return
+            if on_wait is not None and not told:
+                told = True
+                on_wait(lock)
             time.sleep(self.wait_seconds)
 
     setattr(baton, "try_acquire", try_acquire)  # noqa: B010 - torch's class, patched in this process only

@@ -34,9 +34,11 @@ from probes.isolation import REQUEST_FILE, RESULT_FILE
 def build(request: dict[str, Any], reporter: Reporter, out: dict[str, Any]) -> None:
     """Load every op of ``request`` in order; raises what the first failing builder raised."""
     reporter.enter("import")
-    from probes.jit_lock import install
+    from probes.jit_lock import install, waiting_step
 
-    install()  # before the first load: a lock this process leaves names it (probes.jit_lock)
+    # before the first load: a lock this process leaves names it (probes.jit_lock);
+    # a wait on another's lock is a step of its own
+    install(on_wait=lambda lock: reporter.enter(waiting_step(lock)))
     import deepspeed  # noqa: F401 - sets up the accelerator DS_ACCELERATOR names
     from deepspeed.accelerator import get_accelerator
 

@@ -120,3 +120,28 @@ def test_a_probe_outwaits_only_a_live_holder(tmp_path: Path) -> None:
     )
     assert done.returncode == 0 and "waited False" in done.stdout, done.stderr[-2000:]
     assert not lock.exists()
+
+
+TOLD = """
+from probes.jit_lock import extensions_root, install, waiting_step
+def told(lock):
+    print("step:", waiting_step(lock), flush=True)
+    lock.unlink()  # the other process's build ends
+install(on_wait=told)
+from torch.utils.file_baton import FileBaton
+lock = extensions_root() / "py311_cpu" / "fused_adam" / "lock"
+FileBaton(str(lock)).wait()
+print("waited", lock.exists())
+"""
+
+
+def test_a_wait_on_a_lock_of_unknown_holder_is_reported_as_a_step_naming_the_file(tmp_path: Path) -> None:
+    """A lock torch's own baton took (no holder written) may be a build that is running: the child waits, and
+    says on what, so a build that times out names the file to look at."""
+    module, env = _script(tmp_path, "told", TOLD)
+    lock = _lock(tmp_path / "ext", "fused_adam", "")
+    done = subprocess.run(
+        [sys.executable, "-m", module], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"step: waiting on {lock} (another process's build" in done.stdout and "waited False" in done.stdout

@@ -9,6 +9,7 @@ is); the last two start the real build child on DeepSpeed's CPU accelerator.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 import probes.ops
 import probes.runner
 from probes.isolation import ChildRun, child_env
+from probes.jit_lock import waiting_step
 from probes.ops import (
     BuildOutcome,
     OpBuildError,
@@ -147,6 +149,20 @@ def test_a_failing_build_is_one_error_for_the_run(monkeypatch: pytest.MonkeyPatc
             run_probe(sft(zero_stage=stage))
     assert len(build.calls) == 1
     assert run_probe(sft(zero_stage=7)).outcome == "error"  # a refused request still answers without a build
+
+
+def test_a_build_that_timed_out_waiting_on_a_lock_names_the_lock() -> None:
+    """The child reports a wait on another process's JIT lock as its step (probes.jit_lock): the one error line
+    then says which file to look at."""
+    lock = Path("/home/u/.cache/torch_extensions/py311_cu130/fused_adam/lock")
+
+    def waited(device: str, ops: tuple[str, ...], env: dict[str, str], timeout_s: float) -> BuildOutcome:
+        return BuildOutcome(ok=False, message="timed out", timed_out=True, last_step=waiting_step(lock))
+
+    with pytest.raises(OpBuildError) as caught:
+        prepare_ops([sft()], build=waited)
+    message = str(caught.value)
+    assert "\n" not in message and f"stopped in waiting on {lock}" in message and "remove it if" in message
 
 
 def test_the_cuda_note_says_how_the_arch_list_was_read(monkeypatch: pytest.MonkeyPatch) -> None:
