@@ -27,7 +27,9 @@ EMPTY_CACHE_POINTS = 0.03
 _RLHF_TIME = (
     "PPO training phases are predicted at 0.23 s: 10-20% under the after-inference probe (0.28 and 0.25 s) and "
     "27-30% under the never probe (0.33 and 0.31 s), which ran every phase 15-20% slower on the same host "
-    "(generation 4.77 vs 3.93 s); some 20-30 ms per phase of these runs is not in the counted kernels"
+    "(generation 4.77 vs 3.93 s); some 20-30 ms per phase of these runs is not in the counted kernels, and not "
+    "host work the RLHF process adds either (the same operators, no garbage collection to speak of: "
+    "benchmarks/results/rlhf_training_host.md): it is CUDA-side and needs a GPU profile of the RLHF step"
 )
 NOT_YET: dict[tuple[str, str, str], str] = {
     ("38187ad8c1ed", "actor_training", "time"): _RLHF_TIME,
