@@ -15,6 +15,7 @@ cyclic garbage collector took inside the steps (``gc.callbacks``), and the ATen 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -112,7 +113,7 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
         before = collected["s"]
         counter = Dispatched()
         start = time.perf_counter()
-        with counter if step == steps else _nothing():
+        with counter if step == steps else contextlib.nullcontext():
             logits = actor(input_ids=sequences, use_cache=False).logits
             logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, sequences[:, 1:].unsqueeze(-1))
             actor.backward(-logp.mean())
@@ -134,14 +135,6 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
         "metadata_ops": sum(ops.values()) - kernels,
         "tracked_objects": len(gc.get_objects()),
     }
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: object) -> None:
-        return None
 
 
 def main() -> int:

@@ -90,11 +90,11 @@ def describe(exc: BaseException) -> str:
 def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tuple[list[Any], int]:
     """Run the probe; returns (phase measurements, layers run). Raises whatever the probe raised."""
     reporter.enter("startup")
-    from probes.jit_lock import install, waiting_step
+    from probes.jit_lock import install
 
-    # before DeepSpeed loads an op: a lock this process leaves names it (probes.jit_lock);
-    # a wait on another's lock is a step of its own
-    install(on_wait=lambda lock: reporter.enter(waiting_step(lock)))
+    # before DeepSpeed loads an op: a lock this process leaves names it (probes.jit_lock). Ranks of one probe
+    # wait on each other's lock as a rule, so a wait is an event here, not a phase a failure would be charged to
+    install(on_wait=lambda lock: reporter.event(waiting_on=str(lock)))
     import deepspeed
     import torch
 
