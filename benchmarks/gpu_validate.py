@@ -231,6 +231,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--retry-failed", action="store_true", help="run stored error/timeout probes again")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of this script")
     parser.add_argument("--layers", default=None, help="cut every model to K layers (default: the whole model)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp32"),
+        default=None,
+        help="compute dtype (default: bf16 on cuda; on cpu the dtype this processor runs fast, said in one line)",
+    )
     return parser.parse_args(argv)
 
 
@@ -300,12 +306,24 @@ def _probe_cell(
         job["seq_len"] = 512
     else:
         job.update(prompt_len=256, gen_len=256)
+    if args.dtype is not None:
+        job["dtype"] = args.dtype
     options = dict(steps=args.steps, layers=args.layers, timeout_s=args.timeout, device=args.device, db=db, **job)
-    report = probe(cell.model, strategies=str(file), runner=gate, **options)
+    report = probe(cell.model, strategies=str(file), runner=gate, on_note=_note_once, **options)
     if args.retry_failed and any(row.reused and row.outcome in FAILED for row in report.rows):
         report = probe(cell.model, strategies=str(file), runner=gate, force=True, **options)
     spreads = _spreads(db, [row.probe_id for row in report.rows])
     return [_csv_row(cell, row, spreads.get(row.probe_id)) for row in report.rows], report.fingerprint
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    """Print a note of planner.probe (the dtype it chose on the CPU, say) the first time it is said."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(f"gpu_validate: {line}", file=sys.stderr, flush=True)
 
 
 def _spreads(db: str, probe_ids: list[str]) -> dict[str, Any]:

@@ -3,7 +3,30 @@ caching allocator, and its "device" and host memory are one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
+from planner.inputs import JobSpec
 from search import Coefficients, Prediction, cpu_backend_coefficients
+
+
+def cpu_probe_dtype(spec: JobSpec, device: str, on_note: Callable[[str], None] | None) -> JobSpec:
+    """The job a probe on ``device`` runs: on the CPU backend with no dtype asked for, the dtype this processor
+    runs fast (bf16 where oneDNN has bf16 kernels, else fp32), said in one line; an explicit bf16 on a
+    processor without them is kept, with a one-line warning that it will be slow. CUDA jobs are unchanged."""
+    if device != "cpu" or spec.dtype not in (None, "bf16"):
+        return spec
+    from probes.cpu_support import cpu_bf16_slow_reason, cpu_fast_dtype
+
+    line: str | None
+    if spec.dtype is None:
+        dtype, line = cpu_fast_dtype()
+        spec = replace(spec, dtype=dtype)
+    else:
+        line = cpu_bf16_slow_reason()
+    if line is not None and on_note is not None:
+        on_note(line)
+    return spec
 
 
 def device_coefficients(device: str, coef: Coefficients) -> Coefficients:

@@ -15,7 +15,7 @@ from typing import Any
 
 from planner.files import read_json_file
 from planner.inputs import JobSpec, ResolvedJob, resolve
-from planner.probe_device import device_coefficients, device_prediction
+from planner.probe_device import cpu_probe_dtype, device_coefficients, device_prediction
 from planner.probing_report import build_report
 from planner.results import ProbeReport, ProbeRow
 from probes.fingerprint import versions as software_versions
@@ -222,6 +222,7 @@ def probe(
     if steps > MAX_STEPS:
         raise InputError(f"--steps must be at most {MAX_STEPS} (a probe measures a few steps), not {steps}")
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
+    spec = cpu_probe_dtype(spec, device, on_note)
     resolved = resolve(spec)
     check_ranks(resolved, device)
     if device == "cpu":

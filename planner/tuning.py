@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from planner.inputs import JobSpec, ResolvedJob, resolve
+from planner.probe_device import cpu_probe_dtype
 from planner.results import TuneReport
 from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict, search
 from store.errors import InputError
@@ -175,6 +176,7 @@ def tune(
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     runner: Callable[[ProbeRequest], ProbeResult] | None = None,
     on_progress: Callable[[str], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
     **job: Any,
 ) -> TuneReport:
     """Probe the candidates the cost model ranks first until a measured plan fits with the planned headroom
@@ -183,7 +185,7 @@ def tune(
     probes ran), and save that plan. ``study`` names the Optuna study (default: one per job and device), kept
     in ``db`` beside the plans and probes: an interrupted tune, run again, resumes; several machines on one
     database share the work. ``runner`` defaults to ``probes.run_probe``; ``on_progress`` gets one line per
-    probe.
+    probe, ``on_note`` the lines about how the job was read (on ``cpu``: the dtype chosen and why).
     """
     from planner.calibration_data import device_target, target_hardware
     from planner.calibration_use import calibrated
@@ -201,6 +203,7 @@ def tune(
     from planner.api import PROBE_GPU_MEM
 
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
+    spec = cpu_probe_dtype(spec, device, on_note)
     if spec.gpu_mem is None and spec.gpu is None:
         spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
     resolved = resolve(spec, db)

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, required
 
+# every test phase within a CPU-seconds budget (tests/cpu_budget.py); pytester runs that check on itself
+pytest_plugins = ["cpu_budget", "pytester"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def guard_default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -59,6 +59,7 @@ def tune_command(
         db=db,
         calibration=calibration,
         on_progress=lambda line: print(line, file=sys.stderr),
+        on_note=lambda line: print(line, file=sys.stderr),
     )
     if json_out:
         print(report.to_json())

@@ -40,6 +40,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+from cpu_dtype import CPU_DTYPE
 from tiny_models import TINY_MOE, make_hardware, tiny_family_config, tiny_llama_hf_config
 
 from planner.inputs import ResolvedJob
@@ -172,12 +173,12 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
             model=model,
             seq_len=SEQ_LEN,
             global_batch=global_batch,
-            dtype="bf16",
+            dtype=CPU_DTYPE,
             prompt_len=PROMPT_LEN,
             gen_len=GEN_LEN,
         )
     else:
-        workload = Workload(kind="sft", model=model, seq_len=SEQ_LEN, global_batch=global_batch, dtype="bf16")
+        workload = Workload(kind="sft", model=model, seq_len=SEQ_LEN, global_batch=global_batch, dtype=CPU_DTYPE)
     return ResolvedJob(workload=workload, hardware=make_hardware(gpus=case.gpus)), layers
 
 

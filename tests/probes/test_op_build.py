@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cpu_dtype import CPU_DTYPE
 
 import probes.ops
 import probes.runner
@@ -32,8 +33,8 @@ from store.errors import InputError
 from store.measurements import PhaseMeasurement, ProbeRequest, ProbeResult
 
 HARDWARE = {"gpu": "H100-80G", "gpu_memory_bytes": 80 * 2**30, "gpus": 1, "nodes": 1, "cpu_memory_bytes": 64 * 2**30}
-SFT = {"kind": "sft", "model": "opt-125m", "seq_len": 16, "global_batch": 2, "dtype": "bf16"}
-PPO = {"kind": "ppo", "model": "opt-125m", "prompt_len": 8, "gen_len": 8, "global_batch": 2, "dtype": "bf16"}
+SFT = {"kind": "sft", "model": "opt-125m", "seq_len": 16, "global_batch": 2, "dtype": CPU_DTYPE}
+PPO = {"kind": "ppo", "model": "opt-125m", "prompt_len": 8, "gen_len": 8, "global_batch": 2, "dtype": CPU_DTYPE}
 
 
 def sft(device: str = "cuda", timeout_s: float = 600.0, **strategy: Any) -> ProbeRequest:
