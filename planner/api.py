@@ -307,16 +307,22 @@ def check(
     JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``,
     ``lora_rank``, ``empty_cache``, ``allocator``. The dtype is the config's (a ``dtype`` that contradicts
     it is an InputError; "auto", as transformers writes it, is the job's); the global batch is the config's (the
-    job's where its batch keys are "auto"). ``calibration`` and ``db`` as for ``recommend``.
+    job's where its batch keys are "auto"). ``calibration`` and ``db`` as for ``recommend``. The config means what
+    it means to DeepSpeed: where deepspeed is installed its own parser reads it (and an InputError says where it
+    refuses it); elsewhere memplan's reader, which refuses the same in the blocks it reads.
     """
     from planner.calibration_use import calibrated
     from planner.files import read_json_file
+    from probes.ds_config_deepspeed import check_with_deepspeed, read_as_deepspeed
     from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
 
-    config = read_json_file(ds_config, "ds_config") if isinstance(ds_config, (str, Path)) else ds_config
+    raw = read_json_file(ds_config, "ds_config") if isinstance(ds_config, (str, Path)) else ds_config
     if not isinstance(model, JobSpec):
         job.setdefault("workload", CONFIG_WORKLOAD)
     spec = job_spec(model, job)
+    # DeepSpeed's own reading where deepspeed is installed (None: memplan's reader, which refuses the same)
+    as_deepspeed_reads = read_as_deepspeed(raw) if isinstance(raw, dict) else None
+    config = raw if as_deepspeed_reads is None else as_deepspeed_reads
     if isinstance(config, dict):
         config_dtype = dtype_of_ds_config(config)  # None: "auto", the job's dtype as transformers fills it
         if config_dtype is not None and spec.dtype not in (None, config_dtype):
@@ -336,6 +342,8 @@ def check(
         auto_batch=resolved.workload.global_batch,  # "auto" batch keys: the job's --batch
         **outside,
     )
+    if isinstance(raw, dict):  # the whole config, its batch at this world size, as deepspeed.initialize reads it
+        check_with_deepspeed(raw, resolved.hardware.world_size, strategy.micro_batch, strategy.grad_accum)
     resolved = _with_batch_of(resolved, strategy, given=spec.batch is not None)
     prediction = predict_strategy(resolved.workload, strategy, resolved.hardware, coef)
     report = prediction_report(resolved, strategy, prediction, calibration_block)

@@ -38,6 +38,9 @@ def check_command(
 ) -> int:
     """Check whether a DeepSpeed config is predicted to fit: exit 0 fits, 1 does not fit, 2 bad input.
 
+    The config means what it means to DeepSpeed: its own parser reads it where deepspeed is installed, and a
+    config DeepSpeed refuses is bad input.
+
     Example: planner check ds_config.json --model opt-1.3b --gpu-mem 24G --seq-len 512
     """
     from planner.api import check
