@@ -16,8 +16,9 @@ from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 
 def _framework_launch(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict[str, Any]]:
-    """OpenRLHF 0.11 (``openrlhf_ray``), veRL and TRL launch flags and gaps; a plan one of them cannot take
-    gets its reason as the gap (the report is never refused for it)."""
+    """DeepSpeed-Chat, OpenRLHF 0.11, veRL and TRL launch flags and gaps, from the code that writes each
+    framework's files (:func:`probes.frameworks.launch_entries`); a plan one of them cannot take gets its reason
+    as the gap (the report is never refused for it)."""
     from probes.frameworks import launch_entries
 
     try:
@@ -79,19 +80,11 @@ def prediction_report(
         "calibration": calibration,
     }
     if isinstance(strategy, RLHFStrategy):
-        from probes.rlhf_config import (
-            deepspeed_chat_flags,
-            deepspeed_chat_gaps,
-            openrlhf_flags,
-            openrlhf_gaps,
-            render_rlhf_ds_configs,
-            rlhf_outside_settings,
-        )
+        from probes.rlhf_config import render_rlhf_ds_configs, rlhf_outside_settings
 
-        w, h = job.workload, job.hardware
-        launch = {"deepspeed_chat": deepspeed_chat_flags(strategy, w, h), "openrlhf": openrlhf_flags(strategy, w, h)}
-        gaps = {"deepspeed_chat": deepspeed_chat_gaps(strategy, w, h), "openrlhf": openrlhf_gaps(strategy, w, h)}
-        for name, entry in _framework_launch(strategy, w, h).items():
+        launch: dict[str, list[str]] = {}
+        gaps: dict[str, list[str]] = {}
+        for name, entry in _framework_launch(strategy, job.workload, job.hardware).items():
             launch[name], gaps[name] = entry["flags"], entry["gaps"]
         return PredictionReport(
             **common,

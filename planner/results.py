@@ -80,8 +80,8 @@ class PredictionReport(BaseModel):
     ds_config: dict[str, Any] | None = None  # single-model workloads
     ds_configs: dict[str, dict[str, Any]] | None = None  # RLHF: one per model (actor, critic, reference, reward)
     outside_settings: dict[str, str]
-    # RLHF: ready-to-paste flags per framework: deepspeed_chat, openrlhf (flat names, up to 0.9), openrlhf_ray
-    # (0.11's dotted names with the vLLM engines), verl (Hydra overrides), trl (``trl grpo`` options, GRPO only)
+    # RLHF: ready-to-paste flags per framework, from the code that writes its files: deepspeed_chat, openrlhf
+    # (0.11's dotted names, as --format openrlhf), verl (Hydra overrides), trl (``trl grpo`` options, GRPO only)
     launch: dict[str, list[str]] = {}
     launch_gaps: dict[str, list[str]] = {}  # what a framework's flags cannot express of the strategy
     readings: list[str] = []

@@ -52,6 +52,7 @@ from store.records import (
     TrainedModelStrategy,
     Workload,
 )
+from store.rollout import refuses_expandable_segments
 
 __all__ = [
     "HYBRID_ENGINE_SETTINGS",
@@ -372,8 +373,11 @@ def rlhf_outside_settings(strategy: RLHFStrategy) -> dict[str, str]:
             '"generation", "scoring", "actor_training", "critic_training" and call end_step() after the '
             "optimizer steps"
         )
+    # beside a sleeping colocated vLLM engine none: its CuMemAllocator refuses expandable segments
     settings["PYTORCH_CUDA_ALLOC_CONF"] = (
-        "expandable_segments:True" if strategy.allocator == "expandable-segments" else ""
+        "expandable_segments:True"
+        if strategy.allocator == "expandable-segments" and not refuses_expandable_segments(strategy.rollout)
+        else ""
     )
     if strategy.ema:
         settings["ema"] = (

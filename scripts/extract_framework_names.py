@@ -14,7 +14,8 @@ wheel file name and its sha256, and the file inside the wheel the names come fro
   (``trl/scripts/vllm_serve.py``). The fields they inherit from transformers' ``TrainingArguments`` are read by
   the tests from the installed transformers.
 - veRL: every key path of ``verl/trainer/config/_generated_ppo_trainer.yaml``, the fully composed
-  ``ppo_trainer.yaml`` that veRL generates from its Hydra defaults (dict-valued paths included).
+  ``ppo_trainer.yaml`` that veRL generates from its Hydra defaults (dict-valued paths included), and those whose
+  value is mandatory (``???``).
 - accelerate: the fields of ``BaseConfig`` and ``ClusterConfig`` (``accelerate/commands/config/config_args.py``)
   and the ``deepspeed_config[...]`` keys ``accelerate config`` writes (``accelerate/commands/config/cluster.py``).
 
@@ -164,6 +165,18 @@ def key_paths(data: Any, prefix: str = "") -> list[str]:
     return paths
 
 
+def mandatory_paths(data: Any, prefix: str = "") -> list[str]:
+    """The dotted key paths whose value is OmegaConf's ``???`` (MISSING: reading one unset raises
+    ``MissingMandatoryValue``)."""
+    if isinstance(data, dict):
+        return sorted(
+            path
+            for key, value in data.items()
+            for path in mandatory_paths(value, f"{prefix}.{key}" if prefix else str(key))
+        )
+    return [prefix] if data == "???" else []
+
+
 def extract(folder: Path) -> dict[str, Any]:
     """The names of all four frameworks from the wheels in ``folder``."""
     out: dict[str, Any] = {}
@@ -192,7 +205,12 @@ def extract(folder: Path) -> dict[str, Any]:
 
     wheel = _wheel(folder, "verl")
     path, text = _member(wheel, "verl/trainer/config/_generated_ppo_trainer.yaml")
-    out["verl"] = {**_provenance(wheel, "verl", [path]), "keys": sorted(set(key_paths(yaml.safe_load(text))))}
+    config = yaml.safe_load(text)
+    out["verl"] = {
+        **_provenance(wheel, "verl", [path]),
+        "keys": sorted(set(key_paths(config))),
+        "mandatory": mandatory_paths(config),
+    }
 
     wheel = _wheel(folder, "accelerate")
     path, text = _member(wheel, "accelerate/commands/config/config_args.py")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv if missing and installs memplan into it. Safe to run again: it only does what is missing.
 # The postgres extra (psycopg 3) comes along, so that the tests run the store on a real PostgreSQL server
-# where its binaries (initdb, pg_ctl) are installed; they skip, saying why, where they are not.
+# where its binaries (initdb, pg_ctl) are installed; they skip, saying why, where they are not. The frameworks
+# extra (accelerate, TRL, PEFT) lets the tests run each `planner export --format` file through its framework.
 #
 # torch: when the venv cannot import torch, install the pinned CPU build torch==2.13.0 first (pip's
 # configured find-links / index serve it; on a CPU machine without such a source, set
@@ -24,7 +25,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing memplan and its dependencies into $VENV"
-  "$VENV/bin/pip" install --quiet -e ".[dev,postgres]"
+  "$VENV/bin/pip" install --quiet -e ".[dev,postgres,frameworks]"
   touch "$stamp"
 fi
 # Byte-compile the project once, so `planner` starts fast even where PYTHONDONTWRITEBYTECODE is set.

@@ -97,6 +97,19 @@ class RolloutStrategy:
         return " ".join(parts)
 
 
+def refuses_expandable_segments(rollout: RolloutStrategy | None) -> bool:
+    """True when the plan's rollout engine cannot run beside ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+
+    A vLLM engine that sleeps allocates its weights and KV cache through its ``CuMemAllocator`` (vLLM's
+    ``vllm/device_allocator/cumem.py``, ``CuMemAllocator.__init__``), which asserts that the process's
+    ``PYTORCH_CUDA_ALLOC_CONF`` holds no ``expandable_segments:True``. Colocated, the engine shares the trainer's
+    environment in every framework memplan exports for: TRL's ``vllm_mode="colocate"`` and veRL's hybrid worker
+    run it in the trainer's own process; OpenRLHF starts its engines in the same Ray job, whose ``runtime_env``
+    is one for all actors. Such a plan keeps the allocator's default.
+    """
+    return rollout is not None and rollout.engine == "vllm" and rollout.colocated and rollout.sleep_level > 0
+
+
 def rollout_problems(r: RolloutStrategy) -> list[str]:
     """What makes a rollout block impossible, as readable phrases (empty when valid)."""
     problems: list[str] = []

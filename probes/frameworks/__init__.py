@@ -106,13 +106,26 @@ def render(
 
 
 def launch_entries(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict[str, Any]]:
-    """The RLHF launch flags of the newer frameworks for the plan's JSON ``launch``: ``openrlhf_ray`` (OpenRLHF
-    0.11's dotted flags with the vLLM engines), ``verl`` (Hydra overrides), ``trl`` (``trl grpo`` options; GRPO
-    only); each ``{"flags": [...], "gaps": [...]}``."""
+    """The RLHF launch flags the plan's JSON ``launch`` and the printed "Launch flags" lines carry, each
+    ``{"flags": [...], "gaps": [...]}`` and each from the code that writes that framework's files (one source per
+    framework): ``deepspeed_chat`` (:func:`probes.rlhf_config.deepspeed_chat_flags`, step 3's ``main.py``; PPO
+    only), ``openrlhf`` (OpenRLHF 0.11's ``train_ppo_ray``, as ``--format openrlhf`` writes them), ``verl`` (Hydra
+    overrides, as ``--format verl``) and ``trl`` (``trl grpo`` options, as ``--format trl``; GRPO only)."""
     from probes.frameworks import openrlhf, trl, verl
+    from probes.rlhf_config import deepspeed_chat_flags, deepspeed_chat_gaps
 
-    return {
-        "openrlhf_ray": openrlhf.launch(strategy, workload, hardware),
-        "verl": verl.launch(strategy, workload, hardware),
-        "trl": trl.launch(strategy, workload, hardware),
-    }
+    def deepspeed_chat(s: RLHFStrategy, w: Workload, h: Hardware) -> dict[str, Any]:
+        return {"flags": deepspeed_chat_flags(s, w, h), "gaps": deepspeed_chat_gaps(s, w, h)}
+
+    entries: dict[str, dict[str, Any]] = {}
+    for name, build in (
+        ("deepspeed_chat", deepspeed_chat),
+        ("openrlhf", openrlhf.launch),
+        ("verl", verl.launch),
+        ("trl", trl.launch),
+    ):
+        try:
+            entries[name] = build(strategy, workload, hardware)
+        except InputError as exc:  # a plan this framework cannot take: its reason, the others still given
+            entries[name] = {"flags": [], "gaps": [str(exc)]}
+    return entries

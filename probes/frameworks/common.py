@@ -14,6 +14,7 @@ from typing import Any
 
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.rollout import refuses_expandable_segments
 
 # How the scripts mark what the user fills in: shell variables that stop the script when unset.
 MODEL_VARS: dict[str, str] = {
@@ -101,20 +102,30 @@ def allocator_gaps(strategy: Strategy | RLHFStrategy, framework: str, empty_cach
             f"{framework} decides itself when to call torch.cuda.empty_cache(); the plan's empty_cache "
             f"{strategy.empty_cache!r} has no setting there"
         )
-    rollout = getattr(strategy, "rollout", None)
-    if strategy.allocator == "expandable-segments" and rollout is not None and rollout.sleep_level:
+    if strategy.allocator == "expandable-segments" and refuses_expandable_segments(getattr(strategy, "rollout", None)):
         gaps.append(
-            "vLLM's sleep mode (its CuMemAllocator) refuses PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: "
-            "set it for the trainer processes only, or leave it unset"
+            "vLLM's sleep mode (CuMemAllocator.__init__, vllm/device_allocator/cumem.py) asserts that "
+            "PYTORCH_CUDA_ALLOC_CONF holds no expandable_segments:True, and the colocated engine shares the "
+            f"trainers' environment in {framework}: the plan's allocator setting is not exported (plan again: the "
+            "search keeps the default allocator beside a sleeping vLLM)"
         )
     return gaps
 
 
+def allocator_env(strategy: Strategy | RLHFStrategy) -> dict[str, str]:
+    """The environment the plan's allocator setting needs (``PYTORCH_CUDA_ALLOC_CONF``), empty for the default
+    allocator and beside a sleeping colocated vLLM engine, which refuses expandable segments
+    (:func:`store.rollout.refuses_expandable_segments`)."""
+    if strategy.allocator != "expandable-segments":
+        return {}
+    if refuses_expandable_segments(getattr(strategy, "rollout", None)):
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
 def env_lines(strategy: Strategy | RLHFStrategy) -> list[str]:
-    """``export`` lines of the environment the plan needs (the allocator setting), for shell scripts."""
-    if strategy.allocator == "expandable-segments":
-        return ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
-    return []
+    """``export`` lines of the environment the plan needs (:func:`allocator_env`), for shell scripts."""
+    return [f"export {name}={value}" for name, value in allocator_env(strategy).items()]
 
 
 def comment_block(lines: list[str] | tuple[str, ...], mark: str = "#") -> str:

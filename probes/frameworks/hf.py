@@ -20,6 +20,7 @@ from typing import Any
 from probes.ds_config import ADAM_BETAS, ADAM_EPS, render_ds_config
 from probes.frameworks.common import (
     Rendered,
+    allocator_env,
     comment_block,
     gap_comments,
     json_text,
@@ -72,10 +73,13 @@ def training_kwargs(strategy: Strategy, workload: Workload, ds_config_path: str 
         "weight_decay": WEIGHT_DECAY,
         "bf16": workload.dtype == "bf16",
         "fp16": workload.dtype == "fp16",
-        "gradient_checkpointing": strategy.gradient_checkpointing,
+        # transformers 5.23 (training_args.py, TrainingArguments.__post_init__): gradient_checkpointing(_kwargs) are
+        # deprecated aliases of activation_checkpointing(_kwargs). Always given, False too: TRL's _BaseConfig
+        # (trl/trainer/base_config.py) defaults gradient_checkpointing to True, which the new name overrides.
+        "activation_checkpointing": strategy.gradient_checkpointing,
     }
     if strategy.gradient_checkpointing:
-        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        kwargs["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     if strategy.empty_cache == "every-step":
         kwargs["torch_empty_cache_steps"] = 1
     if strategy.loss == "chunked":
@@ -107,8 +111,7 @@ def setup_notes(strategy: Strategy, hardware: Hardware) -> list[str]:
             f"LoRA rank {strategy.lora_rank}: peft.get_peft_model(model, LoraConfig(r={strategy.lora_rank}, "
             'target_modules="all-linear", task_type="CAUSAL_LM")) before the Trainer (TRL: peft_config=)'
         )
-    if strategy.allocator == "expandable-segments":
-        notes.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before launching")
+    notes += [f"export {name}={value} before launching" for name, value in allocator_env(strategy).items()]
     return notes
 
 

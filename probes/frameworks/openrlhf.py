@@ -25,16 +25,17 @@ the others (OpenRLHF colocates actor with reference, and critic with reward, as 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from probes.frameworks.common import (
     DATA_VAR,
     MODEL_VARS,
     Rendered,
+    allocator_env,
     allocator_gaps,
     check_rlhf,
     comment_block,
-    env_lines,
     gap_comments,
     max_out_tokens,
     require_vars,
@@ -43,6 +44,8 @@ from probes.frameworks.common import (
     train_sequences,
     trainer_gpus_per_node,
 )
+from store.ds_buckets import ZeroBuckets, buckets_from_zero_config
+from store.ds_defaults import buckets_of
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Workload
 
@@ -74,6 +77,18 @@ _NAMES: dict[str, tuple[str, str]] = {
     "enforce_eager": ("--enforce_eager", "--vllm.enforce_eager"),
 }
 ESTIMATORS = {"ppo": None, "grpo": "group_norm", "remax": "reinforce"}
+ZERO12_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
+ZERO3_KEYS = (
+    "reduce_bucket_size",
+    "overlap_comm",
+    "contiguous_gradients",
+    "prefetch_bucket_size",
+    "param_persistence_threshold",
+    "max_live_parameters",
+    "max_reuse_distance",
+    "sub_group_size",
+)
+RAY_DASHBOARD = "http://127.0.0.1:8265"
 
 
 def _check_style(style: str) -> bool:
@@ -116,6 +131,9 @@ def flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style:
     if dotted:
         out += ["--data.max_len", str(max_out_tokens(workload)), "--rollout.max_new_tokens", str(workload.gen_len)]
         out += ["--ds.param_dtype", workload.dtype] if workload.dtype in ("bf16", "fp16") else []
+        # train_ppo_ray's --ds.attn_implementation defaults to flash_attention_2: the plan's attention is explicit
+        out += ["--ds.attn_implementation", workload.attn_impl]
+        out += ["--ds.overlap_comm"] if planned_buckets(strategy, workload).overlap_comm else []
     else:
         out += ["--prompt_max_len", str(workload.prompt_len), "--generate_max_len", str(workload.gen_len)]
         out += ["--bf16"] if workload.dtype == "bf16" else []
@@ -126,6 +144,40 @@ def flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style:
     if workload.kind == "grpo" or workload.samples_per_prompt > 1:
         out += [name("n_samples"), str(workload.samples_per_prompt)]
     return out + _placement(strategy, workload, hardware, dotted)
+
+
+def planned_buckets(strategy: RLHFStrategy, workload: Workload) -> ZeroBuckets:
+    """The ZeRO buckets the plan's actor config holds (memplan's for its model and stage)."""
+    return buckets_of(None, workload.model_for("actor"), strategy.actor.zero_stage)
+
+
+def openrlhf_buckets(zero_stage: int, overlap_comm: bool, hidden_size: int) -> ZeroBuckets:
+    """The buckets DeepSpeed runs OpenRLHF 0.11.2's trained models with.
+
+    OpenRLHF builds its own DeepSpeed config (``openrlhf/utils/deepspeed/deepspeed_utils.py``,
+    ``get_train_ds_config``): ``reduce_bucket_size``, the ZeRO-3 prefetch, persistence, live-parameter and reuse
+    keys and ``sub_group_size`` are ``"auto"``, which DeepSpeed drops (``deepspeed/runtime/config_utils.py``,
+    ``DeepSpeedConfigModel.__init__``) for its own defaults; ``overlap_comm`` and ``contiguous_gradients`` are set
+    only with ``--ds.overlap_comm``, else DeepSpeed's dynamic default (on for ZeRO-3) holds."""
+    zero: dict[str, Any] = {"overlap_comm": True, "contiguous_gradients": True} if overlap_comm else {}
+    return buckets_from_zero_config(zero, zero_stage, hidden_size)
+
+
+def _bucket_gaps(strategy: RLHFStrategy, workload: Workload) -> list[str]:
+    planned = planned_buckets(strategy, workload)
+    hidden = workload.model_for("actor").hidden_size
+    theirs = openrlhf_buckets(strategy.actor.zero_stage, planned.overlap_comm, hidden)
+    keys = ZERO3_KEYS if strategy.actor.zero_stage == 3 else ZERO12_KEYS
+    differ = [key for key in keys if getattr(planned, key) != getattr(theirs, key)]
+    if not differ:
+        return []
+    return [
+        "OpenRLHF builds its own DeepSpeed config (get_train_ds_config) and has no flag for the ZeRO buckets: "
+        "DeepSpeed runs it with "
+        + ", ".join(f"{key} {getattr(theirs, key)}" for key in differ)
+        + " where the plan has "
+        + ", ".join(f"{getattr(planned, key)}" for key in differ)
+    ]
 
 
 def _placement(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, dotted: bool) -> list[str]:
@@ -205,6 +257,7 @@ def gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: 
             "OpenRLHF has no ReMax estimator; --advantage_estimator reinforce runs the same models without "
             "ReMax's greedy-baseline generation (one rollout per prompt, not two)"
         )
+    out += _bucket_gaps(strategy, workload) if dotted else []
     return out + _rollout_gaps(strategy, workload, hardware, dotted) + allocator_gaps(strategy, "OpenRLHF")
 
 
@@ -270,14 +323,27 @@ def script(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> Re
             f"OpenRLHF {DOTTED_VERSION} (openrlhf.cli.train_ppo_ray) for this plan: {workload.kind} of "
             f"{workload.model.name} on {hardware.nodes} x {hardware.gpus} GPUs.",
             "Placeholders: the variables below (the script stops when one is unset). Start Ray first (ray start "
-            "--head); the reference is the actor's model.",
+            f"--head); the job goes to RAY_ADDRESS (default {RAY_DASHBOARD}); the reference is the actor's model.",
         ]
     )
     text = "#!/usr/bin/env bash\nset -euo pipefail\n" + head + gap_comments(found, "OpenRLHF") + "\n"
-    text += require_vars(wanted)
-    text += "".join(line + "\n" for line in env_lines(strategy))
-    text += shell_command(["python3", "-m", "openrlhf.cli.train_ppo_ray"], args)
+    text += require_vars(wanted) + f'export RAY_ADDRESS="${{RAY_ADDRESS:-{RAY_DASHBOARD}}}"\n'
+    text += shell_command(submit_command(strategy), args)
     return Rendered("openrlhf", {"script": text}, tuple(found), ("bash run_openrlhf.sh on the Ray head node",))
+
+
+def submit_command(strategy: RLHFStrategy) -> list[str]:
+    """``ray job submit`` of ``train_ppo_ray`` with the plan's environment in the job's ``runtime_env``.
+
+    ``train_ppo_ray.train`` calls ``ray.init`` with a runtime_env of its own (three variables) only when Ray is not
+    initialized, and the workers of a running cluster do not inherit the driver's shell: an ``export`` before
+    ``python3 -m openrlhf.cli.train_ppo_ray`` never reaches the trainers. A job's ``--runtime-env-json`` reaches
+    every actor of the job (and takes precedence over the driver's ``ray.init(runtime_env=...)``)."""
+    command = ["ray", "job", "submit"]
+    env = allocator_env(strategy)
+    if env:
+        command += ["--runtime-env-json", json.dumps({"env_vars": env}, separators=(",", ":"))]
+    return [*command, "--", "python3", "-m", "openrlhf.cli.train_ppo_ray"]
 
 
 def launch(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, Any]:

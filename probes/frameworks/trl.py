@@ -16,12 +16,14 @@ trainer is ZeRO-3 (parameters offloaded when the trainer offloads them), else Ze
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
 from probes.frameworks.common import (
     MODEL_VARS,
     Rendered,
+    allocator_env,
     allocator_gaps,
     check_rlhf,
     comment_block,
@@ -38,6 +40,7 @@ from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 VERSION = "1.16.0"
 CONFIG_CLASSES = {"grpo": "GRPOConfig", "sft": "SFTConfig", "reward": "RewardConfig", "dpo": "DPOConfig"}
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 GRPO_BETA = 0.001  # the KL coefficient TRL's docs cite (DeepSeek-R1); any beta > 0 loads the reference
 
 
@@ -55,15 +58,49 @@ def _actor_strategy(strategy: RLHFStrategy) -> Strategy:
     return trained_model_strategy(strategy, "actor")
 
 
+def _trainer_kwargs(strategy: Strategy, workload: Workload, ds_config_path: str | None) -> dict[str, Any]:
+    """The TrainingArguments keywords of :func:`probes.frameworks.hf.training_kwargs` as TRL 1.16 takes them.
+
+    - No ``use_liger_kernel``: TRL 1.16's SFT, DPO, GRPO, KTO and RLOO trainers compute the per-token log-probs
+      in chunks themselves (``add_fused_lm_head`` in ``trl/trainer/{sft,dpo,grpo}_trainer.py``) and deprecate the
+      flag (``_BaseConfig.use_liger_kernel``, trl/trainer/base_config.py).
+    - ``model_init_kwargs`` with the plan's dtype and attention: a trainer given a model name loads it with these
+      (``create_model_from_path``), else in float32 (``SFTTrainer.__init__`` docstring) with transformers' default
+      attention; the ``trl`` CLI's ModelConfig defaults (``dtype="float32"``) are overridden by them
+      (trl/scripts/sft.py ``main``: ``model_init_kwargs.update(training_args.model_init_kwargs)``).
+    """
+    kwargs = training_kwargs(strategy, workload, ds_config_path)
+    kwargs.pop("use_liger_kernel", None)
+    kwargs["model_init_kwargs"] = {"dtype": TORCH_DTYPES[workload.dtype], "attn_implementation": workload.attn_impl}
+    return kwargs
+
+
+def model_config(strategy: Strategy | RLHFStrategy, workload: Workload) -> dict[str, Any]:
+    """The keys of TRL's ``ModelConfig`` (trl/trainer/model_config.py) that carry the plan's LoRA: the ``trl``
+    CLI's parser (``TrlParser`` over ScriptArguments, the config class and ModelConfig) reads them from the same
+    YAML, and ``get_peft_config`` (trl/trainer/utils.py) builds the ``LoraConfig``; empty without LoRA. One target
+    ``["all-linear"]`` becomes PEFT's ``"all-linear"`` (``ModelConfig.__post_init__``), the layers the cost model
+    counts (:mod:`probes.lora`)."""
+    rank = _actor_strategy(strategy).lora_rank if isinstance(strategy, RLHFStrategy) else strategy.lora_rank
+    if not rank:
+        return {}
+    return {
+        "use_peft": True,
+        "lora_r": rank,
+        "lora_target_modules": ["all-linear"],
+        "lora_task_type": "SEQ_CLS" if workload.kind == "reward" else "CAUSAL_LM",
+    }
+
+
 def config_kwargs(
     strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardware, ds_config_path: str | None
 ) -> dict[str, Any]:
     """The keywords of the workload's TRL config class (:data:`CONFIG_CLASSES`) for the plan."""
     _no_trainer(workload)
     if not isinstance(strategy, RLHFStrategy):
-        return {**training_kwargs(strategy, workload, ds_config_path), "max_length": workload.seq_len}
+        return {**_trainer_kwargs(strategy, workload, ds_config_path), "max_length": workload.seq_len}
     check_rlhf(strategy, workload)
-    kwargs = training_kwargs(_actor_strategy(strategy), workload, ds_config_path)
+    kwargs = _trainer_kwargs(_actor_strategy(strategy), workload, ds_config_path)
     kwargs.update(
         {
             "num_generations": workload.samples_per_prompt,
@@ -105,8 +142,8 @@ def gaps(strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardwa
     """What TRL's config cannot express of the plan, one sentence each."""
     _no_trainer(workload)
     if not isinstance(strategy, RLHFStrategy):
-        return single_model_gaps(strategy, "TRL")
-    found = single_model_gaps(_actor_strategy(strategy), "TRL")
+        return single_model_gaps(strategy, "TRL") + _loss_gaps(strategy, workload)
+    found = single_model_gaps(_actor_strategy(strategy), "TRL") + _loss_gaps(_actor_strategy(strategy), workload)
     found += _frozen_gaps(strategy)
     if workload.samples_per_prompt < 2:
         found.append("GRPOConfig refuses num_generations < 2 (GRPO's advantage needs a group); plan with k >= 2")
@@ -129,6 +166,17 @@ def gaps(strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardwa
     else:
         found += _rollout_gaps(strategy, hardware)
     return found + allocator_gaps(strategy, "TRL", empty_cache=False)
+
+
+def _loss_gaps(strategy: Strategy, workload: Workload) -> list[str]:
+    """TRL 1.16's SFT, DPO and GRPO trainers never hold the (batch, seq, vocab) logits (``add_fused_lm_head``):
+    a plan that counts them (``loss="hf"``) holds memory TRL does not spend."""
+    if strategy.loss != "hf" or workload.kind == "reward":
+        return []
+    return [
+        f"TRL {VERSION}'s {CONFIG_CLASSES[workload.kind][:-6]} trainer computes the per-token log-probs in chunks "
+        "(add_fused_lm_head) and never holds the whole logits this plan counts: TRL needs less memory than planned"
+    ]
 
 
 def _frozen_gaps(strategy: RLHFStrategy) -> list[str]:
@@ -184,7 +232,10 @@ def render(
     if isinstance(strategy, RLHFStrategy):
         actor = _actor_strategy(strategy)
         ds = auto_ds_config(actor, replace(workload, model=workload.model_for("actor")), hardware)
-        notes = setup_notes(actor, replace(hardware, gpus=trainer_gpus_per_node(strategy, hardware)))
+        allocator = actor.allocator if allocator_env(strategy) else "default"  # none beside a sleeping vLLM
+        notes = setup_notes(
+            replace(actor, allocator=allocator), replace(hardware, gpus=trainer_gpus_per_node(strategy, hardware))
+        )
         serve = server_command(strategy, workload)
         if serve:
             notes.insert(0, "start the engine on its own GPUs first: " + " ".join(serve))
@@ -200,9 +251,18 @@ def render(
         f"{hardware.gpus} GPUs; {paths['ds_config']} holds the DeepSpeed config it points at.",
         *notes,
     ]
+    peft = model_config(strategy, workload)
     snippet = comment_block(head) + gap_comments(found, "TRL") + f"\nfrom trl import {cls}\n\n"
     snippet += python_kwargs("config_kwargs", kwargs) + f"config = {cls}(**config_kwargs)\n"
-    yaml_doc = comment_block(head) + gap_comments(found, "TRL") + yaml_text(kwargs)
+    if peft:
+        snippet += (
+            "\nfrom trl import ModelConfig, get_peft_config\n\n"
+            + python_kwargs("model_kwargs", peft)
+            + "peft_config = get_peft_config(ModelConfig(**model_kwargs))  # pass peft_config= to the trainer\n"
+        )
+    env = allocator_env(strategy)
+    document = {**kwargs, **peft, **({"env": env} if env else {})}
+    yaml_doc = comment_block(head) + gap_comments(found, "TRL") + yaml_text(document)
     files = {"kwargs": snippet, "yaml": yaml_doc, "ds_config": json_text(ds)}
     return Rendered("trl", files, tuple(found), tuple(notes))
 
@@ -211,12 +271,15 @@ def launch(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> di
     """``trl grpo`` options for the JSON document's ``launch`` (GRPO only; add --deepspeed FILE)."""
     if workload.kind != "grpo":
         return {"flags": [], "gaps": [f"TRL {VERSION} has no {workload.kind} trainer"]}
-    kwargs = config_kwargs(strategy, workload, hardware, None)
+    kwargs = {**config_kwargs(strategy, workload, hardware, None), **model_config(strategy, workload)}
     kwargs.pop("output_dir")
     flags: list[str] = []
     for key, value in kwargs.items():
+        if isinstance(value, list):
+            flags += [f"--{key}", *(str(v) for v in value)]
+            continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
         if isinstance(value, dict):
-            text = json_text(value).replace("\n", "").replace("  ", "")
+            text = json.dumps(value, separators=(",", ":"))
         flags += [f"--{key}", text]
     return {"flags": flags, "gaps": gaps(strategy, workload, hardware)}

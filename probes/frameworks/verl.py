@@ -19,6 +19,7 @@ standalone rollout pool (``rollout.nnodes`` x ``rollout.n_gpus_per_node``). The 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from probes.frameworks.common import (
@@ -27,15 +28,15 @@ from probes.frameworks.common import (
     allocator_gaps,
     check_rlhf,
     comment_block,
-    env_lines,
     gap_comments,
+    max_out_tokens,
     require_vars,
     rlhf_only,
     shell_command,
     train_sequences,
     trainer_gpus_per_node,
 )
-from store.records import FrozenModelStrategy, Hardware, RLHFStrategy, TrainedModelStrategy, Workload
+from store.records import DTYPE_BYTES, FrozenModelStrategy, Hardware, RLHFStrategy, TrainedModelStrategy, Workload
 
 VERSION = "0.9.1"
 ESTIMATORS = {"ppo": "gae", "remax": "remax", "grpo": "grpo"}
@@ -145,14 +146,57 @@ def _build(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> tu
     more_out, more = _rollout(strategy, hardware)
     out += more_out
     found += more
-    out += ["reward.reward_model.enable=True"]
+    out += reward_engine(strategy, workload, hardware)
     found.append(
-        "veRL 0.9 serves the reward model on an inference engine (reward.reward_model.rollout), not as an FSDP "
-        f"model: the plan's reward layout (ZeRO-{strategy.reward.zero_stage}) does not carry over"
+        "veRL 0.9 serves the reward model on an inference engine (reward.reward_model.rollout) with one full copy "
+        f"per GPU, not as an FSDP model: the plan's reward layout (ZeRO-{strategy.reward.zero_stage}, offload "
+        f"{strategy.reward.offload}) does not carry over, and the engine's own profiling forward and CUDA context "
+        "come on top of the share it is given"
     )
     if strategy.ema:
         found.append("veRL keeps no EMA copy of the actor")
+    if strategy.allocator == "default":
+        found.append(
+            "veRL turns expandable segments on for the trainer itself after each weight sync "
+            "(ActorRolloutRefWorker.update_weights, verl/workers/engine_workers.py: set_expandable_segments(True)); "
+            "the plan's default allocator does not hold there"
+        )
     return out, found + allocator_gaps(strategy, "veRL")
+
+
+def reward_engine(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> list[str]:
+    """The overrides of veRL's reward-model engine (``reward.reward_model.rollout``, a ``RolloutConfig``).
+
+    - ``name``: the rollout's engine (vLLM without one). The config leaves it ``???`` (mandatory), and
+      ``init_workers`` stops with ``MissingMandatoryValue`` on reading it.
+    - ``tensor_model_parallel_size=1``: colocated, ``RewardModelManager._initialize_llm_servers``
+      (verl/experimental/reward_loop/reward_model.py) makes world_size // tensor_parallel replicas of the training
+      pool; the default 2 leaves none on a 1-GPU plan. One replica per GPU holds the whole model, as the plan's
+      ZeRO-0 reward model does.
+    - ``gpu_memory_utilization``: the share of a GPU the engine may take (default 0.5): the reward model's weights
+      in the plan's dtype plus the KV cache of one scoring batch (generation_batch x samples_per_prompt sequences
+      of prompt + generation tokens), rounded up to a hundredth.
+    - ``max_model_len`` (default: the model's whole context, whose KV cache vLLM must be able to hold) and
+      ``dtype``: the plan's.
+    """
+    model = workload.model_for("reward")
+    dtype_bytes = DTYPE_BYTES[workload.dtype]
+    tokens = strategy.generation_batch * workload.samples_per_prompt * max_out_tokens(workload)
+    kv = model.num_layers * model.kv_elements_per_token * tokens * dtype_bytes
+    share = (model.backbone_params * dtype_bytes + kv) / hardware.gpu_memory_bytes
+    utilization = min(1.0, math.ceil(share * 100) / 100)
+    engine = strategy.rollout.engine if strategy.rollout is not None else "vllm"
+    prefix = "reward.reward_model"
+    out = [
+        f"{prefix}.enable=True",
+        f"{prefix}.rollout.name={engine}",
+        f"{prefix}.rollout.tensor_model_parallel_size=1",
+        f"{prefix}.rollout.gpu_memory_utilization={utilization:g}",
+        f"{prefix}.rollout.max_model_len={max_out_tokens(workload)}",
+    ]
+    if workload.dtype in FSDP_DTYPES:
+        out.append(f"{prefix}.rollout.dtype={FSDP_DTYPES[workload.dtype]}")
+    return out
 
 
 def _rollout(strategy: RLHFStrategy, hardware: Hardware) -> tuple[list[str], list[str]]:
@@ -228,7 +272,7 @@ def script(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> Re
         ]
     )
     text = "#!/usr/bin/env bash\nset -euo pipefail\n" + head + gap_comments(found, "veRL") + "\n"
-    text += require_vars(wanted) + "".join(line + "\n" for line in env_lines(strategy))
+    text += require_vars(wanted)  # no PYTORCH_CUDA_ALLOC_CONF: veRL sets the allocator itself (gaps)
     text += shell_command(["python3", "-m", "verl.trainer.main_ppo"], [*paths, *args], pairs=False)
     return Rendered("verl", {"script": text}, tuple(found), ("bash run_verl.sh (Ray starts inside veRL)",))
 

@@ -142,7 +142,7 @@ def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardw
             break
         strategy = rlhf_strategy_at(replace(point, rollout=variants[v]), splits[i])
         step = engine_step_of(ctx, strategy)
-        for j, (policy, allocator) in enumerate(cache_choices()):
+        for j, (policy, allocator) in enumerate(cache_choices(strategy.rollout)):
             reserved, seconds = score_step(step, policy, allocator, coef)
             score = penalized_score(seconds, reserved, budget, step.host_bytes, host_budget)
             if best is None or (score, v, i, j) < best:

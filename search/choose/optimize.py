@@ -115,7 +115,7 @@ def rlhf_variants(workload: Workload, hardware: Hardware, strategy: RLHFStrategy
     return [
         replace(strategy, generation_batch=g, micro_batch=m, grad_accum=a, empty_cache=policy, allocator=allocator)
         for g, m, a in batch_choices(workload, hardware)
-        for policy, allocator in cache_choices()
+        for policy, allocator in cache_choices(strategy.rollout)
     ]
 
 

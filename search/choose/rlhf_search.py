@@ -71,7 +71,7 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
         if best is not None and (bound, i) > best[:2]:
             break  # this split and the later ones can at best tie with a later index
         steps[i] = step = step_of(ctx, strategy)
-        for j, (policy, allocator) in enumerate(cache_choices()):
+        for j, (policy, allocator) in enumerate(cache_choices(point.rollout)):
             reserved, seconds = score_step(step, policy, allocator, coef)
             score = penalized_score(seconds, reserved, budget, step.host_bytes, host_budget)
             if best is None or (score, i, j) < best:
@@ -80,7 +80,7 @@ def best_inner_rlhf(point: RLHFOuterPoint, workload: Workload, hardware: Hardwar
                 break  # later choices of this split can at best tie
     assert best is not None
     _, i, j = best
-    policy, allocator = cache_choices()[j]
+    policy, allocator = cache_choices(point.rollout)[j]
     strategy = next(split[2] for split in splits if split[1] == i)
     prediction = screen_step(steps[i], policy, allocator, hardware, coef)
     return Candidate(strategy.with_(empty_cache=policy, allocator=allocator), prediction)

@@ -36,7 +36,7 @@ from store.records import (
     TrainedModelStrategy,
     Workload,
 )
-from store.rollout import RolloutStrategy
+from store.rollout import RolloutStrategy, refuses_expandable_segments
 
 FROZEN_BLOCKS: tuple[FrozenModelStrategy, ...] = (
     FrozenModelStrategy(0, "none"),
@@ -117,9 +117,11 @@ def batch_choices(workload: Workload, hardware: Hardware) -> list[tuple[int, int
     return [(g, m, sequences // m) for g in divisors(job.prompts_per_gpu) for m in divisors(sequences)]
 
 
-def cache_choices() -> list[tuple[str, str]]:
-    """(empty_cache, allocator) pairs, simplest first."""
-    return [(policy, allocator) for policy in POLICIES for allocator in ALLOCATORS]
+def cache_choices(rollout: RolloutStrategy | None = None) -> list[tuple[str, str]]:
+    """(empty_cache, allocator) pairs, simplest first. Beside a sleeping colocated vLLM engine the allocator stays
+    ``default``: its ``CuMemAllocator`` refuses expandable segments (``store.rollout.refuses_expandable_segments``)."""
+    allocators = ("default",) if refuses_expandable_segments(rollout) else ALLOCATORS
+    return [(policy, allocator) for policy in POLICIES for allocator in allocators]
 
 
 def rlhf_strategy_at(
@@ -150,7 +152,7 @@ def all_rlhf_strategies(
     """The whole space, outer x inner."""
     for point in rlhf_outer_points(workload, hardware, lora_ranks):
         for batches in batch_choices(workload, hardware):
-            for cache in cache_choices():
+            for cache in cache_choices(point.rollout):
                 yield rlhf_strategy_at(point, batches, cache)
 
 

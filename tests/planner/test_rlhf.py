@@ -73,7 +73,9 @@ def test_launch_flags_follow_the_strategy(ppo_doc) -> None:
     assert ("--enable_hybrid_engine" in chat) == s["hybrid_engine"]
     offloaded = "cpu" in (s["actor"]["offload_optimizer"], s["critic"]["offload_optimizer"])
     assert ("--offload " in chat + " ") == offloaded
-    assert f"--zero_stage {s['actor']['zero_stage']}" in " ".join(doc["launch"]["openrlhf"])
+    # OpenRLHF 0.11's names, the flags --format openrlhf writes (issue 31: the flat names of 0.9 are gone)
+    assert f"--ds.zero_stage {s['actor']['zero_stage']}" in " ".join(doc["launch"]["openrlhf"])
+    assert "openrlhf_ray" not in doc["launch"]
 
 
 def test_empty_cache_effect_is_reported_against_never(ppo_doc) -> None:

@@ -343,6 +343,8 @@ OPENRLHF_DOTTED_OPTIONS = {
     "--algo.advantage.estimator",
     "--rollout.n_samples_per_prompt",
     "--train.colocate_all",
+    "--ds.attn_implementation",
+    "--ds.overlap_comm",
     *(f"--{role}.{n}" for role in ("actor", "critic", "ref", "reward") for n in ("num_nodes", "num_gpus_per_node")),
 }
 OPENRLHF_CLASSIC_OPTIONS = {

@@ -67,7 +67,7 @@ def test_the_inner_resolution_equals_trying_every_variant_split_and_cache_choice
                 Candidate(s, screen_rlhf(workload, s, hardware, C))
                 for variant in knob_variants(point.rollout)
                 for batches in batch_choices(workload, trainer)
-                for cache in cache_choices()
+                for cache in cache_choices(variant)
                 for s in [rlhf_strategy_at(replace(point, rollout=variant), batches, cache)]
             ),
             key=lambda c: c.score,
