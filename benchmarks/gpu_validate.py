@@ -249,6 +249,7 @@ def main(
 ) -> int:
     """Run the matrix; ``runner``, ``prepare`` and ``clock`` replace run_probe, prepare_ops and the clock."""
     args = parse_args(argv)
+    _NOTED.clear()  # each run says its notes once
     if args.device == "cuda":
         import torch
 

@@ -163,3 +163,32 @@ def test_a_matrix_probe_started_before_the_deadline_runs_all_its_depths(tmp_path
     assert fake.calls == 4 and len(rows) == 4 and fake.rows_seen == [0, 0, 2, 2]
     assert [r["strategy"].endswith("[1 layers]") for r in rows] == [True, False, True, False]
     assert "8 probe(s) not run" in (out / "gpu_validate.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("bf16_fast", "given", "ran"), [(False, (), "fp32"), (True, (), "bf16"), (False, ("--dtype", "bf16"), "bf16")]
+)
+def test_a_cpu_dry_run_probes_the_dtype_this_processor_runs_fast_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, bf16_fast: bool,
+    given: tuple[str, ...], ran: str,
+) -> None:  # fmt: skip
+    """With no --dtype the CPU matrix runs what planner.probe picks (fp32 without oneDNN bf16 kernels), with one
+    line saying so for the whole run; --dtype bf16 is kept, with the warning."""
+    import probes.cpu_support
+
+    monkeypatch.setattr(probes.cpu_support, "cpu_bf16_is_fast", lambda: bf16_fast)
+    out = tmp_path / "results"
+    fake = FakeProbes(out)
+    dtypes: list[str] = []
+
+    def runner(request: ProbeRequest) -> ProbeResult:
+        dtypes.append(request.workload["dtype"])
+        return fake(request)
+
+    assert gv.main(args(out, "--max-minutes", "0.4", *given), runner=runner, prepare=no_build, clock=fake.clock) == 0
+    assert dtypes and set(dtypes) == {ran}
+    said = [line for line in capsys.readouterr().err.splitlines() if "dtype" in line]
+    if given:
+        assert len(said) == 1 and "warning: --dtype bf16" in said[0]
+    else:
+        assert len(said) == 1 and said[0].startswith(f"gpu_validate: dtype: {ran} (")
