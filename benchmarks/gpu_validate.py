@@ -324,7 +324,7 @@ def _note_once(line: str) -> None:
     """Print a note of planner.probe (the dtype it chose on the CPU, say) the first time it is said."""
     if line not in _NOTED:
         _NOTED.add(line)
-        print(f"gpu_validate: {line}", file=sys.stderr, flush=True)
+        print(f"gpu_validate: {line}", flush=True)  # beside the progress lines; stderr is for errors
 
 
 def _spreads(db: str, probe_ids: list[str]) -> dict[str, Any]:

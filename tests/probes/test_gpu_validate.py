@@ -187,7 +187,7 @@ def test_a_cpu_dry_run_probes_the_dtype_this_processor_runs_fast_and_says_so(
 
     assert gv.main(args(out, "--max-minutes", "0.4", *given), runner=runner, prepare=no_build, clock=fake.clock) == 0
     assert dtypes and set(dtypes) == {ran}
-    said = [line for line in capsys.readouterr().err.splitlines() if "dtype" in line]
+    said = [line for line in capsys.readouterr().out.splitlines() if "dtype" in line]
     if given:
         assert len(said) == 1 and "warning: --dtype bf16" in said[0]
     else:
