@@ -4,12 +4,11 @@ without ``force``."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from store.documents import parse_json
+from planner.file_set import write_files
+from store.documents import parse_json, read_document
 from store.errors import InputError
 
 
@@ -29,9 +28,8 @@ def write_text_atomic(path: Path, text: str, *, force: bool = False) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"), force=force)
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, force: bool = False) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and a rename: all or nothing; InputError (one
-    line) for an existing file without ``force``, a folder, a missing folder or a failed write."""
+def _writable(path: Path, *, force: bool) -> Path:
+    """``path`` checked as a file to write (see ``write_bytes_atomic``)."""
     path = checked_output(path)
     if path.is_dir():
         raise InputError(f"{path} is a folder; give a file name such as {path / 'ds_config.json'}")
@@ -40,22 +38,15 @@ def write_bytes_atomic(path: Path, data: bytes, *, force: bool = False) -> Path:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise InputError(f"cannot write {path}: folder {folder} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return path
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, force: bool = False) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename: all or nothing; InputError (one
+    line) for an existing file without ``force``, a folder, a missing folder or a failed write. Temporary
+    files a killed planner left in that folder are removed first (:mod:`planner.file_set`)."""
+    path = _writable(path, force=force)
+    write_files({path: data})
     return path
 
 
@@ -65,15 +56,9 @@ def write_json_atomic(path: Path, data: Any, *, force: bool = False) -> Path:
 
 
 def read_json_file(path: str | Path, what: str) -> Any:
-    """Parse a JSON file the user named; any problem is one InputError line."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{what}: {p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{what}: cannot read {p}: {exc}") from None
-    return parse_json(text, f"{what}: {p}")
+    """Parse a JSON file the user named; any problem is one InputError line (a FIFO or a device is refused
+    without waiting on it: ``store.documents.read_document``)."""
+    return read_document(path, what)
 
 
 def config_paths(path: Path, configs: dict[str, Any], *, per_model: bool) -> dict[Path, Any]:
@@ -96,25 +81,15 @@ def write_configs(path: Path, configs: Any, *, force: bool = False, per_model: b
 
 
 def write_texts(targets: dict[Path, str], *, force: bool = False) -> list[Path]:
-    """Write each text to its path atomically: every file or, on any problem, none (InputError, one line).
+    """Write each text to its path: every file or, on any problem, none (InputError, one line).
 
-    Refuses before writing anything when a target exists (without ``force``) or is a folder."""
+    Refuses before writing anything when a target exists (without ``force``) or is a folder. A write that
+    fails part way (a full disk, a target that cannot be replaced, an interrupt) puts back the files it had
+    replaced; a planner killed part way is rolled back by the next write there (:mod:`planner.file_set`)."""
     for target in targets:
         checked_output(target)  # companion names are longer than the one given
-    for target in targets:
-        if target.is_dir():
-            raise InputError(f"{target} is a folder; give a file name such as {target / 'ds_config.json'}")
-        if target.exists() and not force:
-            raise InputError(f"{target} exists; pass --force to overwrite it")
-    written: list[Path] = []
-    try:
-        for target, text in targets.items():
-            written.append(write_text_atomic(target, text, force=True))
-    except InputError:
-        for done in written:
-            done.unlink(missing_ok=True)
-        raise
-    return written
+    checked = [_writable(target, force=force) for target in targets]
+    return write_files({path: text.encode("utf-8") for path, text in zip(checked, targets.values(), strict=True)})
 
 
 def read_strategy(text: str | Path | None, what: str = "--strategy") -> dict[str, Any]:

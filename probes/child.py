@@ -9,7 +9,8 @@ measured, their time spread in ``extra["step_time_s"]`` and ``extra["phase_time_
 becomes the outcome: ``oom`` for a CUDA out-of-memory, the tracker's cap (ProbeOOM) or the host
 allocator's failure, else ``error`` (type and first line of the message); the phase running then is
 ``failed_phase``. The child writes ``result.json`` and leaves with ``os._exit`` (DeepSpeed's and gloo's
-teardown can hang; nothing is left to flush).
+teardown can hang; nothing is left to flush). It ends, with its helpers, when the planner dies
+(:mod:`probes.parent_watch`).
 
 Allocation records (:mod:`probes.artifacts`), kept whatever the outcome: a CPU probe's tracker records the
 allocation stream (``setup`` is marked before the build, the clock marks the phases and steps); a CUDA
@@ -246,6 +247,9 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from probes.parent_watch import watch_parent
+
+    watch_parent()  # this process and its helpers end with the planner, however it ends
     code = main(Path(sys.argv[1]))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -4,15 +4,19 @@ The parent writes ``DIR/request.json``; the child appends one JSON line to ``DIR
 enters each phase (``{"phase": name, "t": seconds, "rss": bytes}``; also ``{"fingerprint": {...}}``) and
 writes ``DIR/result.json`` (atomically) when it is done, failed or not, with the allocation records it
 listed there in ``DIR/artifact.<name>`` (:mod:`probes.artifacts`); its stdout and stderr go to
-``DIR/child.log``. On timeout (or when the parent is interrupted) the whole process group is killed
-with SIGKILL, so no DeepSpeed helper outlives the probe; the last phase event says where it stopped.
+``DIR/child.log``. On timeout (or when the parent is interrupted) the child's process tree is killed with
+SIGKILL (:func:`probes.process_tree.kill_tree`: its group and the groups its helpers made), so no DeepSpeed
+helper outlives the probe; the last phase event says where it stopped. ``DIR`` names its owner
+(:mod:`probes.workdir`), and the child ends itself when the planner dies (:mod:`probes.parent_watch`; the
+planner's pid is ``MEMPLAN_PLANNER_PID`` in its environment).
 
 The environment (:func:`child_env`) is set before the child starts, hence before it imports torch:
 ``DS_ACCELERATOR`` (cpu or cuda), ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for a CUDA probe
 of the expandable-segments allocator (unset for the default one), ``CUDA_VISIBLE_DEVICES=""`` for a CPU
 probe, a one-rank process group: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, MASTER_ADDR and a free
 MASTER_PORT, and a ``TORCH_CUDA_ARCH_LIST`` DeepSpeed's op builder can parse (:mod:`probes.arch_list`:
-``9.0a`` becomes ``9.0``). The op-build child (:mod:`probes.ops_child`) runs the same way with the same
+``9.0a`` becomes ``9.0``), and ``TORCH_EXTENSIONS_DIR``: the user's, else a folder of this environment
+(:mod:`probes.op_cache`). The op-build child (:mod:`probes.ops_child`) runs the same way with the same
 environment, so the probes load the ops it built instead of building them again. A probe of several ranks
 starts PyTorch's elastic launcher instead, with this environment (:mod:`probes.rank_group`). Pure Python: no
 torch here.
@@ -23,11 +27,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,10 @@ from typing import Any
 from probes.arch_list import arch_list_env
 from probes.artifacts import read_artifacts
 from probes.jit_lock import extensions_root, release_stale_locks
+from probes.op_cache import op_cache_env
+from probes.parent_watch import PLANNER_PID_VARIABLE
+from probes.process_tree import kill_group, kill_tree, wait_group_gone
+from probes.workdir import probe_folder
 from store.artifacts import ProbeArtifact
 
 __all__ = [
@@ -120,29 +126,8 @@ def child_env(device: str, allocator: str, base: dict[str, str] | None = None) -
         env["CUDA_VISIBLE_DEVICES"] = ""
     paths = [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return arch_list_env(env)[0]
-
-
-GROUP_GONE_S = 30.0  # the most a killed group's members may take to be reaped (their parent is init)
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process of group ``pgid`` (gone already: nothing to do)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def wait_group_gone(pgid: int) -> None:
-    """Wait until nothing of a killed process group is left (its leader already reaped): helpers of the
-    child (compiler workers, DeepSpeed's launchers) are reparented to init and exist, as zombies, until it
-    reaps them; a probe that returns leaves none behind."""
-    deadline = time.monotonic() + GROUP_GONE_S
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.02)
+    env[PLANNER_PID_VARIABLE] = str(os.getpid())  # the children end with this process (probes.parent_watch)
+    return op_cache_env(arch_list_env(env)[0], device)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
@@ -204,8 +189,7 @@ def release_shared_memory(port: str) -> int:
 def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, module: str = CHILD_MODULE) -> ChildRun:
     """Run ``python -m module DIR`` on ``request`` (a ProbeRequest dict for the probe child) within
     ``timeout_s`` seconds of wall time."""
-    with tempfile.TemporaryDirectory(prefix="memplan-probe-") as tmp:
-        folder = Path(tmp)
+    with probe_folder() as folder:
         (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
         start = time.perf_counter()
         timed_out = False
@@ -223,10 +207,10 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, mo
                 returncode: int | None = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_group(proc.pid)
+                kill_tree(proc.pid, [])
                 returncode = proc.wait()
-            except BaseException:  # interrupted: leave nothing behind
-                kill_group(proc.pid)
+            except BaseException:  # interrupted (Ctrl-C, SIGTERM, SIGHUP: planner.cli.stopping): leave nothing behind
+                kill_tree(proc.pid, [])
                 proc.wait()
                 raise
             finally:

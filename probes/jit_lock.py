@@ -47,7 +47,7 @@ def holder_line() -> str:
     return f"{socket.gethostname()} {os.getpid()}"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` names a running process here (a zombie, killed and not yet reaped, is not)."""
     try:
         os.kill(pid, 0)
@@ -69,7 +69,7 @@ def holder_is_gone(lock: Path) -> bool:
         return False
     if len(fields) != 2 or fields[0] != socket.gethostname() or not fields[1].isdigit():
         return False
-    return not _alive(int(fields[1]))
+    return not pid_alive(int(fields[1]))
 
 
 def release_stale_locks(root: Path | None = None) -> list[Path]:

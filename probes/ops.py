@@ -6,7 +6,8 @@ PPO probe on a fresh machine timed out), and a build that cannot succeed (DeepSp
 ``TORCH_CUDA_ARCH_LIST=9.0a``) failed every probe alike. :func:`prepare_ops` therefore works out which ops
 the probes will load (:func:`needed_ops`, from the DeepSpeed configs they pass to ``deepspeed.initialize``),
 and loads them in one ``python -m probes.ops_child`` process with the probes' own environment (so the
-probes find them in the torch extensions cache), under its own generous timeout. A failure raises
+probes find them in the same torch extensions folder: the user's ``TORCH_EXTENSIONS_DIR``, else one of
+memplan's environment, :mod:`probes.op_cache`, which the note names), under its own generous timeout. A failure raises
 :class:`OpBuildError` with one line for the whole run. The answer is remembered for the life of this
 process: a second call builds nothing, and an op that failed fails again at once without a rebuild.
 
@@ -29,10 +30,12 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from probes.arch_list import ARCH_VARIABLE, arch_list_env
 from probes.isolation import ChildRun, child_env, run_child
+from probes.op_cache import ops_folder
 from store.errors import InputError
 from store.measurements import ProbeRequest
 from store.records import RLHFStrategy
@@ -167,7 +170,7 @@ def prepare_ops(
         todo = tuple(op for op in ops if (device, op, arch) not in _BUILT)
         if not todo:
             continue
-        note = _note(device, todo, arch)
+        note = _note(device, todo, arch, ops_folder(env))
         if on_note is not None:
             on_note(note)
         outcome = (build or build_in_child)(device, todo, env, float(timeout_s))
@@ -213,9 +216,10 @@ def _outcome(run: ChildRun) -> BuildOutcome:
     )
 
 
-def _note(device: str, ops: tuple[str, ...], arch: str | None) -> str:
+def _note(device: str, ops: tuple[str, ...], arch: str | None, folder: Path | None = None) -> str:
     names = ", ".join(op.removesuffix("Builder") for op in ops)
     line = f"DeepSpeed ops {names} for {device}: built once (or loaded if cached) before the probes, timed with none"
+    line += f"; built in {folder}" if folder is not None else ""
     if device != "cuda":
         return line
     changed = arch_list_env({k: v for k, v in os.environ.items() if k == ARCH_VARIABLE})[1]

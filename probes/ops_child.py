@@ -4,8 +4,9 @@
 op builder class names as DeepSpeed's accelerator knows them (``get_accelerator().create_op_builder``).
 The parent (:mod:`probes.ops`) starts this child with the probe children's environment
 (:func:`probes.isolation.child_env`: ``DS_ACCELERATOR``, a parseable ``TORCH_CUDA_ARCH_LIST``), so the
-probes later load what it built from the torch extensions cache (``~/.cache/torch_extensions``) in a
-fraction of a second.
+probes later load what it built from the torch extensions folder (``TORCH_EXTENSIONS_DIR``, a folder of
+memplan's environment unless the user set one: :mod:`probes.op_cache`) in a fraction of a second. It ends,
+with its compiler processes, when the planner dies (:mod:`probes.parent_watch`).
 
 Reads top to bottom: report ``import`` and import deepspeed (for cuda, a CUDA device must be visible),
 then for each op report ``build <name>`` and call the builder's ``load()`` (an op already built, or
@@ -86,6 +87,9 @@ def main(folder: Path) -> int:
 
 
 if __name__ == "__main__":
+    from probes.parent_watch import watch_parent
+
+    watch_parent()  # this process and its helpers end with the planner, however it ends
     code = main(Path(sys.argv[1]))
     sys.stdout.flush()
     sys.stderr.flush()

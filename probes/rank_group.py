@@ -1,8 +1,9 @@
 """A probe of several ranks: ``torch.distributed.run`` starts N children on this node; watch them, end them.
 
 One probe of a plan for N GPUs (N > 1, one node) is one rank group: the parent starts PyTorch's elastic
-launcher (``python -m torch.distributed.run --nproc-per-node N --master-port P -m probes.child DIR``, the
-``torchrun`` of the venv) in its own process group, with the environment of :func:`probes.isolation.child_env`
+launcher (``python -m probes.watched torch.distributed.run --nproc-per-node N --master-port P -m probes.child
+DIR``: the ``torchrun`` of the venv, in a process that ends with the planner, :mod:`probes.parent_watch`) in
+its own process group, with the environment of :func:`probes.isolation.child_env`
 (``LOCAL_SIZE`` set to N, as DeepSpeed's launcher sets it; the launcher sets RANK, LOCAL_RANK, WORLD_SIZE and
 MASTER_PORT of each rank). Every rank runs :mod:`probes.child` in ``DIR/rank<r>/``: its own events, result
 and allocation records, the request read from ``DIR``. The ranks' output goes to the one ``DIR/child.log``.
@@ -12,18 +13,15 @@ exited, when any rank has reported a failure (its outcome is recorded; the other
 collective, are not waited for), or when ``timeout_s`` has passed. The launcher starts each rank in a session
 of its own, so killing the launcher's group would orphan them: the launcher's group is stopped first
 (SIGSTOP: it starts nothing more), then every descendant found under ``/proc`` and every pid a rank
-announced is killed with its process group, then the launcher. Pure Python: no torch here.
+announced is killed with its process group, then the launcher (:mod:`probes.process_tree`). The working
+folder is :func:`probes.workdir.probe_folder`'s. Pure Python: no torch here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +42,13 @@ from probes.isolation import (
     wait_group_gone,
 )
 from probes.jit_lock import extensions_root, release_stale_locks
+from probes.process_tree import descendants, kill_tree
+from probes.workdir import probe_folder
 
-__all__ = ["GroupRun", "kill_tree", "launcher_command", "rank_folder", "run_group"]
+__all__ = ["GroupRun", "descendants", "kill_tree", "launcher_command", "rank_folder", "run_group"]
 
 LAUNCHER = "torch.distributed.run"
+WATCHED = "probes.watched"  # runs the launcher in a process that ends with the planner
 POLL_S = 0.1
 
 
@@ -61,6 +62,7 @@ def launcher_command(world_size: int, port: str, module: str, folder: Path) -> l
     return [
         sys.executable,
         "-m",
+        WATCHED,
         LAUNCHER,
         "--nnodes",
         "1",
@@ -91,62 +93,6 @@ class GroupRun:
     stopped_after_failure: bool = False  # a rank reported a failure and the group was ended
 
 
-def _children_by_parent() -> dict[int, list[int]]:
-    found: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[-1].split()
-            if len(fields) > 1 and fields[1].isdigit():
-                found.setdefault(int(fields[1]), []).append(int(entry))
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under ``pid`` (Linux ``/proc``; elsewhere none)."""
-    children, seen, todo = _children_by_parent(), [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in seen:
-                seen.append(child)
-                todo.append(child)
-    return seen
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def kill_tree(launcher_pid: int, announced: list[int]) -> None:
-    """SIGKILL the launcher, every process under it and every announced pid, each with its process group;
-    return once none of those groups is left.
-
-    The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
-    still names the group its helpers were left in, though it is no longer under the launcher."""
-    _signal_group(launcher_pid, signal.SIGSTOP)
-    pids = descendants(launcher_pid) + [p for p in announced if p > 1]
-    groups: list[int] = [p for p in announced if p > 1]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            group = os.getpgid(pid)
-            if group not in groups and group > 1 and group != os.getpgrp():
-                groups.append(group)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for group in groups:
-        _signal_group(group, signal.SIGKILL)
-    _signal_group(launcher_pid, signal.SIGKILL)
-    _signal_group(launcher_pid, signal.SIGCONT)
-    for group in groups:
-        wait_group_gone(group)
-
-
 def _rank_failed(folder: Path, world_size: int) -> bool:
     for rank in range(world_size):
         result = read_result(rank_folder(folder, rank) / RESULT_FILE)
@@ -174,8 +120,7 @@ def run_group(
 ) -> GroupRun:
     """Run ``world_size`` ranks of ``python -m module DIR`` on ``request`` within ``timeout_s`` seconds."""
     env = {**env, "LOCAL_SIZE": str(world_size)}
-    with tempfile.TemporaryDirectory(prefix="memplan-probe-") as tmp:
-        folder = Path(tmp)
+    with probe_folder() as folder:
         (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
         for rank in range(world_size):
             rank_folder(folder, rank).mkdir()

@@ -72,7 +72,7 @@ def assert_gone(pids: list[int]) -> None:
 
 def test_the_launcher_runs_one_node_of_n_ranks() -> None:
     command = launcher_command(3, "29999", "probes.child", Path("/tmp/x"))
-    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[1:4] == ["-m", "probes.watched", "torch.distributed.run"]
     joined = " ".join(command)
     assert "--nnodes 1 --nproc-per-node 3" in joined and "--master-port 29999" in joined
     assert "--max-restarts 0" in joined and joined.endswith("-m probes.child /tmp/x")
