@@ -5,13 +5,17 @@ confirmed plan and report every measured candidate."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from planner.inputs import ResolvedJob
 from planner.results import TuneReport
 from planner.tuning import parse_candidate, predicted_for, probe_candidate, refit_values, step_noise
+from probes.jit_lock import pid_alive
 from search import Coefficients, predict
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
@@ -37,16 +41,54 @@ def _measured_so_far(study: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "candidate" in trial.params and "probe_id" in trial.user_attrs:
-            out[trial.params["candidate"]] = dict(trial.user_attrs)
+            attrs = trial.user_attrs
+            out[trial.params["candidate"]] = {k: v for k, v in attrs.items() if not k.startswith("owner_")}
     return out
 
 
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field), None where unknown:
+    with the pid it names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner() -> dict[str, Any]:
+    """What a trial records of the process probing it, so that a run after it can tell it died."""
+    return {"owner_host": socket.gethostname(), "owner_pid": os.getpid(), "owner_started": _started(os.getpid())}
+
+
+def _abandoned(attrs: dict[str, Any]) -> bool:
+    """Whether a running trial's owner is a process of this host that is gone (killed outright: SIGKILL, an OOM
+    kill, a lost node). Another host's trial is never judged from here."""
+    pid = attrs.get("owner_pid")
+    if attrs.get("owner_host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    if not pid_alive(pid):
+        return True
+    started = attrs.get("owner_started")
+    return started is not None and _started(pid) not in (None, started)  # the pid now names another process
+
+
 def _running_elsewhere(study: Any, but: int | None = None) -> set[str]:
-    """The candidates of the study's running trials (but trial number ``but``, this run's own)."""
+    """The candidates of the study's running trials (but trial number ``but``, this run's own). A trial whose
+    owner died without telling (a tune killed outright) is failed here and its candidate queued again: left
+    running, it would look like another machine's probe to every later run, and never be probed."""
     from optuna.trial import TrialState
 
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return {t.params["candidate"] for t in running if t.number != but and "candidate" in t.params}
+    live = set()
+    for trial in running:
+        if trial.number == but or "candidate" not in trial.params:
+            continue
+        if _abandoned(trial.user_attrs):
+            study.tell(trial.number, state=TrialState.FAIL)
+            study.enqueue_trial({"candidate": trial.params["candidate"]})
+            continue
+        live.add(trial.params["candidate"])
+    return live
 
 
 def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
@@ -119,6 +161,8 @@ def run_rounds(
         if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             study.enqueue_trial({"candidate": next((k for k in untested if k not in running), untested[0])})
         trial = study.ask(distribution)
+        for name, value in _owner().items():
+            trial.set_user_attr(name, value)
         key = trial.params["candidate"]
         if key in _running_elsewhere(study, but=trial.number):  # the sampler's pick, being probed elsewhere
             trial.set_user_attr("duplicate", True)

@@ -232,3 +232,48 @@ def test_two_machines_share_one_study_and_probe_nothing_twice(postgres_url: str)
     study = load_study(study_name=_tune(db, SimulatedDevice(), max_probes=1).study, storage=optuna_storage_url(str(db)))
     measured = [t.user_attrs["probe_id"] for t in study.trials if "probe_id" in t.user_attrs]
     assert set(measured) == {p.probe_id for p in stored}  # no trial lost, none without its probe
+
+
+KILLED_AT_SECOND_PROBE = """
+import json, os, signal, sys
+sys.path[:0] = ["tests/planner", "tests"]
+from test_tune import SimulatedDevice, _tune
+
+
+class KilledOutright(SimulatedDevice):
+    def __call__(self, request):
+        if len(self.ran) == 1:  # the second probe: the tune is killed while it runs (SIGKILL: no handler runs)
+            print(json.dumps(request.strategy, sort_keys=True), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(request)
+
+
+_tune(sys.argv[1], KilledOutright(), max_probes=12)
+"""
+
+
+def test_a_trial_left_running_by_a_tune_killed_outright_is_probed_by_the_next(db: Path) -> None:
+    """A tune killed with SIGKILL cannot tell its trial: it stays RUNNING in the study. The next run on this host
+    sees its owner is gone, fails it and probes the candidate, rather than taking it for another machine's probe
+    and never probing it."""
+    import subprocess
+    import sys
+
+    from optuna import load_study
+    from planner_helpers import REPO, subprocess_env
+
+    from store.db import optuna_storage_url
+
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_SECOND_PROBE, str(db)], cwd=REPO, env=subprocess_env(), capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    orphaned = killed.stdout.strip().splitlines()[-1]
+    device = SimulatedDevice()
+    report = _tune(db, device, max_probes=12)
+    assert orphaned in device.ran  # probed now: its trial no longer counts as running elsewhere
+    assert report.confirmed and report.plan is not None
+    study = load_study(study_name=report.study, storage=optuna_storage_url(str(db)))
+    assert not [t for t in study.trials if t.state.name == "RUNNING"]
+    assert not any(k.startswith("owner_") for row in report.rows for k in row)
