@@ -7,6 +7,11 @@ moved, by how much, and for which strategies.
 
     .venv/bin/python benchmarks/prediction_snapshot.py -o /tmp/before.json
     .venv/bin/python benchmarks/prediction_snapshot.py --compare /tmp/before.json
+    .venv/bin/python benchmarks/prediction_snapshot.py --compare /tmp/before.json --framework trl
+
+``--framework NAME`` plans every workload of the matrix that NAME runs for that program (``store.frameworks``;
+the others stay memplan's own loop) under the same keys: compared with a snapshot of the default, it shows
+what that framework's code changes and where.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search import DEFAULT_COEFFICIENTS, predict  # noqa: E402
+from store.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, WORKLOADS  # noqa: E402
 from store.gpus import get_gpu  # noqa: E402
 from store.models import get_model  # noqa: E402
 from store.records import Hardware, Workload  # noqa: E402
@@ -60,10 +67,13 @@ def _strategies(workload: Workload, hardware: Hardware) -> list[Any]:
     return list(all_strategies(workload, hardware, (0, 16)))
 
 
-def snapshot() -> dict[str, Any]:
-    """Every prediction of the matrix, keyed by workload, hardware and strategy."""
+def snapshot(framework: str = DEFAULT_FRAMEWORK) -> dict[str, Any]:
+    """Every prediction of the matrix, keyed by workload, hardware and strategy (workloads ``framework`` runs
+    planned for it)."""
     out: dict[str, Any] = {}
     for wname, workload in _workloads():
+        if workload.kind in WORKLOADS[framework]:
+            workload = replace(workload, framework=framework)
         for hname, hardware in _hardware():
             for strategy in _strategies(workload, hardware)[::STRIDE]:
                 key = f"{wname}|{hname}|{json.dumps(strategy.to_dict(), sort_keys=True)}"
@@ -110,8 +120,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", type=Path, help="write the snapshot here")
     parser.add_argument("--compare", type=Path, help="compare the current predictions with this snapshot")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default=DEFAULT_FRAMEWORK, help="plan for this program")
     args = parser.parse_args()
-    current = snapshot()
+    current = snapshot(args.framework)
     if args.output:
         fd, tmp = tempfile.mkstemp(dir=args.output.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as handle:

@@ -25,7 +25,7 @@ from search import search as run_search
 from search.batches import per_gpu_batch
 from search.choose.rlhf_search import ROLLOUT_FAMILIES
 from store.errors import InputError
-from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.records import MAX_COUNT, Hardware, RLHFStrategy, Strategy, Workload
 
 __all__ = [
     "check",
@@ -81,8 +81,9 @@ def _lora_ranks(lora_rank: int | str) -> tuple[tuple[int, ...], tuple[int, ...]]
         rank = int(lora_rank)
     except (TypeError, ValueError):
         raise InputError(f"--lora-rank must be auto or a whole number >= 0, not {lora_rank!r}") from None
-    if rank < 0:
-        raise InputError(f"--lora-rank must be auto or a whole number >= 0, not {lora_rank!r}")
+    if not 0 <= rank <= MAX_COUNT:  # checked before the search: an RLHF search would fail one trial per rank
+        shown = str(lora_rank) if len(str(lora_rank)) <= 24 else str(lora_rank)[:21] + "..."
+        raise InputError(f"--lora-rank must be auto or a whole number from 0 to {MAX_COUNT}, not {shown}")
     return (rank,), ()
 
 

@@ -54,14 +54,14 @@ def calibrate(
     entries.extend(stored_entries(db))
     from planner.calibration_data import detected_target
 
-    gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None)
+    gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None, db)
     observations = list(gathered.observations)
     skipped = list(gathered.skipped)
     for row in loop_rows:
         if target_of(row.get("device"))[0] != gathered.target:
             continue
         try:
-            observations.append(loop_row_observation(row, gathered.target))
+            observations.append(loop_row_observation(row, gathered.target, db))
         except (InputError, KeyError, TypeError, ValueError) as exc:
             skipped.append(f"{row.get('id')}: cannot rebuild its job ({exc})")
     if not observations:

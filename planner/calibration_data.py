@@ -75,28 +75,32 @@ MAX_STORED_PROBES = 100_000  # stored probes a calibration reads
 
 def stored_entries(db: str | None, device: str | None = None) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(probe id, request, result) of every probe stored in ``db`` (of one ``device`` kind when given), the
-    triples :func:`gather` takes."""
-    from store.db import open_storage
+    triples :func:`gather` takes; none where the database does not exist (it is not created to be read)."""
+    from store.db import database_exists, open_storage
 
+    if not database_exists(db):
+        return []
     with open_storage(db) as storage:
         stored = storage.list_probes(limit=MAX_STORED_PROBES, device=device)
     return [(p.probe_id, p.request.to_dict(), p.result.to_dict()) for p in stored]
 
 
-def _resolved(model: str, fields: dict[str, Any]) -> ResolvedJob:
-    return resolve(JobSpec(model=model, **fields))
+def _resolved(model: str, fields: dict[str, Any], db: str | None) -> ResolvedJob:
+    return resolve(JobSpec(model=model, **fields), db)
 
 
-def probe_observation(label: str, request: dict[str, Any], result: dict[str, Any], target: str) -> Observation:
+def probe_observation(
+    label: str, request: dict[str, Any], result: dict[str, Any], target: str, db: str | None = None
+) -> Observation:
     """A finished probe (its request and result as JSON) as an observation of ``target``; InputError when its
-    job cannot be rebuilt."""
+    job cannot be rebuilt. A traced model's shape is cached in ``db`` (the calibration's database)."""
     from planner.probing import cut_workload
     from planner.records_check import probe_timing_is_steady
 
     fields = job_fields(request["workload"], request["hardware"])
     if not target.startswith(("cpu:", "cuda:")):
         fields["gpu"] = target
-    job = _resolved(str(request["workload"]["model"]), fields)
+    job = _resolved(str(request["workload"]["model"]), fields, db)
     workload = cut_workload(job.workload, request.get("layers"))
     parse = RLHFStrategy.from_dict if workload.is_rlhf else Strategy.from_dict
     strategy = parse(dict(request["strategy"]))
@@ -114,14 +118,17 @@ def probe_observation(label: str, request: dict[str, Any], result: dict[str, Any
 
 
 def gather(
-    records: list[tuple[str, dict[str, Any], dict[str, Any]]], wanted: str | None, detected: str | None = None
+    records: list[tuple[str, dict[str, Any], dict[str, Any]]],
+    wanted: str | None,
+    detected: str | None = None,
+    db: str | None = None,
 ) -> Gathered:
     """The observations of one target from (label, request, result) triples.
 
     ``wanted`` picks the target: its exact name, its device kind (``cpu``, ``cuda``), or a word of the
     fingerprint's device name (case-insensitive).
     None: the only target there is, else ``detected`` (this machine's device) when it is among them; several
-    others are an InputError naming them.
+    others are an InputError naming them. Traced model shapes are cached in ``db``.
     """
     by_target: dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]] = {}
     fingerprints: dict[str, dict[str, Any]] = {}
@@ -156,16 +163,17 @@ def gather(
     skipped: list[str] = []
     for label, request, result in by_target[target]:
         try:
-            observations.append(probe_observation(label, request, result, target))
+            observations.append(probe_observation(label, request, result, target, db))
         except (InputError, KeyError, TypeError, ValueError) as exc:
             skipped.append(f"{label}: cannot rebuild its job ({exc})")
     _, device = target_of(fingerprints[target])
     return Gathered(target, device, fingerprints[target], observations, skipped)
 
 
-def loop_row_observation(row: dict[str, Any], target: str) -> Observation:
+def loop_row_observation(row: dict[str, Any], target: str, db: str | None = None) -> Observation:
     """A user-style training loop's row of a records file (``tests/data/gpu``: its exact ds_config and
-    whole-step peaks and median step time) as an observation of ``target`` (scope ``step``)."""
+    whole-step peaks and median step time) as an observation of ``target`` (scope ``step``); traced model
+    shapes are cached in ``db``."""
     from planner.records_check import host_gib
     from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
 
@@ -189,7 +197,7 @@ def loop_row_observation(row: dict[str, Any], target: str) -> Observation:
         fields["gpu"] = target
     else:
         fields["gpu_mem"] = int(row.get("device", {}).get("total_memory_bytes", 0)) or "80G"
-    job = _resolved(str(workload["model"]), fields)
+    job = _resolved(str(workload["model"]), fields, db)
     values = (
         ("step", "time", float(measured["step_time_s_median"])),
         ("step", "peak_allocated", float(measured["peak_allocated_bytes"])),

@@ -20,11 +20,22 @@ from store.gpus import GENERIC_PREFIX
 CHOICES_HELP = "auto (the newest fit for the job's GPU), none (the defaults), or a calibration id"
 
 
+def _shown(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def _record(choice: str, target: str, db: str | None) -> tuple[Any, str]:
     """(the calibration record or None, why there is none)."""
     from store.db import database_exists, open_storage
 
     if not database_exists(db):
+        if choice != "auto":  # an id the user named is never silently replaced by the defaults
+            where = "the default database" if db is None else f"database {_shown(str(db), 80)}"
+            raise InputError(
+                f"--calibration {_shown(choice, 40)}: no calibration has that id ({where} does not exist yet)"
+            )
         return None, "no database yet"
     with open_storage(db) as storage:
         if choice == "auto":

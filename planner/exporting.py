@@ -27,21 +27,39 @@ def write_export(
     record: PlanRecord, fmt: str, output: str | Path | None, *, force: bool, db: str | None
 ) -> tuple[list[Path], dict[str, Any]]:
     """Write ``record`` in format ``fmt``; returns the paths written and the plan's document, which for a
-    framework format carries ``plan_id`` and an ``export`` block (format, files by role, gaps, notes)."""
+    framework format carries ``plan_id`` and an ``export`` block (format, files by role, gaps, notes). A plan
+    made for another framework (its workload's ``framework``) gets ``framework_differences``: one line per way
+    in which its prediction followed that framework's code and not ``fmt``'s (:func:`framework_differences`)."""
     check_format(fmt)
     target = checked_output(default_output(fmt) if output is None else output)
+    differ = framework_differences(record.document, fmt)
+    extra: dict[str, Any] = {"framework_differences": differ} if differ else {}
     if fmt == "deepspeed":
-        return write_configs(target, record.ds_config, force=force), record.document
+        return write_configs(target, record.ds_config, force=force), {**record.document, **extra}
     from planner.inputs import resolve
     from planner.saved import plan_job
     from store.records import RLHFStrategy, Strategy
 
     document = record.document
-    job = resolve(plan_job(document), db)
+    job = resolve(plan_job(document, record.plan_id), db)
     parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
     strategy = parse(document["strategy"])
     layout = file_layout(fmt, str(target))
     rendered = render(fmt, strategy, job.workload, job.hardware, layout)
     paths = write_texts({Path(layout[role]): text for role, text in rendered.files.items()}, force=force)
     block = {"format": fmt, "files": layout, "gaps": list(rendered.gaps), "notes": list(rendered.notes)}
-    return paths, {**document, "plan_id": record.plan_id, "export": block}
+    return paths, {**document, "plan_id": record.plan_id, "export": block, **extra}
+
+
+def framework_differences(document: dict[str, Any], fmt: str) -> list[str]:
+    """What differs between the framework a saved plan was made for and the one format ``fmt`` runs
+    (``search.frameworks.differences``); empty for a plan made for ``fmt`` itself."""
+    from search.frameworks import differences
+    from store.frameworks import DEFAULT_FRAMEWORK
+
+    workload = document.get("workload") or {}
+    planned = workload.get("framework", DEFAULT_FRAMEWORK)
+    kind = workload.get("kind")
+    if not isinstance(planned, str) or not isinstance(kind, str):
+        return []
+    return differences(planned, fmt, kind)

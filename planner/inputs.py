@@ -9,8 +9,10 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from planner.model_shapes import resolve_model
+from planner.model_shapes import resolve_model, shapes_saved_on_success
 from store.errors import InputError
+from store.frameworks import DEFAULT_FRAMEWORK, VERSIONS, check_framework, default_attention
+from store.frameworks import FRAMEWORKS as FRAMEWORKS  # for the CLI, which reaches data through planner.inputs
 from store.gpus import GENERIC_PREFIX, generic_gpu, get_gpu
 from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, parse_size
@@ -21,6 +23,7 @@ DEFAULT_GEN_LEN = 256  # and --max_answer_seq_len
 DEFAULT_GRPO_SAMPLES = 4
 DEFAULT_BATCH_PER_GPU = 8
 DEFAULT_CPU_MEM = 64 * 2**30
+DEFAULT_ATTN_IMPL = "sdpa"
 NO_BF16_GPUS = ("V100-16G", "V100-32G", "T4")
 # `check` reads one DeepSpeed config, which runs one trained model: its job is a single-model workload.
 CONFIG_WORKLOAD = "sft"
@@ -49,7 +52,7 @@ class JobSpec:
     prompt_len: int | None = None
     gen_len: int | None = None
     dtype: str | None = None
-    attn_impl: str = "sdpa"
+    attn_impl: str | None = None  # None: the framework's default (store.frameworks), else DEFAULT_ATTN_IMPL
     ref_model: str | None = None
     critic_model: str | None = None
     reward_model: str | None = None
@@ -57,6 +60,7 @@ class JobSpec:
     safety_margin: float = 0.05
     ppo_epochs: int = 1
     samples_per_prompt: int | None = None
+    framework: str = DEFAULT_FRAMEWORK
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -142,8 +146,14 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
     formula is traced once and its shape cached in the database ``db``), lengths, batch, dtype."""
     if spec.workload not in WORKLOAD_KINDS:
         raise InputError(f"--workload must be one of {', '.join(WORKLOAD_KINDS)}, not {spec.workload!r}")
-    if spec.attn_impl not in ATTN_IMPLS:
-        raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {spec.attn_impl!r}")
+    framework = check_framework(spec.framework, spec.workload)
+    requested = spec.attn_impl
+    if requested is None:
+        requested = default_attention(framework) or DEFAULT_ATTN_IMPL
+        if requested != DEFAULT_ATTN_IMPL:
+            readings.append(f"attention: {requested} ({VERSIONS[framework]}'s default; pass --attn-impl)")
+    if requested not in ATTN_IMPLS:
+        raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {requested!r}")
     rlhf = spec.workload in RLHF_WORKLOADS
     dtype = spec.dtype
     if dtype is None:
@@ -152,7 +162,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             readings.append(f"dtype: fp16 ({hardware.gpu.name} has no bf16 tensor cores)")
     elif dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    setting = (dtype, spec.attn_impl)  # the activation terms a traced local config needs
+    setting = (dtype, requested)  # the activation terms a traced local config needs
     model = resolve_model(spec.model, readings, db, setting)
     prompt_len: int | None = None
     gen_len: int | None = None
@@ -182,7 +192,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
                 f"{what} = {seq_len} tokens is longer than {spec_model.name}'s context of "
                 f"{spec_model.max_positions} tokens ({role})"
             )
-    attn_impl = spec.attn_impl
+    attn_impl = requested
     for spec_model in [model, *(m for m in specs.values() if m)]:
         if spec_model.attn_impls and attn_impl not in spec_model.attn_impls:
             readings.append(
@@ -210,6 +220,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
         gen_len=gen_len,
         ppo_epochs=_positive_int(spec.ppo_epochs, "--ppo-epochs"),
         samples_per_prompt=samples,
+        framework=framework,
     )
 
 
@@ -237,10 +248,12 @@ def _sequence_length(spec: JobSpec) -> int:
 
 def resolve(spec: JobSpec, db: str | None = None) -> ResolvedJob:
     """Check and resolve every input of ``spec``; raises InputError with one clear line. ``db`` holds the
-    shape cache of traced model configs (default: ``$PLANNER_DB`` or the user's data folder)."""
+    shape cache of traced model configs (default: ``$PLANNER_DB`` or the user's data folder), written only once
+    every input of the job is checked (of the whole command, under the CLI: ``shapes_saved_on_success``)."""
     readings: list[str] = []
     hardware = resolve_hardware(spec, readings)
-    workload = resolve_workload(spec, hardware, readings, db)
+    with shapes_saved_on_success():
+        workload = resolve_workload(spec, hardware, readings, db)
     return ResolvedJob(workload=workload, hardware=hardware, readings=tuple(readings))
 
 
@@ -268,4 +281,6 @@ def job_fields(workload: dict[str, Any], hardware: dict[str, Any]) -> dict[str, 
         fields["seq_len"] = w["seq_len"]
     if w.get("samples_per_prompt", 1) != 1:
         fields["samples_per_prompt"] = w["samples_per_prompt"]
+    if w.get("framework", DEFAULT_FRAMEWORK) != DEFAULT_FRAMEWORK:
+        fields["framework"] = w["framework"]
     return {k: v for k, v in fields.items() if v is not None}

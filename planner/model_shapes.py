@@ -11,13 +11,37 @@ kept in the same entry: later plans of that config and setting read the cache an
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from store.activation_terms import TRACED_KEYS, terms_key, valid_terms
-from store.db import open_storage
+from store.db import database_exists, open_storage
 from store.model_shape import UntracedModelError, installed_versions, shape_key, spec_from_shape
 from store.models import get_model
 from store.records import ModelSpec
+
+# Shapes traced inside ``shapes_saved_on_success``, by (database, cache key): saved when the block succeeds.
+_PENDING: ContextVar[dict[tuple[str | None, str], dict[str, Any]] | None] = ContextVar("memplan_shapes", default=None)
+
+
+@contextmanager
+def shapes_saved_on_success() -> Iterator[None]:
+    """Within the block, traced shapes are kept in memory and saved to their databases only when the block
+    ends without an error: a command refused for any input, however late it is checked, writes no shape
+    (and creates no database for one). Nested blocks belong to the outermost one."""
+    if _PENDING.get() is not None:
+        yield
+        return
+    pending: dict[tuple[str | None, str], dict[str, Any]] = {}
+    token = _PENDING.set(pending)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
+    for (db, key), shape in pending.items():  # reached only when the block raised nothing
+        _save_shape(db, key, shape)
 
 
 def resolve_model(
@@ -29,24 +53,30 @@ def resolve_model(
     """The spec of a catalog name or local config; an untraced architecture is traced once and cached in
     the database ``db`` (default: ``$PLANNER_DB`` or the user's data folder), with the activation terms of
     ``setting`` (dtype, attention implementation; every setting when None), traced now if the cached entry
-    lacks them. ``readings`` gains a line saying where a traced shape came from."""
+    lacks them. ``readings`` gains a line saying where a traced shape came from.
+
+    The database is read only where it exists, and written only once a shape was traced; inside
+    :func:`shapes_saved_on_success` only when the whole block succeeds."""
     try:
         return get_model(name_or_path)
     except UntracedModelError as untraced:
         name, config, source = untraced.name, untraced.config, untraced.source
     versions = installed_versions()
     key = shape_key(config, versions)
-    with open_storage(db) as storage:
-        shape = storage.load_model_shape(key)
-        cached = shape is not None and _usable(name, config, shape)
-        if not cached:  # never traced, or an entry from an older memplan that lacks a field
-            shape = _trace(config, source, versions)
-        assert shape is not None
-        missing = _missing_keys(shape, setting)
-        if missing:
-            shape = _with_terms(shape, config, missing)
-        if missing or not cached:
-            storage.save_model_shape(key, shape)
+    pending = _PENDING.get()
+    shape = (pending or {}).get((db, key)) or _load_shape(db, key)
+    cached = shape is not None and _usable(name, config, shape)
+    if not cached:  # never traced, or an entry from an older memplan that lacks a field
+        shape = _trace(config, source, versions)
+    assert shape is not None
+    missing = _missing_keys(shape, setting)
+    if missing:
+        shape = _with_terms(shape, config, missing)
+    if missing or not cached:
+        if pending is None:
+            _save_shape(db, key, shape)
+        else:
+            pending[(db, key)] = shape
     if readings is not None:
         how = "cached shape" if cached else "traced now, cached for next time"
         readings.append(
@@ -54,6 +84,20 @@ def resolve_model(
             f"{versions['transformers']}'s module tree ({how})"
         )
     return spec_from_shape(name, config, shape)
+
+
+def _load_shape(db: str | None, key: str) -> dict[str, Any] | None:
+    """The cached shape under ``key`` in ``db``; None where there is none (or no database yet: none is made)."""
+    if not database_exists(db):
+        return None
+    with open_storage(db) as storage:
+        return storage.load_model_shape(key)
+
+
+def _save_shape(db: str | None, key: str, shape: dict[str, Any]) -> None:
+    """Keep a traced shape in the shape cache of ``db`` (created if it does not exist yet)."""
+    with open_storage(db) as storage:
+        storage.save_model_shape(key, shape)
 
 
 def _usable(name: str, config: dict[str, object], shape: dict[str, object]) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from planner.files import read_json_file
 from planner.inputs import JobSpec, ResolvedJob, resolve
 from planner.probe_device import cpu_probe_dtype, device_coefficients, device_prediction
+from planner.probe_limits import check_run
 from planner.probing_report import build_report
 from planner.results import ProbeReport, ProbeRow
 from probes.fingerprint import versions as software_versions
@@ -25,8 +26,6 @@ from store.measurements import ProbeRequest, ProbeResult
 from store.models import with_layers
 from store.records import RLHFStrategy, Strategy, Workload
 
-MAX_TIMEOUT_S = 86_400
-MAX_STEPS = 1000
 CPU_FULL_MODEL_LIMIT = 200_000_000  # parameters: larger models are only probed layer-cut on the CPU
 DEFAULT_DEPTHS = (1, 2)
 
@@ -209,21 +208,11 @@ def probe(
     from store.db import open_storage
     from store.sizes import parse_size
 
-    if device not in ("cuda", "cpu"):
-        raise InputError(f"--device must be cuda or cpu, not {device!r}")
-    if not isinstance(steps, int) or steps < 2:
-        raise InputError(
-            f"--steps must be a whole number >= 2 (warm-up comes first: 1 step, 2 under ZeRO-3), not {steps!r}"
-        )
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= MAX_TIMEOUT_S:
-        raise InputError(
-            f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a day), not {timeout_s!r}"
-        )
-    if steps > MAX_STEPS:
-        raise InputError(f"--steps must be at most {MAX_STEPS} (a probe measures a few steps), not {steps}")
+    device, steps, timeout_s = check_run(device, steps, timeout_s)
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
-    spec = cpu_probe_dtype(spec, device, on_note)
-    resolved = resolve(spec)
+    readings: list[str] = []  # said once the whole input is checked: a refused probe prints one line
+    spec = cpu_probe_dtype(spec, device, readings.append)
+    resolved = resolve(spec, db)  # a traced model's shape is cached in the probe's own database
     check_ranks(resolved, device)
     if device == "cpu":
         from probes.cpu_support import cpu_dtype_unsupported_reason
@@ -247,6 +236,9 @@ def probe(
         memory_cap_bytes=cap,
         coef=coefficients,
     )
+    if on_note is not None:
+        for line in readings:
+            on_note(line)
     own_runner = runner is None
     if runner is None:
         from probes import run_probe

@@ -9,7 +9,6 @@ quantity gets its relative error ``predicted / measured - 1``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,10 +46,24 @@ class RecordComparison:
 
 
 def load_records(path: str | Path) -> dict[str, Any]:
-    """A records file (``about``, ``sft``, ``probes``)."""
-    data = json.loads(Path(path).read_text())
+    """A records file (``about``, ``sft``, ``probes``); InputError (one line) for a file that is missing, not
+    JSON, nested beyond reason, or not of that shape: ``sft`` a list of objects, ``probes`` a list of objects
+    each with a ``probe_id`` and the ``request`` and ``result`` objects."""
+    from planner.files import read_json_file
+
+    data = read_json_file(path, "--records")
     if not isinstance(data, dict) or not {"sft", "probes"} & set(data):
         raise InputError(f"{path}: not a records file (expected 'sft' and/or 'probes')")
+    for section in ("sft", "probes"):
+        rows = data.get(section, [])
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise InputError(f"{path}: not a records file ({section!r} must be a list of objects)")
+    for index, probe in enumerate(data.get("probes", [])):
+        if not isinstance(probe.get("probe_id"), (str, int)) or isinstance(probe.get("probe_id"), bool):
+            raise InputError(f"{path}: probes[{index}] has no probe_id")
+        for part in ("request", "result"):
+            if not isinstance(probe.get(part), dict):
+                raise InputError(f"{path}: probes[{index}] has no {part} object")
     return data
 
 

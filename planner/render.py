@@ -45,11 +45,13 @@ def _header(report: PredictionReport) -> None:
             f"[bold]{w['model']}[/bold] ({size}) · {w['kind']} · {w['global_batch']} prompts{per} "
             f"per step · prompt {w['prompt_len']} + generation {w['gen_len']} tokens · {w['dtype']}"
             + (f" · {', '.join(roles)}" if roles else "")
+            + (f" · for {w['framework']}" if w.get("framework") else "")
         )
     else:
         console.print(
             f"[bold]{w['model']}[/bold] ({size}) · {w['kind']} · global batch {w['global_batch']} x "
             f"{w['seq_len']} tokens · {w['dtype']} · {w['attn_impl']}"
+            + (f" · for {w['framework']}" if w.get("framework") else "")
         )
     sources = {shape.get("activations") for shape in w.get("shapes", {}).values()}
     if sources == {"traced"}:

@@ -52,6 +52,7 @@ def probe_stream(probe_id: str, db: str | None = None) -> AllocStream | None:
     """
     from store.db import open_storage
 
+    _no_database(probe_id, db)
     with open_storage(db) as storage:
         return _stream(storage, probe_id)
 
@@ -84,6 +85,7 @@ def _snapshot(probe_id: str, db: str | None) -> tuple[str, dict[str, Any], str]:
     from store.cuda_snapshot import stream_to_snapshot
     from store.db import open_storage
 
+    _no_database(probe_id, db)
     with open_storage(db) as storage:
         record = storage.get_probe(probe_id)
         cuda = storage.load_probe_artifact(record.probe_id, CUDA_SNAPSHOT)
@@ -112,6 +114,16 @@ def _stream(storage: BaseStorage, probe_id: str) -> AllocStream | None:
         return snapshot_to_stream(unpack_snapshot(cuda.data)) if cuda is not None else None
     except ValueError as exc:
         raise InputError(f"probe {record.probe_id}: {exc}") from None
+
+
+def _no_database(probe_id: str, db: str | None) -> None:
+    """InputError when ``db`` names a database that does not exist yet (it is not created to be read)."""
+    from store.db import would_create
+
+    if would_create(db):
+        shown = " ".join(str(probe_id).split())[:40]
+        where = "the default database" if db is None else f"database {' '.join(str(db).split())[:80]}"
+        raise InputError(f"no saved probe has the id {shown!r}: {where} does not exist yet")
 
 
 def _nothing_kept(probe_id: str, device: str) -> str:

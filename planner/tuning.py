@@ -16,11 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from planner.inputs import JobSpec, ResolvedJob, resolve
 from planner.probe_device import cpu_probe_dtype
+from planner.probe_limits import check_run, check_study_name
 from planner.results import TuneReport
 from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict, search
 from store.errors import InputError
@@ -83,24 +85,46 @@ def step_noise(result: ProbeResult) -> float:
     return max(NOISE_FLOOR, (float(spread.get("max", median)) - float(spread.get("min", median))) / median)
 
 
+@contextmanager
+def study_errors(url: str) -> Iterator[None]:
+    """Failures of Optuna's storage in the block (a table schema from another Optuna version, a damaged or
+    unusable database) as one InputError line naming the database (password hidden)."""
+    from optuna.exceptions import OptunaError
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except InputError:
+        raise
+    except (RuntimeError, OptunaError, SQLAlchemyError) as exc:  # Optuna's schema checks raise RuntimeError
+        shown = make_url(url).render_as_string(hide_password=True)
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split()) or type(exc).__name__
+        raise InputError(f"cannot use the Optuna study of the tune in database {shown}: {reason}") from None
+
+
 def _open_study(url: str, name: str, space: list[str]) -> Any:
     """The study ``name`` in the database at ``url`` (created with ``space`` as its candidates, or loaded
-    with the candidates it was created with)."""
+    with the candidates it was created with); InputError (``study_errors``) when Optuna cannot use it."""
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
+    from store.db import connect_args
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for attempt in range(STUDY_OPEN_ATTEMPTS):
-        try:  # two machines starting on a new database both create Optuna's tables: the second one waits
-            storage = optuna.storages.RDBStorage(url)
-            study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
-            break
-        except SQLAlchemyError:
-            if attempt == STUDY_OPEN_ATTEMPTS - 1:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-    if "candidates" not in study.user_attrs:
-        study.set_user_attr("candidates", space)
+    with study_errors(url):
+        for attempt in range(STUDY_OPEN_ATTEMPTS):
+            try:  # two machines starting on a new database both create Optuna's tables: the second one waits
+                kwargs = {"connect_args": connect_args(url)}  # PostgreSQL: UTF-8 even on a SQL_ASCII database
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+                study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+                break
+            except SQLAlchemyError:
+                if attempt == STUDY_OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        if "candidates" not in study.user_attrs:
+            study.set_user_attr("candidates", space)
     return study
 
 
@@ -111,7 +135,7 @@ def refit_values(base: Coefficients, target: str, db: str | None, device: str) -
 
     try:
         return dict(
-            calibrate(gather(stored_entries(db, device), target).observations, base, leave_one_out=False).values
+            calibrate(gather(stored_entries(db, device), target, db=db).observations, base, leave_one_out=False).values
         )
     except (InputError, ValueError):
         return {}
@@ -190,23 +214,28 @@ def tune(
     from planner.calibration_data import device_target, target_hardware
     from planner.calibration_use import calibrated
     from store.db import optuna_storage_url
+    from store.frameworks import DEFAULT_FRAMEWORK
     from store.sizes import parse_size
 
-    if device not in ("cuda", "cpu"):
-        raise InputError(f"--device must be cuda or cpu, not {device!r}")
+    device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
     if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:
         raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
-        raise InputError(f"--steps must be a whole number >= 2 (warm-up comes first), not {steps!r}")
+    study = check_study_name(study)
     from dataclasses import replace
 
     from planner.api import PROBE_GPU_MEM
 
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
-    spec = cpu_probe_dtype(spec, device, on_note)
+    readings: list[str] = []  # said once the whole input is checked: a refused tune prints one line
+    spec = cpu_probe_dtype(spec, device, readings.append)
     if spec.gpu_mem is None and spec.gpu is None:
         spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
     resolved = resolve(spec, db)
+    if resolved.workload.framework != DEFAULT_FRAMEWORK:
+        readings.append(
+            f"--framework {resolved.workload.framework}: candidates are ranked for its program, but each probe runs "
+            "memplan's own DeepSpeed loop (probes.phases_sft), so a measured peak is that loop's"
+        )
     if resolved.hardware.nodes > 1:
         raise InputError(
             "tune probes the plan on this node: give --nodes 1 (planner probe measures one node of a multi-node plan)"
@@ -221,6 +250,9 @@ def tune(
     url = optuna_storage_url(db)
     name = study or study_name(resolved, device)
     the_study = _open_study(url, name, _space(resolved, coef))
+    if on_note is not None:
+        for line in readings:
+            on_note(line)
     space: list[str] = list(the_study.user_attrs["candidates"])
     own_runner = runner is None
     if runner is None:

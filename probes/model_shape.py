@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from store.errors import InputError
+from store.model_bounds import check_config_bounds
 from store.model_shape import SHAPE_VERSION, UntracedModelError, installed_versions, spec_from_shape
 from store.models import spec_for_config
 from store.records import ModelSpec
@@ -50,14 +51,17 @@ def config_object(hf_config: dict[str, Any], source: str) -> Any:
     model_type = config.pop("model_type", None)
     if not isinstance(model_type, str):
         raise InputError(f"{source}: missing required key(s) 'model_type'")
+    unreadable: tuple[type[Exception], ...] = (TypeError, KeyError, AttributeError, *_strict_field_errors())
     try:
         built = AutoConfig.for_model(model_type, **config)
     except ValueError as err:
         raise InputError(f"{source}: model_type {model_type!r} is unknown to transformers ({err})") from None
-    except (TypeError, KeyError, AttributeError) as err:
-        raise InputError(f"{source}: transformers cannot read this config ({type(err).__name__}: {err})") from None
+    except unreadable as err:
+        reason = " ".join(str(err).split())
+        raise InputError(f"{source}: transformers cannot read this config ({type(err).__name__}: {reason})") from None
     if getattr(built, "text_config", None) is not None:
         built = built.get_text_config()
+    check_config_bounds(built.to_dict(), source)  # with the class defaults: a MoE's experts per token
     missing = [key for key in ("hidden_size", "num_attention_heads", "vocab_size") if _first(built, (key,)) is None]
     if missing:
         raise InputError(
@@ -70,6 +74,16 @@ def config_object(hf_config: dict[str, Any], source: str) -> Any:
             " in a seq2seq model); memplan plans decoder-only causal language models"
         )
     return built
+
+
+def _strict_field_errors() -> tuple[type[Exception], ...]:
+    """What transformers' typed config fields raise for a value of the wrong type (``text_config: []``):
+    huggingface_hub's strict-dataclass errors, where that version has them."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: configs are not strict dataclasses there
+        return ()
+    return (StrictDataclassError,)
 
 
 def _encoder_types() -> set[str]:

@@ -18,8 +18,9 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from store.documents import parse_json
+from store.documents import read_document
 from store.errors import InputError
+from store.model_bounds import check_config_bounds
 from store.model_catalog import CATALOG
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
 from store.model_shape import UntracedModelError, catalog_shape, cut_traced, spec_from_shape
@@ -69,8 +70,11 @@ def _catalog_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 
 def spec_for_config(name: str, config: dict[str, Any], source: str | None = None) -> ModelSpec:
     """The spec of an HF config dict: by formula for opt, gpt2, llama, mistral and qwen2; for any other
-    ``model_type`` UntracedModelError (the planner traces it with transformers and caches the shape)."""
+    ``model_type`` UntracedModelError (the planner traces it with transformers and caches the shape). A config
+    beyond the bounds of :mod:`store.model_bounds` (layers, widths, experts) is an InputError first."""
     model_type = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(config, dict):
+        check_config_bounds(config, source or name)  # before a formula or a trace grinds on 10**7 layers
     if isinstance(model_type, str) and model_type not in SUPPORTED_MODEL_TYPES:
         raise UntracedModelError(name, copy.deepcopy(config), source or name)
     return spec_from_hf_config(name, config, source=source)
@@ -114,11 +118,7 @@ def _local_path(given: str, shown: str) -> Path:
 
 def _from_path(given: str, path: Path) -> ModelSpec:
     file = path if path.is_file() else path / "config.json"
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{file}: cannot read the model config ({err})") from None
-    config = parse_json(text, str(file))
+    config = read_document(file, "")  # messages start with the file
     if not isinstance(config, dict):
         raise InputError(f"{file}: a model config must be a JSON object, not {type(config).__name__}")
     return spec_for_config(given, config, source=str(file))

@@ -209,6 +209,8 @@ class Workload:
     gen_len: int | None = None
     ppo_epochs: int = 1  # RLHF: training passes over each batch of experience
     samples_per_prompt: int = 1  # grpo: k completions per prompt
+    # the program that runs the plan (store.frameworks.FRAMEWORKS); "deepspeed", memplan's own loop, is the default
+    framework: str = "deepspeed"
 
     @property
     def is_rlhf(self) -> bool:
@@ -273,6 +275,8 @@ class Workload:
         if self.is_rlhf:
             out["ppo_epochs"] = self.ppo_epochs
             out["samples_per_prompt"] = self.samples_per_prompt
+        if self.framework != "deepspeed":  # only when named: documents of the default stay as they were
+            out["framework"] = self.framework
         return out
 
 

@@ -8,11 +8,14 @@ empty database of its own, never the developer's probes and calibrations.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, required
+
+from probes.op_cache import default_ops_folder
 
 # every test phase within a CPU-seconds budget (tests/cpu_budget.py); pytester runs that check on itself
 pytest_plugins = ["cpu_budget", "pytester"]
@@ -26,6 +29,8 @@ def guard_default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         mp.setenv("PLANNER_DB", str(home / "guard.db"))
         mp.setenv("XDG_DATA_HOME", str(home / "xdg"))
         mp.setenv("DS_ACCELERATOR", "cpu")
+        # DeepSpeed's ops loaded in this process and in the probe children: one folder, memplan's own
+        mp.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or str(default_ops_folder("cpu")))
         yield home / "guard.db"
 
 

@@ -21,6 +21,8 @@ from planner.cli import probe as probe_cmd
 from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from planner.cli import tune as tune_cmd
+from planner.cli.stopping import stop_on_signals
+from planner.inputs import shapes_saved_on_success
 from store.errors import InputError
 
 click_errors: Any
@@ -59,7 +61,8 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 'does not fit' for check, 2 bad input)."""
     try:
-        result = app(args=argv, standalone_mode=False, prog_name="planner")
+        with shapes_saved_on_success():  # a refused command writes no traced model shape
+            result = app(args=argv, standalone_mode=False, prog_name="planner")
     except InputError as exc:
         return _fail(str(exc))
     except click_errors.NoArgsIsHelpError:
@@ -77,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """Console-script entry point (and ``python -m planner``)."""
-    code = main()
+    code = 2
+    with stop_on_signals() as stop:  # SIGTERM, SIGHUP: stop as on Ctrl-C, exit 128 + signum (planner.cli.stopping)
+        code = main()
+    code = stop.finish(code)
     # The process ends here. Without freezing, the interpreter's final full collection walks and frees every
     # object of the ~800 modules a command imports (SQLAlchemy, pydantic, optuna, ...): about a quarter of the
     # time of `planner recommend` (benchmarks/latency.py). Open files and the database are closed by now.

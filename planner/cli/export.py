@@ -40,6 +40,12 @@ def export_command(
     paths, document = export(plan_id, output, force=force, db=db, format=format_)
     for path in paths:
         print(f"wrote {path} (plan {document.get('plan_id', plan_id)})")
+    differences = document.get("framework_differences", [])
+    if differences:
+        planned = document.get("workload", {}).get("framework", "deepspeed")
+        print(f"The plan was made for {planned}; --format {format_} runs otherwise (plan again with --framework):")
+        for line in differences:
+            print(f"  * {line}")  # "  - " lines are the gaps, written into the files too
     if "export" in document:
         _print_framework(document["export"])
         return 0

@@ -25,6 +25,7 @@ from planner.inputs import (
     DEFAULT_GRPO_SAMPLES,
     DEFAULT_PROMPT_LEN,
     DEFAULT_SEQ_LEN,
+    FRAMEWORKS,
     NO_BF16_GPUS,
     JobSpec,
 )
@@ -106,7 +107,24 @@ Dtype = Annotated[
         rich_help_panel=JOB,
     ),
 ]
-AttnImpl = Annotated[str, typer.Option("--attn-impl", help="eager, sdpa or flash_attention_2.", rich_help_panel=JOB)]
+AttnImpl = Annotated[
+    str | None,
+    typer.Option(
+        "--attn-impl",
+        help="eager, sdpa or flash_attention_2 (default sdpa; flash_attention_2 for --framework openrlhf, its own "
+        "default).",
+        rich_help_panel=JOB,
+    ),
+]
+Framework = Annotated[
+    str,
+    typer.Option(
+        "--framework",
+        help=f"The program that runs the plan: {', '.join(FRAMEWORKS)}. The prediction follows its code where it "
+        "differs (TRL's fused log-prob head, OpenRLHF's own ZeRO buckets, ...); deepspeed is memplan's own loop.",
+        rich_help_panel=JOB,
+    ),
+]
 RefModel = Annotated[
     str | None, typer.Option("--ref-model", help="Frozen reference model (RLHF, dpo).", rich_help_panel=JOB)
 ]
@@ -146,6 +164,7 @@ JOB_OPTIONS: dict[str, Any] = {
     "safety_margin": SafetyMargin,
     "ppo_epochs": PpoEpochs,
     "samples_per_prompt": SamplesPerPrompt,
+    "framework": Framework,
 }
 
 Command = Callable[..., int]

@@ -11,7 +11,8 @@ from planner.cli.options import Calibration, Db, Json, job_options
 from planner.inputs import JobSpec
 
 # --gpus N runs N ranks per probe on this node; the offload folder and the safety margin do not apply.
-NOT_PROBED = ("nvme_path", "safety_margin")
+# a probe runs memplan's own DeepSpeed loop (probes.phases_sft), whatever program the plan is for
+NOT_PROBED = ("nvme_path", "safety_margin", "framework")
 PROBE = "Probe"
 
 

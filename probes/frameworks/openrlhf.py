@@ -44,9 +44,10 @@ from probes.frameworks.common import (
     train_sequences,
     trainer_gpus_per_node,
 )
-from store.ds_buckets import ZeroBuckets, buckets_from_zero_config
+from store.ds_buckets import ZeroBuckets
 from store.ds_defaults import buckets_of
 from store.errors import InputError
+from store.frameworks import openrlhf_buckets  # one source: the cost model runs these too
 from store.records import Hardware, RLHFStrategy, Workload
 
 STYLES: tuple[str, ...] = ("classic", "dotted")
@@ -149,18 +150,6 @@ def flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style:
 def planned_buckets(strategy: RLHFStrategy, workload: Workload) -> ZeroBuckets:
     """The ZeRO buckets the plan's actor config holds (memplan's for its model and stage)."""
     return buckets_of(None, workload.model_for("actor"), strategy.actor.zero_stage)
-
-
-def openrlhf_buckets(zero_stage: int, overlap_comm: bool, hidden_size: int) -> ZeroBuckets:
-    """The buckets DeepSpeed runs OpenRLHF 0.11.2's trained models with.
-
-    OpenRLHF builds its own DeepSpeed config (``openrlhf/utils/deepspeed/deepspeed_utils.py``,
-    ``get_train_ds_config``): ``reduce_bucket_size``, the ZeRO-3 prefetch, persistence, live-parameter and reuse
-    keys and ``sub_group_size`` are ``"auto"``, which DeepSpeed drops (``deepspeed/runtime/config_utils.py``,
-    ``DeepSpeedConfigModel.__init__``) for its own defaults; ``overlap_comm`` and ``contiguous_gradients`` are set
-    only with ``--ds.overlap_comm``, else DeepSpeed's dynamic default (on for ZeRO-3) holds."""
-    zero: dict[str, Any] = {"overlap_comm": True, "contiguous_gradients": True} if overlap_comm else {}
-    return buckets_from_zero_config(zero, zero_stage, hidden_size)
 
 
 def _bucket_gaps(strategy: RLHFStrategy, workload: Workload) -> list[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from search.batches import divisors as increasing_divisors
 from search.choose.single_space import outer_points
+from search.model.fused_head import workload_head
 from search.model.host import trained_host_bytes
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
@@ -221,7 +222,8 @@ def role_live_floor(
         trained = trained_model(ctx, role, block, grad_accum)
         factor = trained_factor(trained, coef, training=True)
         seq_len = ctx.job.seq_len
-        trained_moments = training_live(trained, None, micro_batch, seq_len, w.dtype, w.attn_impl, coef)
+        head = workload_head(w, trained.layout.lora_rank, micro_batch, seq_len) if role == "actor" else None
+        trained_moments = training_live(trained, None, micro_batch, seq_len, w.dtype, w.attn_impl, coef, head)
         moments += [(m, factor) for m in trained_moments]
     share = coef.frag_expandable_factor * coef.frag_within_step
     # what this model's own engine init left cached: the step keeps at least that much (the larger model's)

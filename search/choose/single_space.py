@@ -43,7 +43,13 @@ def inner_choices(workload: Workload, hardware: Hardware) -> list[Inner]:
     policies = ["never", "every-step", "after-phase"]
     if workload.kind == "dpo":
         policies.insert(1, "after-inference")  # the reference forward is an inference phase
+    if workload.framework in ("hf", "trl"):
+        # TrainingArguments.torch_empty_cache_steps (transformers 5.23 trainer.py training_step) is the one place
+        # the Trainer, and TRL's trainers that subclass it, call empty_cache: every N optimizer steps
+        policies = ["never", "every-step"]
     losses = LOSSES if workload.kind == "sft" else ("hf",)
+    if workload.framework == "trl":
+        losses = ("hf",)  # TRL's fused log-prob head is its loss; its trainers refuse Liger's (sft_trainer.py)
     return [
         (micro, per_gpu // micro, policy, allocator, loss)
         for loss in losses

@@ -107,6 +107,17 @@ def chunked_loss_extra(
 
 
 @lru_cache(maxsize=4096)
+def fused_head_extra(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, gpu: GPUSpec, lora_rank: int
+) -> PassSeconds:
+    """What TRL's fused log-prob head (``search.model.fused_head``) adds to a micro-step's backward: its
+    backward recomputes every tile's projection (``torch.mm(hidden_chunk, w_chunk.t(), out=tile)`` in
+    ``ChunkedLogProbFunction.backward``), one more LM-head product over the tokens."""
+    recompute = gemm_seconds(head_gemm(model, sequences * seq_len, lora_rank, True), dtype, gpu)
+    return PassSeconds(gpu={"matmul": recompute})
+
+
+@lru_cache(maxsize=4096)
 def backward_pass(
     model: ModelSpec,
     sequences: int,

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.activations import Activations, LossLogits, activations, loss_logits
+from search.model.fused_head import FusedHead, trl_loss_logits
 from search.model.moments import Moment, TrainingMoments, between_micro_steps, training_moments
 from search.model.shapes import largest_module_params, resident_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
@@ -115,16 +116,20 @@ def micro_step(
     holds_output: bool = True,
     loss: str = "hf",
     policy: bool = False,
+    head: FusedHead | None = None,
 ) -> MicroStep:
     """Forward, backward and optimizer-step moments of ``sequences`` sequences through ``placed``
     (:func:`search.model.moments.training_moments`); a model without an LM head has no logits.
     ``holds_output``: the training loop keeps the model output (its logits) alive through the backward;
     ``loss``: ``"hf"`` or ``"chunked"`` (the strategy's loss knob); ``policy``: an RLHF actor, whose loss is
-    built on the token log-probs of the model output instead of transformers' loss."""
+    built on the token log-probs of the model output instead of transformers' loss; ``head``: TRL's fused
+    log-prob head in place of the logits (:mod:`search.model.fused_head`)."""
     s, model = placed.layout, placed.model
     acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef, s.lora_rank)
     logits = (
-        loss_logits(
+        trl_loss_logits(head)
+        if head is not None and placed.lm_head
+        else loss_logits(
             model,
             sequences,
             seq_len,

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.model.passes import backward_pass, chunked_loss_extra, forward_pass, trainable_tensors
+from search.model.passes import (
+    backward_pass,
+    chunked_loss_extra,
+    forward_pass,
+    fused_head_extra,
+    trainable_tensors,
+)
 from search.model.placement import TrainedPlacement
 from search.model.roofline import PassSeconds, add_terms, hbm_seconds, host_seconds
 from search.model.timing import collective_time, nvme_time, pcie_time, zero_comm_bytes
@@ -55,7 +61,7 @@ def training_time(
     loss: str = "hf",
 ) -> TrainingSeconds:
     """Seconds of one optimizer step of ``grad_accum`` micro-steps of ``micro_batch`` sequences each
-    (``loss``: the strategy's loss knob, ``"hf"`` or ``"chunked"``)."""
+    (``loss``: the strategy's loss knob, ``"hf"`` or ``"chunked"``, or ``"trl"``: TRL's fused head)."""
     s, model, gpu = trained.layout, trained.model, hardware.gpu
     n, d = hardware.world_size, DTYPE_BYTES[dtype]
     t = trained.trainable
@@ -72,6 +78,8 @@ def training_time(
         bwd = bwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_backward_overhead * issue})
     if loss == "chunked" and trained.lm_head:
         bwd = bwd + chunked_loss_extra(model, micro_batch, seq_len, dtype, gpu, coef, rank)
+    if loss == "trl" and trained.lm_head:
+        bwd = bwd + fused_head_extra(model, micro_batch, seq_len, dtype, gpu, rank)
     tensors = trainable_tensors(model, rank, lm_head=trained.lm_head)
     bwd = bwd + PassSeconds(host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_hook_kernels_per_grad, coef)})
     offload_opt = s.offload_optimizer != "none"

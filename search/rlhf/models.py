@@ -19,6 +19,8 @@ from search.model.placement import (
 )
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import experience_bytes
+from store.ds_defaults import OVERLAP_COMM
+from store.frameworks import framework_buckets
 from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy
 
 
@@ -50,7 +52,12 @@ def trained_model(ctx: RLHFContext, role: str, layout: TrainedModelStrategy, gra
     accumulation: generation, scoring and resident bytes use ``grad_accum=1``."""
     w = ctx.workload
     model = w.model_for(role)
-    return trained_placement(model, role == "actor", layout, w.dtype, ctx.hardware.world_size, grad_accum, ctx.coef)
+    # a framework that builds its own DeepSpeed config runs its own buckets (OpenRLHF: store.frameworks); the
+    # plan's overlap_comm reaches it (--ds.overlap_comm, probes.frameworks.openrlhf)
+    buckets = framework_buckets(w.framework, layout.zero_stage, model.hidden_size, OVERLAP_COMM)
+    return trained_placement(
+        model, role == "actor", layout, w.dtype, ctx.hardware.world_size, grad_accum, ctx.coef, buckets
+    )
 
 
 @lru_cache(maxsize=1024)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from search.coefficients import Coefficients
+from search.model.fused_head import workload_head
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
@@ -178,7 +179,10 @@ def training_half(
         if p is None:
             continue
         other = critic if role == "actor" else actor
-        parts = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef)
+        # TRL's GRPOTrainer scores the actor's tokens through its fused log-prob head (search.model.fused_head)
+        head = workload_head(w, p.layout.lora_rank, micro_batch, seq_len) if role == "actor" else None
+        loss = "hf" if head is None else "trl"
+        parts = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef, loss)
         compute, comm, offload, optimizer = parts.compute, parts.communication, parts.offload, parts.optimizer
         extra = ema_time(p, dtype, hw, coef) if (role == "actor" and ema) else 0.0
         for key, seconds in (
@@ -191,11 +195,11 @@ def training_half(
             time[key] += epochs * seconds
         seconds = epochs * (compute + comm + offload + optimizer + extra)
         role_time[role] = seconds
-        live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef)
+        live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef, head)
         factor = trained_factor(p, coef, training=True)
         sizes = training_sizes(
-            p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, "hf", p.work.reduce_bucket,
-            p.layout.gradient_checkpointing,
+            p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, loss, p.work.reduce_bucket,
+            p.layout.gradient_checkpointing, head.sizes() if head is not None else None,
         )  # fmt: skip
         phases.append(
             StepPhase(
@@ -207,7 +211,7 @@ def training_half(
                 seconds,
                 epochs * grad_accum,
                 sizes=sizes,
-                moment_named=training_named(p, micro_batch, seq_len, dtype, attn, coef),
+                moment_named=training_named(p, micro_batch, seq_len, dtype, attn, coef, head),
             )  # fmt: skip
         )
     time["overhead"] = role_time["shared"] = coef.step_overhead_s * epochs * grad_accum * len(phases)

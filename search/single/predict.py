@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.coefficients import Coefficients
+from search.model.fused_head import FusedHead, scored_tokens, trl_fused_head, workload_head
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
@@ -27,6 +28,7 @@ from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_
 from search.streams.init import engine_init
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
 from store.errors import InputError
+from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 
 
@@ -57,6 +59,34 @@ def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) 
     return DTYPE_BYTES[workload.dtype] * workload.model_for("reference").total_params // n
 
 
+def sft_holds_output(framework: str) -> bool:
+    """Whether the program keeps the model output (its logits) alive through an sft backward. DeepSpeed-Chat's
+    step 1 does: ``outputs = model(**batch, use_cache=False); loss = outputs.loss; model.backward(loss)``
+    (microsoft/DeepSpeedExamples, applications/DeepSpeed-Chat/training/step1_supervised_finetuning/main.py);
+    the Trainer (and TRL, accelerate and memplan's own loop as it documents it) keep only the loss."""
+    return framework == "deepspeed-chat"
+
+
+def model_loss(workload: Workload, strategy: Strategy) -> str:
+    """The loss the program runs: ``"trl"`` where TRL's trainer replaces the LM head by its fused log-prob head
+    (``store.frameworks.TRL_FUSED_HEAD_WORKLOADS``), else the strategy's loss knob."""
+    if workload.framework == "trl" and workload.kind in TRL_FUSED_HEAD_WORKLOADS:
+        return "trl"
+    return strategy.loss
+
+
+def fused_head(workload: Workload, strategy: Strategy) -> FusedHead | None:
+    """TRL's fused head of one micro-batch of the trained model (None where the program computes logits):
+    the LM head's weight trains in a full fine-tune (LoRA's adapters leave it frozen)."""
+    sequences = strategy.micro_batch * workload.sequences_per_sample
+    return workload_head(workload, strategy.lora_rank, sequences, workload.seq_len)
+
+
+def head_tokens(workload: Workload, strategy: Strategy) -> int:
+    """Tokens one micro-batch puts through TRL's fused head (``search.model.fused_head.scored_tokens``)."""
+    return scored_tokens(workload.kind, strategy.micro_batch * workload.sequences_per_sample, workload.seq_len)
+
+
 def phase_moments(
     workload: Workload, strategy: Strategy, placed: TrainedPlacement, coef: Coefficients
 ) -> tuple[dict[str, list[Moment]], int, dict[str, tuple[NamedTensors, ...]]]:
@@ -65,13 +95,33 @@ def phase_moments(
     sequences = strategy.micro_batch * workload.sequences_per_sample
     # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
     # DPO and reward losses here keep it (their log-probs and values come from it)
-    holds_output = workload.kind != "sft"
+    holds_output = workload.kind != "sft" or sft_holds_output(workload.framework)
+    head = fused_head(workload, strategy)
     micro = micro_step(
-        placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output, strategy.loss
-    )
+        placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output,
+        model_loss(workload, strategy), head=head,
+    )  # fmt: skip
     training = micro.moments
     moments: dict[str, list[Moment]] = {}
-    if workload.kind == "dpo":
+    if workload.kind == "dpo" and head is not None:
+        # TRL's DPOTrainer._compute_loss (dpo_trainer.py): the policy's forward first, then the reference's
+        # under no_grad, both through the fused head, and the backward last: the reference runs beside the
+        # policy's saved activations and its head's saved hidden copy and vectors.
+        # the reference's head (add_fused_lm_head(self.ref_model): log_probs only; with LoRA the policy's own)
+        outputs = TRL_HEAD_OUTPUTS["dpo"] if strategy.lora_rank else ("log_probs",)
+        reference_head = trl_fused_head(
+            workload.model_for("reference"), head_tokens(workload, strategy), workload.dtype, head_trainable=False,
+            outputs=outputs,
+        )  # fmt: skip
+        reference = plus(
+            training.base,
+            activations=micro.acts.saved + micro.acts.forward_working,
+            logits=head.hidden_copy + head.vectors + reference_head.forward,
+            zero3_gathered=training.gathered_params,
+        )
+        moments["forward"] = training.phases["forward"]
+        moments["reference_forward"] = [reference]
+    elif workload.kind == "dpo":
         reference = plus(
             training.base,
             activations=micro.acts.forward_working,
@@ -99,7 +149,9 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     }
     # --- time --------------------------------------------------------------------------------------------
     sequences = s.micro_batch * workload.sequences_per_sample
-    seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef, s.loss)
+    loss = model_loss(workload, s)
+    head = fused_head(workload, s)
+    seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef, loss)
     per_micro_step = {"forward": seconds.forward, "backward": seconds.backward}
     if workload.kind == "dpo":
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
@@ -108,8 +160,8 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     moments, steady, named = phase_moments(workload, s, placed, coef)
     lm_head = workload.kind != "reward"
     trained_sizes = training_sizes(
-        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, s.loss,
-        placed.work.reduce_bucket, s.gradient_checkpointing,
+        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, loss,
+        placed.work.reduce_bucket, s.gradient_checkpointing, head.sizes() if head is not None else None,
     )  # fmt: skip
     phases = []
     for name, options in moments.items():
@@ -185,6 +237,12 @@ def checked_step(workload: Workload, strategy: Strategy, hardware: Hardware, coe
         raise InputError(
             f"strategy: loss {strategy.loss!r} applies to sft (the causal LM's cross-entropy); "
             f'{workload.kind} computes its loss otherwise: use loss "hf"'
+        )
+    if strategy.loss != "hf" and model_loss(workload, strategy) == "trl":
+        # trl/trainer/sft_trainer.py: liger_kernel_config={"fused_linear_cross_entropy": True} raises ValueError
+        raise InputError(
+            f"strategy: TRL computes the loss with its own fused log-prob head; loss {strategy.loss!r} (Liger's fused "
+            'linear cross-entropy) is refused by its trainers: use loss "hf" with --framework trl'
         )
     if strategy.empty_cache != "never" or strategy.allocator != "default":
         strategy = strategy.with_(empty_cache="never", allocator="default")

@@ -90,18 +90,22 @@ def training_sizes(
     loss: str,
     reduce_bucket: int,
     gradient_checkpointing: bool,
+    head_sizes: tuple[int, ...] | None = None,
 ) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
     reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors, ZeRO-1/2's
     reduce buckets of ``reduce_bucket`` bytes each (``ZeroWorkspace.reduce_bucket``); checkpointed, the
-    activations are the layers' checkpoints first (:func:`checkpointed_activation_tensors`)."""
+    activations are the layers' checkpoints first (:func:`checkpointed_activation_tensors`); ``head_sizes``:
+    the tensors of TRL's fused head in place of the logits (``search.model.fused_head.FusedHead.sizes``)."""
     weights = weight_tensors(model, dtype, lora_rank)
     layers = checkpointed_activation_tensors if gradient_checkpointing else activation_tensors
     return sizes_of(
         gradients=tuple(reversed(weights)),
         zero3_gathered=weights[1:],
         activations=layers(model, sequences, seq_len, dtype, attn_impl, coef),
-        logits=logit_tensors(model, sequences, seq_len, dtype, loss) if lm_head else (),
+        logits=(head_sizes if head_sizes is not None else logit_tensors(model, sequences, seq_len, dtype, loss))
+        if lm_head
+        else (),
         buffers=(reduce_bucket,),
         # the named group FP16_Optimizer.step() makes without ZeRO: each gradient's fp32 upcast, in order
         **{FP32_UPCASTS: tuple(4 * size // DTYPE_BYTES[dtype] for size in weights)},

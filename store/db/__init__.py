@@ -23,7 +23,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from store.db._base import BaseStorage
-from store.db._open import database_exists, default_db_url, open_storage, optuna_storage_url
+from store.db._open import (
+    connect_args,
+    database_exists,
+    default_db_url,
+    open_storage,
+    optuna_storage_url,
+    would_create,
+)
 from store.db._record import RUN_STATUSES, CalibrationRecord, PlanRecord, ProbeRecord, ProbeRunRecord
 
 if TYPE_CHECKING:
@@ -37,10 +44,12 @@ __all__ = [
     "ProbeRunRecord",
     "RUN_STATUSES",
     "SQLAlchemyStorage",
+    "connect_args",
     "database_exists",
     "default_db_url",
     "open_storage",
     "optuna_storage_url",
+    "would_create",
 ]
 
 

@@ -6,6 +6,7 @@ timeout and connections checked before use.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,16 @@ SQLITE_PRAGMAS = ("PRAGMA synchronous = FULL",)
 # How long a PostgreSQL connection attempt may take before it fails (libpq waits forever by default:
 # a host that drops packets would hang every command); a URL's own ?connect_timeout= wins.
 POSTGRES_CONNECT_TIMEOUT_S = 10
-_LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")  # those that take connect_timeout
+LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")  # those that take connect_timeout
+
+
+def libpq_defaults(url: URL) -> dict[str, Any]:
+    """The connection parameters a PostgreSQL URL gets unless it names them: a connect timeout, and UTF-8 as
+    the client encoding. A database created under the C locale has the encoding SQL_ASCII, where the server
+    sends text in whatever encoding the client says and psycopg, told SQL_ASCII, hands out bytes that neither
+    SQLAlchemy nor Optuna can read; with UTF-8 text goes through as it was stored."""
+    defaults: dict[str, Any] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S, "client_encoding": "utf8"}
+    return {key: value for key, value in defaults.items() if key not in url.query}
 
 
 def is_sqlite(url: URL) -> bool:
@@ -42,6 +52,7 @@ def prepare_sqlite_file(path: Path, mode: str = "rwc") -> list[Path]:
     """
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder, not a database file")
+    check_database_file(path)
     if mode != "rwc":
         if not path.is_file():
             raise FileNotFoundError(f"there is no database file {path} (mode={mode} opens only an existing one)")
@@ -68,6 +79,31 @@ def prepare_sqlite_file(path: Path, mode: str = "rwc") -> list[Path]:
     return created
 
 
+class NotADatabaseFile(OSError):
+    """A file that is there and is not a SQLite database (or not a regular file): never opened as one."""
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_database_file(path: Path) -> None:
+    """NotADatabaseFile when ``path`` exists but is no SQLite database: a pipe or a device (opening it could
+    wait forever), or a non-empty file that does not start with SQLite's header (SQLite would write a new
+    database over some of them: a one-byte file, for one). An empty file is a new database, as for SQLite."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise NotADatabaseFile(f"{path} is not a regular file (a pipe or a device), not a database file")
+    if info.st_size == 0:
+        return
+    with path.open("rb") as handle:
+        head = handle.read(len(SQLITE_HEADER))
+    if head != SQLITE_HEADER:
+        raise NotADatabaseFile(f"{path} is not a SQLite database (file is not a database); memplan leaves it as is")
+
+
 def remove_folders(created: list[Path]) -> None:
     """Remove the folders ``prepare_sqlite_file`` created (deepest first) where they are still empty."""
     for folder in reversed(created):
@@ -85,8 +121,8 @@ def make_engine(url: URL, in_memory: bool = False) -> Engine:
         # A tune keeps its storage open for hours: a connection the server or a firewall dropped meanwhile
         # is replaced before use instead of failing the next save.
         server_kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if url.drivername in _LIBPQ_DRIVERS and "connect_timeout" not in url.query:
-            server_kwargs["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
+        if url.drivername in LIBPQ_DRIVERS:
+            server_kwargs["connect_args"] = libpq_defaults(url)
         return create_engine(url, **server_kwargs)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
     if in_memory:

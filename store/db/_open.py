@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -117,6 +118,31 @@ def open_storage(url: str | None = None) -> BaseStorage:
             " give a file path such as plans.db or a URL such as sqlite:///plans.db"
         )
     return SQLAlchemyStorage(url)
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """The DBAPI connect arguments an engine of ``url`` (as ``optuna_storage_url`` gives it) needs to reach and
+    read the database as the store does: for PostgreSQL a connect timeout and UTF-8 as the client encoding
+    (a database created under the C locale is SQL_ASCII, whose text psycopg would otherwise hand out as
+    bytes), unless the URL names them; nothing for SQLite. Pass them to Optuna:
+    ``RDBStorage(url, engine_kwargs={"connect_args": connect_args(url)})``."""
+    from sqlalchemy import make_url
+
+    from store.db._engine import LIBPQ_DRIVERS, libpq_defaults
+
+    parsed = make_url(url)
+    return libpq_defaults(parsed) if parsed.drivername in LIBPQ_DRIVERS else {}
+
+
+def would_create(url: str | None = None) -> bool:
+    """Whether ``open_storage(url)`` would create a new database file: a SQLite file that does not exist,
+    opened in the default mode (``rwc``). Commands that only read use this to answer "nothing saved" without
+    leaving a database behind (a mistyped ``--db``); with ``mode=ro`` or ``mode=rw`` opening says the file is
+    missing. InputError as ``open_storage`` for a URL it refuses."""
+    from store.db._url import resolve_db
+
+    target = resolve_db(url if url is not None else default_db_url())
+    return target.path is not None and target.mode == "rwc" and not target.path.exists()
 
 
 def database_exists(url: str | None = None) -> bool:

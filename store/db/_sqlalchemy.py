@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import (
     ArgumentError,
+    DatabaseError,
     DataError,
     DBAPIError,
     IntegrityError,
@@ -113,8 +114,10 @@ class SQLAlchemyStorage(BaseStorage):
         """One unit of work: commit when the block ends, roll back everything when it raises. A ``write``
         scope on SQLite takes the write lock at its start (``BEGIN IMMEDIATE``; see the module docstring).
 
-        Failures of the database (locked, read-only, gone, a server out of reach) and values it refuses
-        (PostgreSQL: text longer than its column, NUL characters) become InputError; nothing is written.
+        Failures of the database (locked, read-only, gone, damaged, a server out of reach) and values it
+        refuses (PostgreSQL: text longer than its column, NUL characters) become InputError; nothing is
+        written. In a reading scope, a stored row that cannot be decoded into its record (JSON or a time
+        changed by hand) is an InputError too.
         """
         session = self._sessions()
         try:
@@ -125,6 +128,23 @@ class SQLAlchemyStorage(BaseStorage):
         except (OperationalError, InterfaceError, DataError) as exc:
             session.rollback()
             raise InputError(f"cannot use database {self.url}: {self._reason(exc)}") from exc
+        except IntegrityError:
+            session.rollback()
+            raise  # a concurrent writer inserted the same name first: ``_replacing`` tries again
+        except DatabaseError as exc:  # SQLite: "database disk image is malformed" (a damaged page)
+            session.rollback()
+            raise InputError(f"cannot use database {self.url}: {self._reason(exc)}") from exc
+        except InputError:
+            session.rollback()
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            session.rollback()
+            if write:
+                raise  # a value the caller gave that cannot be stored: a programming error
+            raise InputError(
+                f"cannot read database {self.url}: a stored row is damaged ({self._reason(exc)}); "
+                "it was changed by hand or by another program"
+            ) from exc
         except BaseException:
             session.rollback()
             raise
@@ -490,7 +510,11 @@ def _reason(exc: BaseException) -> str:
 
 
 def _to_record(row: PlanRow) -> PlanRecord:
-    """A frozen record holding deep copies of the row's values."""
+    """A frozen record holding deep copies of the row's values; ValueError for a row whose JSON is not an
+    object where the record has one (a row changed by hand)."""
+    for name in _JSON_FIELDS:
+        if not isinstance(getattr(row, name), dict):
+            raise ValueError(f"plan {row.plan_id}: its {name} is not a JSON object")
     return PlanRecord(
         plan_id=row.plan_id,
         created_at=row.created_at,

@@ -17,6 +17,7 @@ import planner
 from planner.cli import app
 from planner.inputs import (
     CONFIG_WORKLOAD,
+    DEFAULT_ATTN_IMPL,
     DEFAULT_BATCH_PER_GPU,
     DEFAULT_GEN_LEN,
     DEFAULT_GRPO_SAMPLES,
@@ -73,11 +74,12 @@ def test_the_readme_states_the_same_defaults() -> None:
         "batch": str(DEFAULT_BATCH_PER_GPU),
         "samples-per-prompt": str(DEFAULT_GRPO_SAMPLES),
         "dtype": "bf16",
-        "attn-impl": SPEC_DEFAULTS["attn_impl"],
+        "attn-impl": SPEC_DEFAULTS["attn_impl"] or DEFAULT_ATTN_IMPL,  # None: the framework's, else sdpa
         "gpus": str(SPEC_DEFAULTS["gpus"]),
         "nodes": str(SPEC_DEFAULTS["nodes"]),
         "ppo-epochs": str(SPEC_DEFAULTS["ppo_epochs"]),
         "safety-margin": str(SPEC_DEFAULTS["safety_margin"]),
+        "framework": SPEC_DEFAULTS["framework"],
     }
     readme = (REPO / "README.md").read_text()
     assert 'workload defaults to "ppo"' in readme and SPEC_DEFAULTS["workload"] == "ppo"
