@@ -261,7 +261,7 @@ def probe(
 
             try:
                 prepare_ops([item.request for item in planned if stored[item.key] is None], on_note=on_note)
-            except OpBuildError:
+            except (OpBuildError, KeyboardInterrupt):  # a failed build, Ctrl-C or SIGTERM while building
                 storage.finish_run(run.run_id, status="interrupted")
                 raise
         try:

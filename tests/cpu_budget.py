@@ -8,9 +8,11 @@ when the work is slower, which is the point: a bf16 probe on a processor without
 to two orders of magnitude more of them (``ONEDNN_MAX_CPU_ISA=AVX2`` makes a processor that has the kernels
 behave as one without, which is how the suite is timed for such processors; see the README).
 
-The default budget, 300 CPU seconds, is about twice the most any phase spends on a 2-core machine today
-(building DeepSpeed's CPU-Adam once for the session, about 60 s of compiler time, is the largest), and a
-tenth of what one bf16 probe test spent without the kernels. ``MEMPLAN_TEST_CPU_BUDGET_S=0`` turns it off.
+The default budget, 300 CPU seconds, is about 2.5 times the largest phase today on a 2-core machine (the first
+accuracy probe with the planning of all its cases: 100 s, 123 s without oneDNN bf16 kernels; a fresh build of
+DeepSpeed's CPU-Adam, about 120 s, where a test triggers it), and under half of what the accuracy probes spent in
+one phase without the kernels before each test was charged its own probe (637 s).
+``MEMPLAN_TEST_CPU_BUDGET_S=0`` turns it off.
 The summary at the end names the phases that spent the most; ``MEMPLAN_TEST_CPU_REPORT=FILE`` also writes
 every phase's CPU seconds to FILE (tab-separated), to see where a suite's time goes.
 """

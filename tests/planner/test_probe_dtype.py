@@ -107,3 +107,26 @@ def test_tune_on_the_cpu_chooses_and_states_the_dtype_as_probe_does(
          **JOB)  # fmt: skip
     assert seen == ["fp32"]
     assert [n for n in notes if n.startswith("dtype: fp32")]
+
+
+def test_a_run_stopped_while_its_ops_build_is_marked_interrupted(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C or SIGTERM (a KeyboardInterrupt in the planner) during the op build marks the run interrupted, as a
+    failed build does, so that it reads as stopped, not as still running."""
+    import sqlite3
+
+    import probes
+    from planner import probe
+
+    def stopped(requests: Any, on_note: Any = None) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probes, "prepare_ops", stopped)
+    strategies = tmp_path / "one.json"
+    strategies.write_text(json.dumps(STRATEGY))
+    db = tmp_path / "p.db"
+    with pytest.raises(KeyboardInterrupt):
+        probe(str(tiny), strategies=str(strategies), layers="2", db=str(db), dtype="fp32", **JOB)
+    with sqlite3.connect(db) as connection:
+        assert [row[0] for row in connection.execute("SELECT status FROM probe_runs")] == ["interrupted"]
