@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.jit_lock import pid_alive
 from store.errors import InputError
 
 __all__ = ["MARK", "remove_stale", "write_files"]
@@ -66,25 +67,13 @@ def _marked_name(target: Path, kind: str) -> Path:
     return target.with_name(f"{_prefix(target)}{secrets.token_hex(6)}.{kind}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):  # a zombie (killed, not yet reaped) is gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
 def _stale(path: Path) -> str | None:
     """The kind (tmp, bak, journal) of a marked file whose owner is gone, else None."""
     found = _MARKED.search(path.name)
     if found is None or found.group(1) != HOST or not path.name.startswith("."):
         return None
     pid = int(found.group(2))
-    return None if pid == os.getpid() or _pid_alive(pid) else found.group(3)
+    return None if pid == os.getpid() or pid_alive(pid) else found.group(3)
 
 
 def _stat_of(path: Path) -> tuple[int, int, int, int]:
