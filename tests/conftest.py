@@ -9,6 +9,7 @@ empty database of its own, never the developer's probes and calibrations.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +63,15 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
         yield url
     finally:
         postgres_server.drop_schema(url)
+
+
+@pytest.fixture
+def sql_ascii_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A database created as ``initdb`` creates them under the C locale: encoding SQL_ASCII."""
+    name = f"memplan_test_{uuid.uuid4().hex[:12]}"
+    postgres_server._admin(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0")
+    url = postgres_server.admin_url.set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        postgres_server.drop_database(url)

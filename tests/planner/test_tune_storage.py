@@ -4,13 +4,10 @@ line, and a PostgreSQL database created under the C locale (encoding SQL_ASCII) 
 from __future__ import annotations
 
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_server import PostgresServer
 from planner_helpers import assert_one_error_line, run_main
 
 from store.db import open_storage, optuna_storage_url
@@ -39,18 +36,6 @@ def test_an_optuna_schema_of_another_version_is_one_line(
     line = assert_one_error_line(run_main(["tune", *JOB, "--db", db]), "Optuna")
     assert str(db) in line and "optuna" in line.lower()
     assert db.read_bytes() == before
-
-
-@pytest.fixture
-def sql_ascii_url(postgres_server: PostgresServer) -> Iterator[str]:
-    """A database created as ``initdb`` creates them under the C locale: encoding SQL_ASCII."""
-    name = f"memplan_test_{uuid.uuid4().hex[:12]}"
-    postgres_server._admin(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0")
-    url = postgres_server.admin_url.set(database=name).render_as_string(hide_password=False)
-    try:
-        yield url
-    finally:
-        postgres_server.drop_database(url)
 
 
 def test_a_tune_study_opens_on_a_sql_ascii_database(sql_ascii_url: str) -> None:

@@ -10,12 +10,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pg_server import PostgresServer
 from test_db import sft_plan
 
 from store.db import SQLAlchemyStorage, connect_args, open_storage, optuna_storage_url
@@ -108,18 +105,6 @@ def test_a_fifo_is_refused_without_waiting_on_it(tmp_path: Path) -> None:
     thread.join(30)
     assert outcome, "opening a FIFO as the database blocks"
     assert isinstance(outcome[0], InputError) and "not a regular file" in str(outcome[0]), outcome
-
-
-@pytest.fixture
-def sql_ascii_url(postgres_server: PostgresServer) -> Iterator[str]:
-    """A database created as ``initdb`` creates them under the C locale: encoding SQL_ASCII."""
-    name = f"memplan_test_{uuid.uuid4().hex[:12]}"
-    postgres_server._admin(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0")
-    url = postgres_server.admin_url.set(database=name).render_as_string(hide_password=False)
-    try:
-        yield url
-    finally:
-        postgres_server.drop_database(url)
 
 
 def test_a_sql_ascii_postgresql_database_holds_plans_and_a_study(sql_ascii_url: str) -> None:
