@@ -14,18 +14,11 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The import-flow check lives beside a developer's checkout, not in the repository: skipped where absent.
-LAYERS_CHECK ?= ../shared/tools/check_layers.py
-
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	@if [ -f "$(LAYERS_CHECK)" ]; then \
-		echo "$(BIN)/python $(LAYERS_CHECK)"; $(BIN)/python "$(LAYERS_CHECK)"; \
-	else \
-		echo "lint: $(LAYERS_CHECK) not found; skipping the import-flow check (it lives beside a developer's checkout)"; \
-	fi
+	$(BIN)/lint-imports  # the import layering: [tool.importlinter] in pyproject.toml (docs/layout.md)
 
 bench: setup
 	$(BIN)/python benchmarks/latency.py

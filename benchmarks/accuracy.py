@@ -27,7 +27,7 @@ from typing import Any
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.calibration_data import (  # noqa: E402
+from planner.calibration.gather import (  # noqa: E402
     gather,
     loop_row_observation,
     records_file_entries,

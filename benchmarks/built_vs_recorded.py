@@ -37,8 +37,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from planner import probe, probe_stream
-    from planner.api import job_spec, resolve
-    from planner.probing import cut_workload
+    from planner.job.cut import cut_workload
+    from planner.planning.predicting import job_spec, resolve
     from search import DEFAULT_COEFFICIENTS, cpu_backend_coefficients, replay_memory
     from search.allocator import replay
     from store.records import Strategy
@@ -59,7 +59,7 @@ def main() -> int:
             args.model, device="cpu", strategies=str(strategies), steps=3, layers=str(args.layers),
             timeout_s=3600.0, db=db, **job,
         )  # fmt: skip
-        # a small model is probed whole too (planner.probing.depths_for): take the cut one
+        # a small model is probed whole too (planner.probing.plan.depths_for): take the cut one
         (row,) = [r for r in report.rows if r.layers == args.layers]
         if row.outcome != "ok":
             print(f"probe {row.outcome}: {row.message}", file=sys.stderr)

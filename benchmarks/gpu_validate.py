@@ -28,7 +28,7 @@ its parameter-fetch trace in the first step and prefetches by it from the second
 (median per phase; the .md gives the min/median/max step time of the measured steps). Default 5.
 
 DeepSpeed's ops (FusedAdam, CPU Adam, the hybrid engine's inference op) are built once, before the first
-probe that loads them, in a process of their own (`probes.ops.prepare_ops`), so their JIT build counts
+probe that loads them, in a process of their own (`probes.ops.prepare.prepare_ops`), so their JIT build counts
 against no probe; `TORCH_CUDA_ARCH_LIST=9.0a` is read as 9.0. A build that fails stops the run with one line
 (exit 2), leaving the files written so far.
 
@@ -66,7 +66,7 @@ STAGE_ORDER = (2, 3, 1, 0)
 FAILED = ("error", "timeout")
 
 Runner = Callable[[Any], Any]  # ProbeRequest -> ProbeResult
-Prepare = Callable[..., Any]  # probes.ops.prepare_ops
+Prepare = Callable[..., Any]  # probes.ops.prepare.prepare_ops
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,13 @@ def ppo_strategies() -> list[dict[str, Any]]:
 
 def matrix(models: Iterable[str], workloads: Iterable[str]) -> list[Cell]:
     """Every (model, workload, strategy) in matrix order."""
+    from store.workload_kinds import traits
+
     workloads = list(workloads)
     cells = []
     for model in models:
         for workload in workloads:
-            strategies = sft_strategies() if workload == "sft" else ppo_strategies()
+            strategies = ppo_strategies() if traits(workload).rlhf else sft_strategies()
             cells += [Cell(model, workload, strategy) for strategy in strategies]
     return cells
 
@@ -160,7 +162,7 @@ class TimeUp(Exception):
 class Gate:
     """The runner ``planner.probe`` calls for each probe it does not find stored: refuses when the matrix probe
     started after the deadline (:meth:`open_cell`), builds the ops the probe needs (once per run, see
-    probes.ops), then runs it."""
+    probes.ops.prepare), then runs it."""
 
     def __init__(self, runner: Runner, prepare: Prepare, deadline: float | None, clock: Callable[[], float]) -> None:
         self.runner, self.prepare, self.deadline, self.clock = runner, prepare, deadline, clock
@@ -198,7 +200,7 @@ class Results:
         self.write()
 
     def write(self) -> None:
-        from planner.files import write_text_atomic
+        from planner.files.atomic import write_text_atomic
 
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n")
@@ -256,14 +258,14 @@ def main(
         if not torch.cuda.is_available():
             print("gpu_validate: no CUDA device here (use --device cpu for a dry run)", file=sys.stderr)
             return 2
-    from probes.ops import OpBuildError
+    from probes.ops.prepare import OpBuildError
 
     if runner is None:
         from probes import run_probe
 
         runner = run_probe
     if prepare is None:
-        from probes.ops import prepare_ops
+        from probes.ops.prepare import prepare_ops
 
         prepare = prepare_ops
 
@@ -299,14 +301,15 @@ def _probe_cell(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The csv rows of one cell (its depths), run through planner.probe (stored probes are reused)."""
     from planner import probe
+    from store.workload_kinds import traits
 
     file = tmp / "strategy.json"
     file.write_text(json.dumps([cell.strategy]))
     job: dict[str, Any] = {"workload": cell.workload, "batch": 4, "cpu_mem": "64G", **hardware}
-    if cell.workload == "sft":
-        job["seq_len"] = 512
-    else:
+    if traits(cell.workload).rlhf:
         job.update(prompt_len=256, gen_len=256)
+    else:
+        job["seq_len"] = 512
     if args.dtype is not None:
         job["dtype"] = args.dtype
     options = dict(steps=args.steps, layers=args.layers, timeout_s=args.timeout, device=args.device, db=db, **job)

@@ -1,6 +1,6 @@
 """Peak reserved on the GPU records: the prediction (the allocator replay) against the search's screen.
 
-For every record of tests/data/gpu/, `planner.records_check` predicts through the public API (as
+For every record of tests/data/gpu/, `planner.calibration.records` predicts through the public API (as
 `benchmarks/shared_gpu_records.py` does). Each prediction's peak reserved comes from the replay of the step's
 allocation stream, built from the cost model's bytes (`search.streams`), through the port of torch's caching
 allocator (`search.allocator`), per phase; beside it, the peak reserved of the search's screen (six named
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.records_check import compare_records  # noqa: E402
+from planner.calibration.records import compare_records  # noqa: E402
 
 DEFAULT_RECORDS = sorted((Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu").glob("*.json"))
 

@@ -61,6 +61,8 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from store.workload_kinds import traits
+
     class Dispatched(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
@@ -90,10 +92,12 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     actor_model = model(True)
     actor, *_ = deepspeed.initialize(model=actor_model, config=ZERO2, model_parameters=actor_model.parameters())
+    kind = traits(mode)
     frozen = []
-    if mode == "ppo":  # the critic (trained) and the reference and reward models (frozen) beside the actor
+    if kind.trains_critic:  # the critic (trained) beside the actor
         critic_model = model(True)
         deepspeed.initialize(model=critic_model, config=ZERO2, model_parameters=critic_model.parameters())
+    if kind.rlhf:  # the reference and reward models (frozen)
         for _ in range(2):
             held = model(False).requires_grad_(False)
             frozen.append(deepspeed.initialize(model=held, config=FROZEN)[0])
@@ -101,7 +105,7 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
     times, gc_s, ops = [], [], Counter[str]()
     for step in range(steps + 1):  # the first is a warm-up
         sequences = ids
-        if mode == "ppo":
+        if kind.generates:
             actor.eval()
             with torch.no_grad():
                 sequences = actor.module.generate(
@@ -126,7 +130,7 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
     kernels = sum(n for op, n in ops.items() if op not in METADATA_OPS)
     return {
         "mode": mode,
-        "engines": 4 if mode == "ppo" else 1,
+        "engines": 1 + int(kind.trains_critic) + len(frozen),
         "step_ms": 1e3 * statistics.median(times),
         "step_ms_min": 1e3 * min(times),
         "step_ms_max": 1e3 * max(times),
@@ -145,7 +149,7 @@ def main() -> int:
     if args.child:
         print("MEMPLAN_RESULT " + json.dumps(_child(args.child, args.steps)), flush=True)
         return 0
-    from probes.isolation import child_env, release_shared_memory
+    from probes.process.isolation import child_env, release_shared_memory
 
     rows = []
     for mode in ("sft", "ppo"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.api import _job  # noqa: E402
+from planner.planning.predicting import _job  # noqa: E402
 from search import DEFAULT_COEFFICIENTS, predict, screen_search, search  # noqa: E402
 from search.choose.candidates import Candidate  # noqa: E402
 from search.choose.single_space import all_strategies  # noqa: E402

@@ -1,6 +1,6 @@
 """Predicted against measured for the GPU records in tests/data/gpu/ (SFT rows and every finished probe).
 
-Each record goes through the public API (`planner.records_check`: `check` with a row's exact ds_config,
+Each record goes through the public API (`planner.calibration.records`: `check` with a row's exact ds_config,
 `predict` with a probe's strategy) on the catalog GPU its fingerprint names; prints the relative error
 (predicted / measured - 1) of peak allocated, peak reserved and time, per step (SFT rows) or per phase
 (probes), and the term the time model says dominates.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.records_check import compare_records  # noqa: E402
+from planner.calibration.records import compare_records  # noqa: E402
 
 DEFAULT_RECORDS = sorted((Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu").glob("*.json"))
 

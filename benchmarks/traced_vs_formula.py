@@ -5,7 +5,7 @@
 For each model, dtype bf16, attention eager and sdpa, micro-batch x sequence in SHAPES: the bytes one decoder
 layer saves for backward, what the step saves outside the layers, and the loss's forward and backward peaks
 (the LM head and cross-entropy), traced from transformers' code on the meta device
-(``probes.activation_trace``) and by ``search.model.activations``' formulas (Korthikanti-style, with the
+(``probes.trace.activations``) and by ``search.model.activations``' formulas (Korthikanti-style, with the
 named coefficients). Nothing is cached: every figure is traced now.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes.activation_trace import trace_terms  # noqa: E402
+from probes.trace.terms import trace_terms  # noqa: E402
 from search.coefficients import DEFAULT_COEFFICIENTS  # noqa: E402
 from search.model.activations import layer_activation_bytes, loss_logits  # noqa: E402
 from store.activation_terms import evaluate, left_by, peak_of  # noqa: E402

@@ -28,7 +28,8 @@ from typing import Any
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.calibration_data import device_target, gather, loop_row_observation, records_file_entries  # noqa: E402
+from planner.calibration.gather import gather, loop_row_observation, records_file_entries  # noqa: E402
+from planner.job.target import device_target  # noqa: E402
 from search.calibration import Observation, calibrate  # noqa: E402
 from search.calibration.observations import prediction_under  # noqa: E402
 from search.coefficients import DEFAULT_COEFFICIENTS  # noqa: E402
@@ -54,7 +55,7 @@ class SimulatedH100:
         self.fingerprint = DeviceFingerprint(device="cuda", name="unknown GPU", total_memory_bytes=0)
 
     def __call__(self, request: ProbeRequest) -> ProbeResult:
-        from planner.calibration_data import probe_observation
+        from planner.calibration.gather import probe_observation
 
         blank = {"phases": [], "extra": {"warmup_steps": 2}}
         obs = probe_observation("sim", request.to_dict(), blank, device_target("cuda"))

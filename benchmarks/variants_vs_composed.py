@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/variants_vs_composed.py [--models opt-1.3b,qwen3-8b] [--rank 16] [--markdown]
 
 For each catalog model, bf16, sdpa, micro-batch x sequence in SHAPES, the cost model's activation bytes
-(``search.model.activations.activations``) with the catalog's traced variants (``probes.activation_variants``:
+(``search.model.activations.activations``) with the catalog's traced variants (``probes.trace.variants``:
 HF gradient checkpointing, LoRA adapters on every linear, both) and with the variants removed, which is how
 memplan predicted them before they were traced: a checkpointed layer keeps its input and its backward holds
 one recomputed layer beside the full fine-tune's backward working set; LoRA keeps the full fine-tune's

@@ -12,14 +12,31 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from planner.api import check, coefficients, predict, probe, recommend
-    from planner.calibrating import calibrate
-    from planner.inputs import JobSpec
-    from planner.results import CalibrationReport, CheckResult, Plan, PredictionReport, TuneReport
-    from planner.runtime import EmptyCachePolicy
-    from planner.saved import calibrations, export, memory_plot, plan, plans, probes
-    from planner.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
-    from planner.tuning import tune
+    from planner.api import (
+        CalibrationReport,
+        CheckResult,
+        EmptyCachePolicy,
+        JobSpec,
+        Plan,
+        PredictionReport,
+        TuneReport,
+        calibrate,
+        calibrations,
+        check,
+        coefficients,
+        export,
+        memory_plot,
+        plan,
+        plans,
+        predict,
+        probe,
+        probe_snapshot,
+        probe_stream,
+        probes,
+        recommend,
+        tune,
+        write_probe_snapshot,
+    )
 
 __all__ = [
     "CalibrationReport",
@@ -48,29 +65,29 @@ __all__ = [
 ]
 
 _HOMES = {
-    "calibrate": "planner.calibrating",
-    "calibrations": "planner.saved",
+    "calibrate": "planner.api",
+    "calibrations": "planner.api",
     "check": "planner.api",
     "coefficients": "planner.api",
-    "export": "planner.saved",
-    "memory_plot": "planner.saved",
-    "plan": "planner.saved",
-    "plans": "planner.saved",
+    "export": "planner.api",
+    "memory_plot": "planner.api",
+    "plan": "planner.api",
+    "plans": "planner.api",
     "predict": "planner.api",
     "probe": "planner.api",
-    "probe_snapshot": "planner.snapshots",
-    "probe_stream": "planner.snapshots",
-    "probes": "planner.saved",
+    "probe_snapshot": "planner.api",
+    "probe_stream": "planner.api",
+    "probes": "planner.api",
     "recommend": "planner.api",
-    "tune": "planner.tuning",
-    "write_probe_snapshot": "planner.snapshots",
-    "JobSpec": "planner.inputs",
-    "CalibrationReport": "planner.results",
-    "CheckResult": "planner.results",
-    "EmptyCachePolicy": "planner.runtime",
-    "Plan": "planner.results",
-    "PredictionReport": "planner.results",
-    "TuneReport": "planner.results",
+    "tune": "planner.api",
+    "write_probe_snapshot": "planner.api",
+    "JobSpec": "planner.api",
+    "CalibrationReport": "planner.api",
+    "CheckResult": "planner.api",
+    "EmptyCachePolicy": "planner.api",
+    "Plan": "planner.api",
+    "PredictionReport": "planner.api",
+    "TuneReport": "planner.api",
 }
 
 

@@ -1,6 +1,6 @@
 """probes: measuring. Renders DeepSpeed configs from a strategy and runs short real runs that measure it.
 
-Public API (loaded on first use, so ``import probes.ds_config`` on the planner's fast path stays light;
+Public API (loaded on first use, so ``import launch.ds_config`` on the planner's fast path stays light;
 nothing here imports torch)::
 
     from probes import run_probe, prepare_ops, PHASES
@@ -9,8 +9,8 @@ nothing here imports torch)::
 
 ``run_probe(request) -> ProbeResult`` runs one probe in a fresh process (``probes.runner``);
 ``prepare_ops(requests)`` builds the DeepSpeed ops those probes load, once per process, in a child of its
-own, and raises ``OpBuildError`` (an InputError: one line) when it cannot (``probes.ops``);
-``PHASES`` maps each workload kind to its phase names, in step order (``probes.phases``).
+own, and raises ``OpBuildError`` (an InputError: one line) when it cannot (``probes.ops.prepare``);
+``PHASES`` maps each workload kind to its phase names, in step order (``probes.step.phases``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ def __getattr__(name: str) -> Any:
 
         return run_probe
     if name in ("prepare_ops", "OpBuildError"):
-        import probes.ops
+        import probes.ops.prepare
 
-        return getattr(probes.ops, name)
+        return getattr(probes.ops.prepare, name)
     if name == "PHASES":
-        from probes.phases import PHASES
+        from probes.step.phases import PHASES
 
         return PHASES
     raise AttributeError(f"module 'probes' has no attribute {name!r}")

@@ -1,13 +1,13 @@
 """``run_probe``: one probe in its own process, its outcome as a ProbeResult.
 
-The request is checked here first (:func:`probes.build.plan_from_request`: bad input, and requests for
+The request is checked here first (:func:`probes.model.build.plan_from_request`: bad input, and requests for
 more than one node or for more CPU ranks than the backend runs, come back as outcome "error" without
 starting anything). Then the DeepSpeed ops the
 probe will load are built, once per process and before the probe's clock and timeout start
-(:func:`probes.ops.prepare_ops`; a caller that probes many strategies may call it first for all of them).
+(:func:`probes.ops.prepare.prepare_ops`; a caller that probes many strategies may call it first for all of them).
 An op that cannot be built raises OpBuildError, one line for the whole run: no probe can run without it,
 and no "error" outcome is stored for one probe after another. Then a fresh child process
-(:mod:`probes.isolation`, :mod:`probes.child`) builds the models and engines and runs the steps; a fresh
+(:mod:`probes.process.isolation`, :mod:`probes.step.child`) builds the models and engines and runs the steps; a fresh
 process per probe is what keeps DeepSpeed's global state (process group, ZeRO-3 hooks, the accelerator,
 compiled ops) from leaking between probes. Outcomes:
 
@@ -18,12 +18,12 @@ compiled ops) from leaking between probes. Outcomes:
 - ``timeout``: ``request.timeout_s`` of wall time passed; the child's process group is killed and
   ``failed_phase`` is the phase it had entered last.
 
-A child that reported carries its allocation records in ``result.artifacts`` (:mod:`probes.artifacts`);
+A child that reported carries its allocation records in ``result.artifacts`` (:mod:`probes.process.artifacts`);
 the store keeps them with the probe.
 
 A request for N > 1 GPUs (one node) runs N ranks under PyTorch's elastic launcher as one probe
-(:mod:`probes.rank_group`); a failure or hang of any rank ends the group, and the result is the worst
-rank's, with every rank's own in ``extra["ranks"]`` (:mod:`probes.worst_rank`). One GPU runs one child
+(:mod:`probes.process.rank_group`); a failure or hang of any rank ends the group, and the result is the worst
+rank's, with every rank's own in ``extra["ranks"]`` (:mod:`probes.process.worst_rank`). One GPU runs one child
 directly, no launcher.
 
 Pure Python: importing this module imports no torch.
@@ -34,12 +34,12 @@ from __future__ import annotations
 import signal
 import time
 
-from probes.build import plan_from_request
-from probes.fingerprint import host_fingerprint
-from probes.isolation import ChildRun, child_env, run_child
-from probes.ops import note_to_stderr, prepare_ops
-from probes.rank_group import run_group
-from probes.worst_rank import group_result
+from probes.measure.fingerprint import host_fingerprint
+from probes.model.build import plan_from_request
+from probes.ops.prepare import note_to_stderr, prepare_ops
+from probes.process.isolation import ChildRun, child_env, run_child
+from probes.process.rank_group import run_group
+from probes.process.worst_rank import group_result
 from store.errors import InputError
 from store.measurements import DeviceFingerprint, ProbeRequest, ProbeResult
 

@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 # entry -> (package, version). "openrlhf_classic": the last release whose train_ppo_ray takes every flat option name
-# of probes.frameworks.openrlhf's "classic" style (--zero_stage, --prompt_max_len, --bf16, --vllm_num_engines ...).
+# of launch.frameworks.openrlhf's "classic" style (--zero_stage, --prompt_max_len, --bf16, --vllm_num_engines ...).
 PINS: dict[str, tuple[str, str]] = {
     "openrlhf": ("openrlhf", "0.11.2"),
     "openrlhf_classic": ("openrlhf", "0.9.1.post1"),

@@ -29,4 +29,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 # Byte-compile the project once, so `planner` starts fast even where PYTHONDONTWRITEBYTECODE is set.
-"$VENV/bin/python" -m compileall -q planner search probes store >/dev/null
+"$VENV/bin/python" -m compileall -q planner search probes launch store >/dev/null

@@ -17,7 +17,7 @@ that framework's source at its pinned version (``store.frameworks.VERSIONS``) an
 Two more follow a framework's code outside the cost model: the search offers a Trainer-based program (``hf``,
 ``trl``) only ``never`` or ``every-step`` for ``empty_cache`` (``torch_empty_cache_steps`` is the one place
 transformers' Trainer calls it: ``search.choose.single_space``), and OpenRLHF's default attention,
-flash-attention 2, is the job's when ``--attn-impl`` is not given (``planner.inputs``); both are explicit in the
+flash-attention 2, is the job's when ``--attn-impl`` is not given (``planner.job.inputs``); both are explicit in the
 plan itself.
 
 :func:`differences` turns two frameworks' entries into the lines ``planner export --format X`` prints for a
@@ -27,7 +27,7 @@ plan made for another framework.
 from __future__ import annotations
 
 from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, VERSIONS
-from store.records import RLHF_WORKLOADS
+from store.workload_kinds import traits
 
 ASPECTS: tuple[str, ...] = ("lm_head", "sft_output", "dpo_reference", "zero_buckets")
 
@@ -35,7 +35,8 @@ ASPECTS: tuple[str, ...] = ("lm_head", "sft_output", "dpo_reference", "zero_buck
 def modelled(framework: str, kind: str) -> dict[str, str]:
     """How the cost model treats each aspect of workload ``kind`` for ``framework`` (aspect -> a phrase)."""
     out: dict[str, str] = {}
-    if kind != "reward":  # a reward model has a scalar head, no vocabulary
+    implies = traits(kind)
+    if not implies.scalar_head:  # a reward model has a scalar head, no vocabulary
         if framework == "trl" and kind in TRL_FUSED_HEAD_WORKLOADS:
             out["lm_head"] = (
                 "TRL's fused log-prob head (tiles of 4096 tokens x 32768 vocabulary columns, no (batch, seq, vocab) "
@@ -43,17 +44,17 @@ def modelled(framework: str, kind: str) -> dict[str, str]:
             )
         else:
             out["lm_head"] = "the (batch, seq, vocab) logits and transformers' fp32 loss over them"
-    if kind == "sft":
+    if implies.causal_lm_loss:
         if framework == "deepspeed-chat":
             out["sft_output"] = "the model output (its logits) held through the backward"
         else:
             out["sft_output"] = "only the loss kept through the backward"
-    if kind == "dpo":
+    if implies.reference_forward:
         if framework == "trl":
             out["dpo_reference"] = "the reference forward after the policy's, beside its saved activations"
         else:
             out["dpo_reference"] = "the reference forward before the policy's"
-    if kind in RLHF_WORKLOADS:
+    if implies.rlhf:
         if framework == "openrlhf":
             out["zero_buckets"] = "OpenRLHF's own DeepSpeed config (DeepSpeed's default buckets, 5e8 elements)"
         else:

@@ -9,7 +9,8 @@ from search.single.predict import checked_step, predict_single_model
 from search.step.assemble import Step, screen_step
 from search.step.replayed import StepReplayed, StepTimeline, replay_step, step_timeline
 from store.errors import InputError
-from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS, Hardware, RLHFStrategy, Strategy, Workload
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.workload_kinds import KINDS, traits
 
 
 def predict(
@@ -44,18 +45,15 @@ def screen(
 
 def _step_kind(workload: Workload, strategy: Strategy | RLHFStrategy) -> None:
     """InputError unless the strategy's shape is the workload kind's."""
-    if workload.kind in SINGLE_MODEL_WORKLOADS:
+    if workload.kind not in KINDS:
+        raise InputError(f"workload {workload.kind!r} is not supported; supported: {', '.join(KINDS)}")
+    if not traits(workload.kind).rlhf:
         if not isinstance(strategy, Strategy):
             raise InputError(f"{workload.kind} trains one model: give a single-model strategy, not an RLHF one")
-        return
-    if workload.kind in RLHF_WORKLOADS:
-        if not isinstance(strategy, RLHFStrategy):
-            raise InputError(
-                f"{workload.kind} is an RLHF workload: give an RLHF strategy (actor/critic/reference/reward blocks)"
-            )
-        return
-    kinds = ", ".join(SINGLE_MODEL_WORKLOADS + RLHF_WORKLOADS)
-    raise InputError(f"workload {workload.kind!r} is not supported; supported: {kinds}")
+    elif not isinstance(strategy, RLHFStrategy):
+        raise InputError(
+            f"{workload.kind} is an RLHF workload: give an RLHF strategy (actor/critic/reference/reward blocks)"
+        )
 
 
 def _step(workload: Workload, strategy: Strategy | RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:

@@ -1,6 +1,6 @@
 """Traced activation and loss terms: how their bytes follow the micro-batch shape, read without torch.
 
-``probes.activation_trace`` traces a model's training step on the meta device at a few shapes and fits every
+``probes.trace.activations`` traces a model's training step on the meta device at a few shapes and fits every
 size it sees exactly as a polynomial in b (sequences) and s (tokens per sequence) over :data:`TERM_BASIS`.
 The terms of one model are kept per dtype width and attention kernel (:func:`terms_key`) with its shape
 (catalog package data, or the store's shape cache). Here they are evaluated at any shape:
@@ -39,7 +39,7 @@ VARIANTS: dict[str, tuple[bool, bool]] = {  # (HF gradient checkpointing, LoRA) 
     "lora": (False, True),
     "lora_checkpointed": (True, True),
 }
-# Generation and scoring as the RLHF probe runs them (``probes.generation_trace``; b sequences, s the prompt,
+# Generation and scoring as the RLHF probe runs them (``probes.trace.generation``; b sequences, s the prompt,
 # the KV cache's tokens at a decoding step, or the scored tokens); kept in ``windows`` beside WINDOWS.
 GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
 

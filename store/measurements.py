@@ -114,7 +114,7 @@ class ProbeResult:
 
     A probe of several ranks (``hardware.gpus`` > 1) reports its worst rank: per phase the largest figures
     of any rank; ``extra["world_size"]``, ``extra["worst_rank"]`` and every rank's own result in
-    ``extra["ranks"]`` (see ``probes.worst_rank``).
+    ``extra["ranks"]`` (see ``probes.process.worst_rank``).
 
     ``artifacts`` are the binary records the probe kept (:mod:`store.artifacts`: its allocation stream or
     CUDA snapshot). They travel with the result from the probe to the store, which keeps them beside it;

@@ -1,6 +1,6 @@
 """Traced model shapes as records: the catalog's package data, the cache key of a local config, and the spec.
 
-A shape is the dict that ``probes.model_shape.trace_model_shape`` reads from transformers' module tree: every
+A shape is the dict that ``probes.model.shape.trace_model_shape`` reads from transformers' module tree: every
 :class:`~store.records.ModelSpec` field but ``name`` and ``hf_config``, plus the versions it was read with.
 The catalog's shapes are traced once and shipped as ``catalog_shapes.json`` (a test re-derives them); a local
 config of an architecture without a formula is traced on first use and kept in the store's shape cache under

@@ -1,7 +1,7 @@
 """The model catalog: built-in names and local ``config.json`` files turned into ModelSpec records.
 
 Nothing is downloaded and nothing heavy is imported. A catalog model's spec is its traced shape, shipped as
-package data (``store/catalog_shapes.json``, read from transformers' module tree by ``probes.model_shape``
+package data (``store/catalog_shapes.json``, read from transformers' module tree by ``probes.model.shape``
 and re-derived by a test). A local ``config.json`` of the families with a pure-Python formula
 (``store.model_params``: opt, gpt2, llama, mistral, qwen2) is counted by it, which equals the trace exactly;
 any other architecture raises :class:`~store.model_shape.UntracedModelError`, which the planner answers by
@@ -63,7 +63,7 @@ def catalog_configs() -> dict[str, dict[str, Any]]:
 
 def _catalog_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     shape = catalog_shape(name)
-    if shape is None:  # a catalog entry added without re-running `python -m probes.model_shape --write-catalog`
+    if shape is None:  # a catalog entry added without re-running `python -m probes.trace.catalog --write-catalog`
         return spec_from_hf_config(name, copy.deepcopy(config))
     return spec_from_shape(name, copy.deepcopy(config), shape)
 

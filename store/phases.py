@@ -28,6 +28,7 @@ every-step        at the end of the step (after the optimizer steps)
 from __future__ import annotations
 
 from store.records import EMPTY_CACHE_POLICIES
+from store.workload_kinds import KINDS
 
 __all__ = [
     "ALL_PHASES",
@@ -47,6 +48,8 @@ PHASES: dict[str, tuple[str, ...]] = {
     "remax": ("generation", "scoring", "actor_training"),
     "grpo": ("generation", "scoring", "actor_training"),
 }
+if list(PHASES) != list(KINDS):  # pragma: no cover - a table edited in one place only
+    raise RuntimeError("store.phases.PHASES must name every kind of store.workload_kinds.KINDS, in its order")
 END_STEP = "end_step"
 INFERENCE_PHASES: frozenset[str] = frozenset({"generation", "scoring", "reference_forward"})
 ALL_PHASES: frozenset[str] = frozenset(name for names in PHASES.values() for name in names)

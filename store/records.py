@@ -15,6 +15,7 @@ from store.ds_buckets import ZeroBuckets
 from store.errors import InputError, refuse_unknown_keys
 from store.loss_chunks import LOSSES
 from store.rollout import RolloutStrategy
+from store.workload_kinds import KINDS, traits
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
@@ -34,8 +35,9 @@ EMPTY_CACHE_POLICIES: tuple[str, ...] = (
     "every-step",
 )
 ALLOCATORS: tuple[str, ...] = ("default", "expandable-segments")
-SINGLE_MODEL_WORKLOADS: tuple[str, ...] = ("sft", "reward", "dpo")
-RLHF_WORKLOADS: tuple[str, ...] = ("ppo", "remax", "grpo")
+# The workload kinds by what they train (store.workload_kinds.KINDS says what each implies).
+SINGLE_MODEL_WORKLOADS: tuple[str, ...] = tuple(kind for kind, t in KINDS.items() if not t.rlhf)
+RLHF_WORKLOADS: tuple[str, ...] = tuple(kind for kind, t in KINDS.items() if t.rlhf)
 WORKLOAD_KINDS: tuple[str, ...] = RLHF_WORKLOADS + SINGLE_MODEL_WORKLOADS
 
 
@@ -214,12 +216,12 @@ class Workload:
 
     @property
     def is_rlhf(self) -> bool:
-        return self.kind in RLHF_WORKLOADS
+        return traits(self.kind).rlhf
 
     @property
     def has_critic(self) -> bool:
         """Only PPO trains a critic; ReMax and GRPO drop it."""
-        return self.kind == "ppo"
+        return traits(self.kind).trains_critic
 
     def model_for(self, role: str) -> ModelSpec:
         """The model that plays ``role`` (see :data:`MODEL_ROLES`), following DeepSpeed-Chat's convention.
@@ -243,18 +245,14 @@ class Workload:
     def role_models(self) -> dict[str, ModelSpec]:
         """Each role of this workload and its model: RLHF has actor, critic (PPO only), reference, reward;
         DPO has actor and reference; the other single-model kinds the actor alone."""
-        if self.is_rlhf:
-            roles = [r for r in MODEL_ROLES if r != "critic" or self.has_critic]
-        elif self.kind == "dpo":
-            roles = ["actor", "reference"]
-        else:
-            roles = ["actor"]
-        return {role: self.model_for(role) for role in roles}
+        kind = traits(self.kind)
+        held = {"actor": True, "critic": kind.trains_critic, "reference": kind.reference_model, "reward": kind.rlhf}
+        return {role: self.model_for(role) for role in MODEL_ROLES if held[role]}
 
     @property
     def sequences_per_sample(self) -> int:
         """Sequences that one sample puts through the model: 2 for preference pairs."""
-        return 2 if self.kind in ("reward", "dpo") else 1
+        return traits(self.kind).sequences_per_sample
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """Phase windows of a recorded allocation stream: where each probe phase starts and ends, and its live peak.
 
-A CPU probe (:mod:`probes.tracker`, :mod:`probes.phases`) marks its stream with PHASE events:
+A CPU probe (:mod:`probes.measure.tracker`, :mod:`probes.step.phases`) marks its stream with PHASE events:
 
 - ``"setup"`` before the models and engines are built;
 - each step phase's name (``forward``, ``generation``, ...) where the phase starts, the moment the probe

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, required
 
-from probes.op_cache import default_ops_folder
+from probes.process.op_cache import default_ops_folder
 
 # every test phase within a CPU-seconds budget (tests/cpu_budget.py); pytester runs that check on itself
 pytest_plugins = ["cpu_budget", "pytester"]

@@ -1,7 +1,7 @@
 """The dtype the CPU tests compute in, asked of torch the way the fp16 skips ask DeepSpeed's accelerator.
 
 bf16 where oneDNN has bf16 kernels for this processor (AVX512-BF16, AMX); fp32 elsewhere, where torch's
-reference bf16 kernel makes every matmul about 75x slower (``probes.cpu_support``). A test whose point is not
+reference bf16 kernel makes every matmul about 75x slower (``probes.measure.cpu_support``). A test whose point is not
 bf16 itself computes in ``CPU_DTYPE`` and predicts the dtype it ran; a test whose point is bf16 compute is
 marked ``needs_fast_bf16`` (it skips, with the reason, where the kernels are missing) or keeps its shapes small
 enough for the reference kernel. ``ONEDNN_MAX_CPU_ISA=AVX2`` simulates a processor without the kernels.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from probes.cpu_support import cpu_bf16_is_fast
+from probes.measure.cpu_support import cpu_bf16_is_fast
 
 BF16_IS_FAST = cpu_bf16_is_fast()
 CPU_DTYPE = "bf16" if BF16_IS_FAST else "fp32"

@@ -1,7 +1,7 @@
 """Property-based fuzzing of the Python API: any input gives a result or the project's one-line InputError.
 
 Covered: the size parser, ``recommend``, ``predict``, ``check`` (ds_config documents of any shape) and the
-building of probe requests (``probes.build.plan_from_request``). Any other exception fails the test.
+building of probe requests (``probes.model.build.plan_from_request``). Any other exception fails the test.
 
 CI runs the ``ci`` profile (derandomized, a bounded number of examples: about a minute on 2 cores). Before
 a release run the longer profile::
@@ -102,7 +102,7 @@ def test_check(job: dict[str, Any], ds_config: Any) -> None:
 def test_probe_request_building(
     workload: Any, strategy: Any, hardware: Any, device: str, steps: Any, layers: Any
 ) -> None:
-    from probes.build import plan_from_request
+    from probes.model.build import plan_from_request
     from store.measurements import ProbeRequest
 
     def build() -> None:

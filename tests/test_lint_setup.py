@@ -1,4 +1,5 @@
-"""`make lint` and CI: the lint runs ruff and mypy, and runs the import-flow check only where it exists.
+"""`make lint` and CI: the lint runs ruff, mypy and the import layering (import-linter's ``lint-imports``), all
+from the repository itself, so a clone with nothing beside it can run it.
 
 The Makefile is run in a scratch copy of the project with stand-in tools (no real ruff or mypy run here),
 and `setup` is marked up to date, so nothing is installed.
@@ -23,20 +24,16 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def _run_lint(tmp_path: Path, with_layers_check: bool) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def _run_lint(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copy(ROOT / "Makefile", repo / "Makefile")
     log = tmp_path / "calls.log"
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)
-    for tool in ("ruff", "mypy"):
+    for tool in ("ruff", "mypy", "lint-imports"):
         _stub(bin_dir / tool, f'echo "{tool} $*" >> "{log}"')
     _stub(bin_dir / "python", f'exec "{sys.executable}" "$@"')
-    if with_layers_check:
-        tools = tmp_path / "shared" / "tools"
-        tools.mkdir(parents=True)
-        (tools / "check_layers.py").write_text(f"open({str(log)!r}, 'a').write('check_layers\\n')\n")
     result = subprocess.run(
         ["make", "--no-print-directory", "-o", "setup", "lint", f"VENV={tmp_path / 'venv'}"],
         cwd=repo,
@@ -49,19 +46,11 @@ def _run_lint(tmp_path: Path, with_layers_check: bool) -> tuple[subprocess.Compl
 
 
 @needs_make
-def test_lint_skips_the_import_flow_check_where_it_is_absent(tmp_path: Path) -> None:
-    result, calls = _run_lint(tmp_path, with_layers_check=False)
+def test_lint_runs_ruff_mypy_and_the_import_layering_from_the_clone_alone(tmp_path: Path) -> None:
+    result, calls = _run_lint(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert calls == ["ruff check .", "ruff format --check .", "mypy "]
-    assert "skipping the import-flow check" in result.stdout
-
-
-@needs_make
-def test_lint_runs_the_import_flow_check_where_it_exists(tmp_path: Path) -> None:
-    result, calls = _run_lint(tmp_path, with_layers_check=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert calls == ["ruff check .", "ruff format --check .", "mypy ", "check_layers"]
-    assert "skipping" not in result.stdout
+    assert calls == ["ruff check .", "ruff format --check .", "mypy ", "lint-imports "]
+    assert "../shared" not in (ROOT / "Makefile").read_text()
 
 
 def test_ci_runs_the_tests_then_the_lint() -> None:
@@ -69,11 +58,13 @@ def test_ci_runs_the_tests_then_the_lint() -> None:
     assert commands.index("make test") < commands.index("make lint")
 
 
-def test_mypy_is_a_dev_dependency_and_checks_store_search_planner() -> None:
+def test_mypy_and_import_linter_are_dev_dependencies_and_mypy_checks_the_typed_packages() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert any(dep.startswith("mypy") for dep in project["project"]["optional-dependencies"]["dev"])
+    dev = project["project"]["optional-dependencies"]["dev"]
+    assert any(dep.startswith("mypy") for dep in dev)
+    assert any(dep.startswith("import-linter") for dep in dev)
     mypy = project["tool"]["mypy"]
-    assert mypy["files"] == ["store", "search", "planner"]
+    assert mypy["files"] == ["store", "search", "launch", "planner"]
     assert "ignore_errors" not in mypy
     assert all("ignore_errors" not in override for override in mypy.get("overrides", []))

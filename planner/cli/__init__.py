@@ -22,7 +22,7 @@ from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from planner.cli import tune as tune_cmd
 from planner.cli.stopping import stop_on_signals
-from planner.inputs import shapes_saved_on_success
+from planner.job.inputs import shapes_saved_on_success
 from store.errors import InputError
 
 click_errors: Any

@@ -44,7 +44,7 @@ def calibrate_command(
     if json_out:
         print(report.to_json())
     else:
-        from planner.render_calibration import render_calibration
+        from planner.report.calibration_text import render_calibration
 
         render_calibration(report)
     return 0
@@ -82,7 +82,7 @@ def calibrations_command(
         ]
         print(json.dumps(documents, indent=2))
     else:
-        from planner.render_calibration import render_calibrations
+        from planner.report.calibration_text import render_calibrations
 
         render_calibrations(records)
     return 0

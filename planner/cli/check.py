@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec
+from planner.job.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.
 # --batch stays: it fills a transformers config's "auto" batch keys (and must agree with a config's own batch)
@@ -60,7 +60,7 @@ def check_command(
     elif quiet:
         print("fits" if result.fits else "does not fit: " + "; ".join(result.reasons))
     else:
-        from planner.render import render_check
+        from planner.report.text import render_check
 
         render_check(result)
     return 0 if result.fits else 1

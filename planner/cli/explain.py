@@ -48,7 +48,7 @@ def explain_command(
     if db is not None:
         raise InputError(f"--db {db!r} is read only with a plan id (planner explain PLAN_ID --db ...)")
     from planner import coefficients
-    from planner.render import render_coefficients
+    from planner.report.text import render_coefficients
 
     render_coefficients(coefficients())
     return 0

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from planner.inputs import (
+from planner.job.inputs import (
     DEFAULT_BATCH_PER_GPU,
     DEFAULT_GEN_LEN,
     DEFAULT_GRPO_SAMPLES,

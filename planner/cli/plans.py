@@ -27,7 +27,7 @@ def plans_command(
 
         print(json.dumps([r.document | {"plan_id": r.plan_id} for r in records], indent=2))
     else:
-        from planner.render import render_plans
+        from planner.report.text import render_plans
 
         render_plans(records)
     return 0

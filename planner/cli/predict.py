@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.inputs import JobSpec
+from planner.job.inputs import JobSpec
 
 KNOBS = "Strategy"
 
@@ -54,7 +54,7 @@ def predict_command(
     Example: planner predict --model opt-1.3b --gpu-mem 24G --workload sft --zero 2 --grad-ckpt --micro-batch 4
     """
     from planner.api import predict
-    from planner.files import read_strategy
+    from planner.files.atomic import read_strategy
 
     data = read_strategy(strategy)
     flags = {
@@ -74,7 +74,7 @@ def predict_command(
     if json_out:
         print(report.to_json())
     else:
-        from planner.render import render_prediction
+        from planner.report.text import render_prediction
 
         render_prediction(report)
     return 0

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.inputs import JobSpec
+from planner.job.inputs import JobSpec
 
 # --gpus N runs N ranks per probe on this node; the offload folder and the safety margin do not apply.
-# a probe runs memplan's own DeepSpeed loop (probes.phases_sft), whatever program the plan is for
+# a probe runs memplan's own DeepSpeed loop (probes.step.phases_sft), whatever program the plan is for
 NOT_PROBED = ("nvme_path", "safety_margin", "framework")
 PROBE = "Probe"
 
@@ -78,7 +78,7 @@ def probe_command(
         return 0
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from planner.render import console, render_probe_report
+    from planner.report.text import console, render_probe_report
 
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

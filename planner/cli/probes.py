@@ -56,7 +56,7 @@ def probes_command(
         ]
         print(json.dumps(documents, indent=2))
     else:
-        from planner.render import render_probes
+        from planner.report.text import render_probes
 
         render_probes(records)
     return 0

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.inputs import JobSpec
+from planner.job.inputs import JobSpec
 
 
 @job_options()
@@ -40,7 +40,7 @@ def recommend_command(
     if json_out:
         print(plan.to_json())
     else:
-        from planner.render import render_plan
+        from planner.report.text import render_plan
 
         render_plan(plan)
     return 0

@@ -2,13 +2,13 @@
 
 ``timeout``, ``kill``, Slurm's ``scancel`` and Kubernetes send SIGTERM; a closed terminal sends SIGHUP.
 Python's default for both is to end the process at once, which leaves a probe's child (a session of its
-own, see :mod:`probes.isolation`) running, compiling, holding the GPU. :func:`stop_on_signals` (entered by
+own, see :mod:`probes.process.isolation`) running, compiling, holding the GPU. :func:`stop_on_signals` (entered by
 the ``planner`` process, :func:`planner.cli.run`) makes either signal raise :class:`Stopped` in the main
 thread: a ``KeyboardInterrupt``, so every path that already handles Ctrl-C runs (the probe child's tree is
 killed, its working folder removed, the probe run marked ``interrupted``, a tune's trial given back, a
 half-written export put back). The process then exits with ``128 + signal number`` (143 for SIGTERM, 129 for
 SIGHUP) after one line on stderr. A second signal while that cleanup runs ends the process at once (the
-children end themselves when their parent dies: :mod:`probes.parent_watch`).
+children end themselves when their parent dies: :mod:`probes.process.parent_watch`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.inputs import JobSpec
+from planner.job.inputs import JobSpec
 
 NOT_TUNED = ("nodes", "nvme_path")  # a tune probes the plan on this node's --gpus
 TUNE = "Tune"
@@ -64,7 +64,7 @@ def tune_command(
     if json_out:
         print(report.to_json())
     else:
-        from planner.render_calibration import render_tune
+        from planner.report.calibration_text import render_tune
 
         render_tune(report)
     return 0

@@ -38,6 +38,7 @@ from store.records import (
     Workload,
 )
 from store.rollout import RolloutStrategy, refuses_expandable_segments
+from store.workload_kinds import traits
 
 FROZEN_BLOCKS: tuple[FrozenModelStrategy, ...] = (
     FrozenModelStrategy(0, "none"),
@@ -191,7 +192,7 @@ def shared_seconds(ctx: RLHFContext, batches: tuple[int, int, int]) -> float:
     job, w = ctx.job, ctx.workload
     calls = job.prompts_per_gpu // generation_batch
     micro_steps = w.ppo_epochs * grad_accum * (2 if w.has_critic else 1)
-    advantages = calls * gae_seconds(job.gen_len, ctx.coef) if w.kind == "ppo" else 0.0
+    advantages = calls * gae_seconds(job.gen_len, ctx.coef) if traits(w.kind).gae_advantages else 0.0
     return ctx.coef.step_overhead_s * (calls * (job.generate_passes + 1) + micro_steps) + advantages
 
 

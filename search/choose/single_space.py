@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from search.batches import micro_batches, per_gpu_batch
 from store.loss_chunks import LOSSES
 from store.records import Hardware, Strategy, Workload
+from store.workload_kinds import traits
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,15 @@ def inner_choices(workload: Workload, hardware: Hardware) -> list[Inner]:
     loss is offered for sft (its loss is the causal LM's cross-entropy over the logits; the preference losses
     of dpo read log-probabilities through other code, and a reward model has no vocabulary head)."""
     per_gpu = per_gpu_batch(workload, hardware)
+    implies = traits(workload.kind)
     policies = ["never", "every-step", "after-phase"]
-    if workload.kind == "dpo":
+    if implies.reference_forward:
         policies.insert(1, "after-inference")  # the reference forward is an inference phase
     if workload.framework in ("hf", "trl"):
         # TrainingArguments.torch_empty_cache_steps (transformers 5.23 trainer.py training_step) is the one place
         # the Trainer, and TRL's trainers that subclass it, call empty_cache: every N optimizer steps
         policies = ["never", "every-step"]
-    losses = LOSSES if workload.kind == "sft" else ("hf",)
+    losses = LOSSES if implies.causal_lm_loss else ("hf",)
     if workload.framework == "trl":
         losses = ("hf",)  # TRL's fused log-prob head is its loss; its trainers refuse Liger's (sft_trainer.py)
     return [

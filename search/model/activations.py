@@ -1,7 +1,7 @@
 """Bytes per GPU of one micro-batch's activations, logits and loss, as transformers' model code keeps them.
 
 Traced where the model carries traced terms for the dtype and attention (``ModelSpec.activation_terms``, read
-from the model's own code on the meta device by ``probes.activation_trace``: the catalog's package data and
+from the model's own code on the meta device by ``probes.trace.activations``: the catalog's package data and
 the store's cache); otherwise pure formulas: Korthikanti et al. 2022 generalised per decoder layer (attention
 implementation, dropout, RMSNorm, gated MLPs), the LM head's logits with the fp32 upcast of the loss, and the
 tied-embedding sum. :func:`source` says which one a prediction used.
@@ -118,7 +118,7 @@ def loss_logits(
 
 
 def chunked_loss_logits(model: ModelSpec, tokens: int, d: int) -> LossLogits:
-    """Logit bytes of a chunked loss (``probes.chunked_loss``): one chunk of ``store.loss_chunks.chunk_tokens``
+    """Logit bytes of a chunked loss (``probes.model.chunked_loss``): one chunk of ``store.loss_chunks.chunk_tokens``
     tokens at a time, nothing held. Forward: the chunk's 16-bit logits, their fp32 upcast and the fp32
     log-softmax. Backward (the chunk recomputed): those, the fp32 gradients of the log-softmax's output and
     input, the 16-bit gradient of the logits, and the gradient of the hidden states, which fills as chunks go.

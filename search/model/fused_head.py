@@ -32,6 +32,7 @@ from functools import lru_cache
 from search.model.activations import LossLogits
 from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
 from store.records import DTYPE_BYTES, ModelSpec, Workload
+from store.workload_kinds import traits
 
 TOKEN_CHUNK_SIZE = 4096  # trl/kernels/chunked_logprob.py: tokens per projection tile
 VOCAB_CHUNK_SIZE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the tile's columns (chunk_size)
@@ -43,11 +44,11 @@ OUTPUT_BYTES = {"log_probs": FP32, "entropy": FP32, "log_sum_sq_probs": FP32, "m
 
 def scored_tokens(kind: str, sequences: int, seq_len: int, gen_len: int | None = None) -> int:
     """Tokens the fused head scores in one forward of ``sequences`` sequences: positions whose shifted label
-    is not ``-100``. GRPO labels only the completion (``labels[:, :-logits_to_keep] = -100``,
-    grpo_trainer.py ``_get_per_token_logps_and_entropies``); SFT and DPO label the completion too, but a
+    is not ``-100``. A kind that generates (GRPO) labels only the completion (``labels[:, :-logits_to_keep] =
+    -100``, grpo_trainer.py ``_get_per_token_logps_and_entropies``); SFT and DPO label the completion too, but a
     workload does not say where the prompt ends, so every shifted position counts (the most the head scores)."""
     shifted = seq_len - 1
-    if kind == "grpo" and gen_len:
+    if traits(kind).generates and gen_len:
         shifted = min(shifted, gen_len)
     return sequences * max(1, shifted)
 

@@ -93,7 +93,7 @@ def forward_pass(
 def chunked_loss_extra(
     model: ModelSpec, sequences: int, seq_len: int, dtype: str, gpu: GPUSpec, coef: Coefficients, lora_rank: int
 ) -> PassSeconds:
-    """What a chunked loss (``loss: "chunked"``, ``probes.chunked_loss``) adds to a micro-step's backward: the
+    """What a chunked loss (``loss: "chunked"``, ``probes.model.chunked_loss``) adds to a micro-step's backward: the
     LM head's product and the loss's forward traffic once more (each chunk's logits are recomputed in the
     backward), and the head-and-loss kernels of every chunk beyond the first, forward and backward."""
     tokens = sequences * seq_len

@@ -9,6 +9,7 @@ from search.batches import per_gpu_batch
 from search.coefficients import Coefficients
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Workload
+from store.workload_kinds import traits
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def rlhf_job(workload: Workload, hardware: Hardware) -> RLHFJob:
         samples_per_prompt=workload.samples_per_prompt,
         prompt_len=workload.prompt_len,
         gen_len=workload.gen_len,
-        generate_passes=2 if workload.kind == "remax" else 1,
+        generate_passes=traits(workload.kind).generate_passes,
     )
 
 

@@ -33,7 +33,7 @@ def experience_bytes(sequences: int, seq_len: int, dtype: str) -> int:
 
 def traced_windows(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, Any] | None:
     """The model's traced generation and scoring windows (``store.activation_terms.GENERATION_WINDOWS``, as
-    ``probes.generation_trace`` reads them from transformers' generate), or None: formulas."""
+    ``probes.trace.generation`` reads them from transformers' generate), or None: formulas."""
     traced = traced_terms(model, dtype, attn_impl)
     if traced is None or not all(w in traced["windows"] for w in GENERATION_WINDOWS):
         return None

@@ -53,7 +53,7 @@ def trained_model(ctx: RLHFContext, role: str, layout: TrainedModelStrategy, gra
     w = ctx.workload
     model = w.model_for(role)
     # a framework that builds its own DeepSpeed config runs its own buckets (OpenRLHF: store.frameworks); the
-    # plan's overlap_comm reaches it (--ds.overlap_comm, probes.frameworks.openrlhf)
+    # plan's overlap_comm reaches it (--ds.overlap_comm, launch.frameworks.openrlhf)
     buckets = framework_buckets(w.framework, layout.zero_stage, model.hidden_size, OVERLAP_COMM)
     return trained_placement(
         model, role == "actor", layout, w.dtype, ctx.hardware.world_size, grad_accum, ctx.coef, buckets

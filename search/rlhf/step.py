@@ -45,6 +45,7 @@ from search.streams.sizes import (
     weight_tensors,
 )
 from store.records import RLHFStrategy, TrainedModelStrategy
+from store.workload_kinds import traits
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +115,7 @@ def scoring_half(ctx: RLHFContext, models: Models, generation_batch: int, genera
     calls = job.prompts_per_gpu // generation_batch
     overhead = role_time["shared"] = ctx.coef.step_overhead_s * (calls + generate_calls)
     scoring_seconds = sum(seconds for _, seconds, _ in forwards.values())
-    if ctx.workload.kind == "ppo":  # GAE: a Python loop over the generated positions, per generate call
+    if traits(ctx.workload.kind).gae_advantages:  # GAE: a Python loop over the generated positions, per call
         advantages = calls * gae_seconds(job.gen_len, ctx.coef)
         scoring_seconds += advantages
         role_time["shared"] += advantages  # no model's: the bound walk counts it with the shared seconds

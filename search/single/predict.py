@@ -30,6 +30,7 @@ from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weigh
 from store.errors import InputError
 from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
+from store.workload_kinds import traits
 
 
 def layout_of(strategy: Strategy) -> TrainedModelStrategy:
@@ -42,7 +43,7 @@ def layout_of(strategy: Strategy) -> TrainedModelStrategy:
 
 def place(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> TrainedPlacement:
     """The trained model's states and buffers (a reward model trains a scalar head, not the LM head)."""
-    lm_head = workload.kind != "reward"
+    lm_head = not traits(workload.kind).scalar_head
     world = hardware.world_size
     return trained_placement(
         workload.model, lm_head, layout_of(strategy), workload.dtype, world, strategy.grad_accum, coef,
@@ -53,7 +54,7 @@ def place(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coef
 def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) -> int:
     """DPO's frozen reference: partitioned like the policy under ZeRO-3; with LoRA the policy's base model
     with adapters disabled serves as the reference (TRL), so it costs nothing extra."""
-    if workload.kind != "dpo" or strategy.lora_rank:
+    if not traits(workload.kind).reference_forward or strategy.lora_rank:
         return 0
     n = hardware.world_size if strategy.zero_stage == 3 else 1
     return DTYPE_BYTES[workload.dtype] * workload.model_for("reference").total_params // n
@@ -95,7 +96,8 @@ def phase_moments(
     sequences = strategy.micro_batch * workload.sequences_per_sample
     # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
     # DPO and reward losses here keep it (their log-probs and values come from it)
-    holds_output = workload.kind != "sft" or sft_holds_output(workload.framework)
+    implies = traits(workload.kind)
+    holds_output = not implies.causal_lm_loss or sft_holds_output(workload.framework)
     head = fused_head(workload, strategy)
     micro = micro_step(
         placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output,
@@ -103,12 +105,12 @@ def phase_moments(
     )  # fmt: skip
     training = micro.moments
     moments: dict[str, list[Moment]] = {}
-    if workload.kind == "dpo" and head is not None:
+    if implies.reference_forward and head is not None:
         # TRL's DPOTrainer._compute_loss (dpo_trainer.py): the policy's forward first, then the reference's
         # under no_grad, both through the fused head, and the backward last: the reference runs beside the
         # policy's saved activations and its head's saved hidden copy and vectors.
         # the reference's head (add_fused_lm_head(self.ref_model): log_probs only; with LoRA the policy's own)
-        outputs = TRL_HEAD_OUTPUTS["dpo"] if strategy.lora_rank else ("log_probs",)
+        outputs = TRL_HEAD_OUTPUTS[workload.kind] if strategy.lora_rank else ("log_probs",)
         reference_head = trl_fused_head(
             workload.model_for("reference"), head_tokens(workload, strategy), workload.dtype, head_trainable=False,
             outputs=outputs,
@@ -121,7 +123,7 @@ def phase_moments(
         )
         moments["forward"] = training.phases["forward"]
         moments["reference_forward"] = [reference]
-    elif workload.kind == "dpo":
+    elif implies.reference_forward:
         reference = plus(
             training.base,
             activations=micro.acts.forward_working,
@@ -153,12 +155,13 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     head = fused_head(workload, s)
     seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef, loss)
     per_micro_step = {"forward": seconds.forward, "backward": seconds.backward}
-    if workload.kind == "dpo":
+    implies = traits(workload.kind)
+    if implies.reference_forward:
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
         seconds.terms["reference_forward"] = seconds.forward * s.grad_accum
     # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
     moments, steady, named = phase_moments(workload, s, placed, coef)
-    lm_head = workload.kind != "reward"
+    lm_head = not implies.scalar_head
     trained_sizes = training_sizes(
         model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, loss,
         placed.work.reduce_bucket, s.gradient_checkpointing, head.sizes() if head is not None else None,
@@ -233,7 +236,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
 
 def checked_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
     """The strategy's step, once the strategy is known to apply to the workload."""
-    if strategy.loss != "hf" and workload.kind != "sft":
+    if strategy.loss != "hf" and not traits(workload.kind).causal_lm_loss:
         raise InputError(
             f"strategy: loss {strategy.loss!r} applies to sft (the causal LM's cross-entropy); "
             f'{workload.kind} computes its loss otherwise: use loss "hf"'

@@ -44,7 +44,7 @@ def test_the_h100_measurements_calibrate_the_h100(h100_db: tuple[Path, dict[str,
 
 def test_held_out_error_falls_on_the_h100_probes() -> None:
     """Each of memplan's own H100 probes predicted by a fit to the other six: phase time and reserved."""
-    from planner.calibration_data import gather, records_file_entries
+    from planner.calibration.gather import gather, records_file_entries
     from search.calibration import calibrate
 
     probes, _ = records_file_entries(str(H100_RECORDS))

@@ -3,7 +3,7 @@
 Each config here is first put to DeepSpeed's own ``DeepSpeedConfig`` (the ``deepspeed_config`` fixture, world
 size 1), so the test states what DeepSpeed does with it, and then to ``planner check``, which must agree: refuse
 what DeepSpeed refuses (one line, exit 2) and give what it accepts DeepSpeed's meaning. Where deepspeed is not
-installed, memplan's own reader (``probes.ds_config_read``) must refuse the same configs.
+installed, memplan's own reader (``launch.ds_config_read``) must refuse the same configs.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_a_fresh_process_prints_only_json(run_process: Callable[..., CliResult],
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_the_own_reader_refuses_the_same(case: str) -> None:
-    from probes.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
+    from launch.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
 
     config, _ = REFUSED[case]
     with pytest.raises(InputError):
@@ -152,7 +152,7 @@ def test_the_own_reader_refuses_the_same(case: str) -> None:
 
 @pytest.mark.parametrize("spelling", ["yes", "on", "true", "1", 1, "auto"])
 def test_the_own_reader_reads_enabled_as_deepspeed(spelling: Any) -> None:
-    from probes.ds_config_read import dtype_of_ds_config
+    from launch.ds_config_read import dtype_of_ds_config
 
     assert dtype_of_ds_config(_config(bf16={"enabled": spelling})) == (None if spelling == "auto" else "bf16")
     assert dtype_of_ds_config(_config(bf16={"enabled": "no"}, fp16={"enabled": "off"})) == "fp32"
@@ -162,7 +162,7 @@ def test_check_without_deepspeed_refuses_with_the_own_reader(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """``planner check`` where deepspeed cannot be imported: memplan's own reader, the same refusal."""
-    from probes.ds_config_deepspeed import deepspeed_parser
+    from launch.ds_config_deepspeed import deepspeed_parser
 
     for module in [name for name in sys.modules if name == "deepspeed" or name.startswith("deepspeed.")]:
         monkeypatch.setitem(sys.modules, module, None)
@@ -178,7 +178,7 @@ def test_check_without_deepspeed_refuses_with_the_own_reader(
 
 def test_deepspeeds_batch_check_takes_the_world_size() -> None:
     """Without a process group DeepSpeedConfig would read the batch at world size 1; the reader sets the job's."""
-    from probes.ds_config_deepspeed import check_with_deepspeed
+    from launch.ds_config_deepspeed import check_with_deepspeed
 
     config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
     check_with_deepspeed(config, 2, 8, 1)
@@ -197,7 +197,7 @@ def test_the_own_readers_keys_are_deepspeeds() -> None:
         DeepSpeedZeroOffloadParamConfig,
     )
 
-    from probes.ds_config_read import BF16_KEYS, FP16_KEYS, OFFLOAD_KEYS, ZERO_KEYS
+    from launch.ds_config_read import BF16_KEYS, FP16_KEYS, OFFLOAD_KEYS, ZERO_KEYS
 
     def keys(model: Any) -> set[str]:
         return {name for field_name, f in model.model_fields.items() for name in (field_name, f.alias) if name}

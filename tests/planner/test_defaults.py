@@ -1,4 +1,4 @@
-"""Job defaults live once (``planner.inputs.JobSpec`` and its named constants): every command's options,
+"""Job defaults live once (``planner.job.inputs.JobSpec`` and its named constants): every command's options,
 the Python API and the README say the same. Old divergence: ``planner.recommend()`` defaulted to sft while
 ``planner recommend`` defaulted to ppo, and ``planner probe`` to sft."""
 
@@ -15,7 +15,7 @@ from planner_helpers import REPO
 
 import planner
 from planner.cli import app
-from planner.inputs import (
+from planner.job.inputs import (
     CONFIG_WORKLOAD,
     DEFAULT_ATTN_IMPL,
     DEFAULT_BATCH_PER_GPU,

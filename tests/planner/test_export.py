@@ -185,7 +185,7 @@ def test_export_with_no_plans_yet(cli: Cli, db: Path, tmp_path: Path) -> None:
     assert not out.exists()
 
 
-# --- export --format: the frameworks' files (probes.frameworks) -------------------------------------------
+# --- export --format: the frameworks' files (launch.frameworks) -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -199,8 +199,8 @@ class FormatPlans:
 def format_plans(tmp_path_factory: pytest.TempPathFactory) -> FormatPlans:
     """Plans saved through the API: GRPO with a vLLM rollout (the search does not choose engines yet), and SFT."""
     from planner import predict
-    from planner.results import Plan
-    from planner.saved import save_plan
+    from planner.planning.saved import save_plan
+    from planner.report.results import Plan
 
     db = tmp_path_factory.mktemp("formats") / "plans.db"
     job = {"gpu_mem": "24G", "cpu_mem": "64G", "batch": 16}

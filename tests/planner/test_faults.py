@@ -38,10 +38,10 @@ from typing import Any
 import pytest
 from planner_helpers import REPO, CliResult, assert_one_error_line, run_main, subprocess_env
 
-from planner.file_set import MARK
-from probes.jit_lock import pid_alive
-from probes.parent_watch import PLANNER_PID_VARIABLE
-from probes.workdir import OWNER_FILE, PREFIX
+from planner.files.file_set import MARK
+from probes.process.jit_lock import pid_alive
+from probes.process.parent_watch import PLANNER_PID_VARIABLE
+from probes.process.workdir import OWNER_FILE, PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ TINY = {
     "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 256,
     "tie_word_embeddings": False,
 }  # fmt: skip
-STAGES = {"ops": "probes.ops_child", "probe": "probes.child"}  # a stage: a process of this module is running
+STAGES = {"ops": "probes.ops.child", "probe": "probes.step.child"}  # a stage: a process of this module is running
 COMPILERS = (b"ninja", b"c++", b"g++", b"cc1plus")  # what building a DeepSpeed op runs
 
 
@@ -337,7 +337,7 @@ def test_a_probe_stopped_while_deepspeed_compiles_an_op_leaves_no_compiler_and_n
     planner = Planner(args, tmp_path / "run", temp, {"TORCH_EXTENSIONS_DIR": str(ops)})
     stop_at_random_moment(planner, "compile", random.Random(SEED + 3).uniform(0.0, 1.0), sig)
     check_stopped(planner, "compile", sig, temp)
-    from probes.jit_lock import holder_is_gone
+    from probes.process.jit_lock import holder_is_gone
 
     for lock in ops.rglob("lock"):  # a killed build's lock names its dead holder: the next load takes it over
         assert holder_is_gone(lock), lock.read_text()
@@ -443,7 +443,7 @@ def test_export_stopped_at_random_moments_keeps_the_old_files_or_the_new_ones(
             probe = tmp_path / "out" / "probe.txt"
             assert run_main(["export", export_sets.plans[0], "-o", str(tmp_path / "elsewhere.json"), "--force",
                              "--db", str(export_sets.db)]).rc == 0  # fmt: skip
-            from planner.files import write_bytes_atomic
+            from planner.files.atomic import write_bytes_atomic
 
             write_bytes_atomic(probe, b"x")
             probe.unlink()

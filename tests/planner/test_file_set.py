@@ -1,4 +1,5 @@
-"""Several files written as one (``planner.files.write_texts``): a failure part way puts back what it had replaced,
+"""Several files written as one (``planner.files.atomic.write_texts``): a failure part way puts back what it had
+replaced,
 and a planner killed part way leaves nothing that the next write does not clean up and roll back.
 
 The failures are real ones where a test can make them: ``os.replace`` refused for one target (as a target made
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 from planner_helpers import REPO
 
-from planner.file_set import MARK, remove_stale
-from planner.files import write_bytes_atomic, write_texts
+from planner.files.atomic import write_bytes_atomic, write_texts
+from planner.files.file_set import MARK, remove_stale
 from store.errors import InputError
 
 ROLES = ("actor", "critic", "reference", "reward")
@@ -81,7 +82,7 @@ def test_a_failed_write_of_new_files_leaves_none_of_them(tmp_path: Path, monkeyp
 KILLED_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from planner.files import write_texts
+from planner.files.atomic import write_texts
 
 folder, kill_at = Path(sys.argv[1]), int(sys.argv[2])
 roles = ("actor", "critic", "reference", "reward")
@@ -118,7 +119,7 @@ def test_a_write_killed_part_way_is_rolled_back_by_the_next_one(tmp_path: Path, 
 def test_marked_files_of_a_live_writer_are_left_alone(tmp_path: Path) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        import planner.file_set as file_set
+        import planner.files.file_set as file_set
 
         name = f".ds.json{MARK}{file_set.HOST}-{sleeper.pid}-abc123.tmp"
         (tmp_path / name).write_text("in progress")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from planner_helpers import GIB, CliResult, assert_one_error_line
 
-from planner.exporting import framework_differences
-from planner.inputs import JobSpec, job_fields, resolve
+from planner.job.inputs import JobSpec, job_fields, resolve
+from planner.planning.exporting import framework_differences
 
 Cli = Callable[..., CliResult]
 CPU_MEM = ("--cpu-mem", "64G")

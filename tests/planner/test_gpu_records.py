@@ -1,6 +1,6 @@
 """Predictions against the GPU measurements in tests/data/gpu/ (issue 15, part 1).
 
-Every records file there is predicted through the public API (``planner.records_check``) and each measured
+Every records file there is predicted through the public API (``planner.calibration.records``) and each measured
 quantity is held inside the issue's bounds: per SFT row (user-style loop) peak allocated within 5%, peak
 reserved within -5%..+8%, step time within 20%; per PPO probe phase time within 25% and reserved within 8%;
 and the predicted effect of ``empty_cache`` after inference on peak reserved within 3 points of the measured
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.records_check import RecordComparison, compare_records, load_records
+from planner.calibration.records import RecordComparison, compare_records, load_records
 
 RECORDS = sorted((Path(__file__).resolve().parents[1] / "data" / "gpu").glob("*.json"))
 

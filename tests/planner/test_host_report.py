@@ -28,8 +28,8 @@ def test_predict_carries_the_host_breakdown_and_rejects_a_plan_over_cpu_mem() ->
 
 
 def test_host_line_names_the_largest_parts_and_the_other_phase() -> None:
-    from planner.render import host_line
-    from planner.results import Predicted
+    from planner.report.results import Predicted
+    from planner.report.text import host_line
 
     base = {
         "peak_allocated_bytes": 0,

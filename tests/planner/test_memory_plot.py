@@ -44,8 +44,8 @@ def test_a_plan_with_a_rollout_engine_is_not_drawn(cli, db: Path, tmp_path: Path
 
 def test_plot_marks_the_empty_cache_calls(tmp_path: Path) -> None:
     """A step that empties the cache after every phase shows one call after each phase run; never, none."""
-    from planner.api import job_spec, resolve
-    from planner.step_plot import write_memory_plot
+    from planner.planning.predicting import job_spec, resolve
+    from planner.report.plot import write_memory_plot
     from search import replay_timeline
     from store.records import Strategy
 

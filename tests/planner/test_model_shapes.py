@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from planner_helpers import REPO, subprocess_env
 
-import probes.activation_trace
-import probes.model_shape
-from planner.model_shapes import installed_versions, resolve_model
+import probes.model.shape
+import probes.trace.terms
+from planner.job.model_shapes import installed_versions, resolve_model
 from store.db import open_storage
 from store.model_shape import shape_key
 
@@ -58,8 +58,8 @@ def test_first_use_traces_and_says_so_then_the_cache_answers(
     assert first.expert_params == 4 * experts * 3 * h * width
     assert first.num_experts == experts and first.experts_per_token == 2
 
-    monkeypatch.setattr(probes.model_shape, "trace_model_shape", _no_trace)
-    monkeypatch.setattr(probes.activation_trace, "trace_all_terms", _no_trace)
+    monkeypatch.setattr(probes.model.shape, "trace_model_shape", _no_trace)
+    monkeypatch.setattr(probes.trace.terms, "trace_all_terms", _no_trace)
     again: list[str] = []
     assert resolve_model(str(moe_dir), again, db, SETTING) == first
     assert "cached shape" in again[-1] and capsys.readouterr().err == ""
@@ -78,7 +78,7 @@ def test_a_new_setting_traces_its_terms_once_and_keeps_the_others(
     with open_storage(db) as storage:
         cached = storage.load_model_shape(shape_key(QWEN3_MOE, installed_versions()))
     assert cached is not None and set(cached["activation_unfitted"]) == {"4-eager"}
-    monkeypatch.setattr(probes.activation_trace, "trace_all_terms", _no_trace)
+    monkeypatch.setattr(probes.trace.terms, "trace_all_terms", _no_trace)
     for setting in (SETTING, ("bf16", "eager"), ("fp32", "eager")):  # traced, or found untraceable: not again
         resolve_model(str(moe_dir), None, db, setting)
 

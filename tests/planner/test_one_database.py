@@ -4,7 +4,7 @@ A local config of an architecture without a formula (here a copy of qwen3-0.6b's
 its shape kept in the plan database. ``probe``, ``explain --plot`` and ``calibrate`` keep it in the database
 they were given (never in ``$PLANNER_DB`` or the user data folder), and a command refused for any input,
 however late it is checked, creates no database for it. The trace itself is replaced by the catalog's shape
-of the same config (what ``python -m probes.model_shape --write-catalog`` traced with transformers): the
+of the same config (what ``python -m probes.trace.catalog --write-catalog`` traced with transformers): the
 database, the commands and the cache are real.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from planner_helpers import REPO, assert_one_error_line, run_main
 
-import planner.model_shapes
+import planner.job.model_shapes
 from store.db import open_storage
 from store.measurements import ProbeRequest, ProbeResult
 from store.model_shape import catalog_shape, installed_versions, shape_key
@@ -47,8 +47,8 @@ def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         traces.append(f"terms {keys}")
         return {**found, "activation_unfitted": {**found.get("activation_unfitted", {}), **{k: "test" for k in keys}}}
 
-    monkeypatch.setattr(planner.model_shapes, "_trace", trace)
-    monkeypatch.setattr(planner.model_shapes, "_with_terms", with_terms)
+    monkeypatch.setattr(planner.job.model_shapes, "_trace", trace)
+    monkeypatch.setattr(planner.job.model_shapes, "_with_terms", with_terms)
     default = tmp_path / "default.db"
     monkeypatch.setenv("PLANNER_DB", str(default))
     return {"path": str(folder), "key": shape_key(config, installed_versions()), "traces": traces, "default": default}
@@ -62,10 +62,10 @@ def _cached(db: Path, key: str) -> bool:
 def test_probe_keeps_the_shape_in_its_own_database(
     traced: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import probes.cpu_support
+    import probes.measure.cpu_support
     from planner import probe
 
-    monkeypatch.setattr(probes.cpu_support, "cpu_bf16_is_fast", lambda: True)
+    monkeypatch.setattr(probes.measure.cpu_support, "cpu_bf16_is_fast", lambda: True)
     strategies = tmp_path / "strategies.json"
     strategies.write_text(json.dumps([{"zero_stage": 0, "micro_batch": 2, "grad_accum": 1}]))
     db = tmp_path / "probes.db"
@@ -91,8 +91,8 @@ def test_explain_plot_reads_the_shape_from_the_plans_database(traced: dict[str, 
 
 
 def test_calibrate_reads_the_shape_from_its_database(traced: dict[str, Any], tmp_path: Path) -> None:
-    from planner.calibration_data import probe_observation
-    from planner.records_check import load_records
+    from planner.calibration.gather import probe_observation
+    from planner.calibration.records import load_records
 
     db = tmp_path / "probes.db"
     made = run_main(["recommend", "--model", traced["path"], *GPU, "--db", db])

@@ -32,7 +32,7 @@ STRATEGY = [{"zero_stage": 0, "micro_batch": 2, "grad_accum": 1}]
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ONEDNN_MAX_CPU_ISA=AVX2 is x86-64's")
 def test_without_onednn_bf16_kernels_the_fast_dtype_is_fp32_and_bf16_warns() -> None:
     code = (
-        "import json; from probes.cpu_support import cpu_bf16_is_fast, cpu_fast_dtype, cpu_bf16_slow_reason; "
+        "import json; from probes.measure.cpu_support import cpu_bf16_is_fast, cpu_fast_dtype, cpu_bf16_slow_reason; "
         "print(json.dumps([cpu_bf16_is_fast(), cpu_fast_dtype(), cpu_bf16_slow_reason()]))"
     )
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", DS_ACCELERATOR="cpu")
@@ -74,10 +74,10 @@ def test_a_cpu_probe_runs_the_fast_dtype_unless_asked_and_says_so(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bf16_fast: bool, asked: str | None, ran: str,
     said: str | None,
 ) -> None:  # fmt: skip
-    import probes.cpu_support
+    import probes.measure.cpu_support
     from planner import probe
 
-    monkeypatch.setattr(probes.cpu_support, "cpu_bf16_is_fast", lambda: bf16_fast)
+    monkeypatch.setattr(probes.measure.cpu_support, "cpu_bf16_is_fast", lambda: bf16_fast)
     strategies = tmp_path / "one.json"
     strategies.write_text(json.dumps(STRATEGY))
     seen: list[str] = []
@@ -97,10 +97,10 @@ def test_a_cpu_probe_runs_the_fast_dtype_unless_asked_and_says_so(
 def test_tune_on_the_cpu_chooses_and_states_the_dtype_as_probe_does(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import probes.cpu_support
+    import probes.measure.cpu_support
     from planner import tune
 
-    monkeypatch.setattr(probes.cpu_support, "cpu_bf16_is_fast", lambda: False)
+    monkeypatch.setattr(probes.measure.cpu_support, "cpu_bf16_is_fast", lambda: False)
     seen: list[str] = []
     notes: list[str] = []
     tune(str(tiny), runner=_recording_runner(seen), on_note=notes.append, max_probes=1, db=str(tmp_path / "t.db"),

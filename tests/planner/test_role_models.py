@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from launch.rlhf_config import render_rlhf_ds_configs
 from planner import predict
-from planner.inputs import JobSpec, resolve
-from planner.probing import workload_payload
-from probes.build import plan_from_request
-from probes.rlhf_config import render_rlhf_ds_configs
+from planner.job.inputs import JobSpec, resolve
+from planner.probing.plan import workload_payload
+from probes.model.build import plan_from_request
 from search import DEFAULT_COEFFICIENTS
 from search import predict as predict_records
 from store.ds_defaults import zero3_buckets

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from planner_helpers import CliResult, assert_one_error_line, check_predicted_block
 
-from planner.api import _job
-from planner.probing import choose_strategies
+from planner.planning.predicting import _job
+from planner.probing.plan import choose_strategies
 from search import DEFAULT_COEFFICIENTS
 from store.errors import InputError
 
@@ -57,7 +57,7 @@ def test_probes_refuse_an_engine_strategy_and_probe_deepspeed_plans(tmp_path: Pa
 
 
 def test_deepspeed_chat_says_it_has_no_engine() -> None:
-    from probes.rlhf_config import deepspeed_chat_gaps
+    from launch.frameworks.deepspeed_chat import deepspeed_chat_gaps
     from store.records import RLHFStrategy, TrainedModelStrategy
     from store.rollout import RolloutStrategy
 

@@ -98,7 +98,7 @@ def test_policy_from_strategies_and_dicts() -> None:
     plan = {"plan_id": "abc", "strategy": RLHFStrategy(empty_cache="never").to_dict()}
     assert EmptyCachePolicy(plan).name == "never"
 
-    class Plan:  # an object holding its strategy as a dictionary, as planner.results.Plan does
+    class Plan:  # an object holding its strategy as a dictionary, as planner.report.results.Plan does
         strategy = {"empty_cache": "after-generation"}
 
     assert EmptyCachePolicy(Plan()).name == "after-generation"

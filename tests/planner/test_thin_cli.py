@@ -21,7 +21,7 @@ from planner_helpers import CPU_MEM, REPO, CliResult, assert_one_error_line
 
 from planner.cli import app
 from planner.cli.options import JOB_OPTIONS
-from planner.inputs import JobSpec
+from planner.job.inputs import JobSpec
 
 Cli = Callable[..., CliResult]
 JOB_FIELDS = {f.name for f in dataclasses.fields(JobSpec)}
@@ -37,10 +37,10 @@ NOT_OFFERED = {
 CLI_MAY_IMPORT = {
     "planner",
     "planner.api",
-    "planner.inputs",
-    "planner.files",
-    "planner.render",
-    "planner.render_calibration",
+    "planner.job.inputs",
+    "planner.files.atomic",
+    "planner.report.text",
+    "planner.report.calibration_text",
     "store.errors",
 }
 GIB = 2**30
@@ -143,8 +143,8 @@ def test_probe_api_plans_for_the_cli_default_gpu(tmp_path: Path) -> None:
 def test_rlhf_shorter_sequence_suggestion_halves_prompt_and_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     """RLHF takes --prompt-len/--gen-len (``--seq-len`` is bad input there); the suggestion once halved only
     the unused ``seq_len``, so its search could never differ and its flag could never be passed."""
-    import planner.suggest
-    from planner.inputs import resolve
+    import planner.planning.suggest
+    from planner.job.inputs import resolve
     from search import DEFAULT_COEFFICIENTS, search
 
     job = resolve(JobSpec(model="opt-125m", gpu_mem="24G", cpu_mem="64G"))  # ppo, prompt 256 + generation 256
@@ -156,8 +156,8 @@ def test_rlhf_shorter_sequence_suggestion_halves_prompt_and_generation(monkeypat
         short = workload.prompt_len == 128 and workload.gen_len == 128 and workload.seq_len == 256
         return fitting if short else dataclasses.replace(nothing, ranked=())
 
-    monkeypatch.setattr(planner.suggest, "run_search", only_short_prompts_fit)
-    lines = planner.suggest.what_would_fit(job, DEFAULT_COEFFICIENTS, include_lora=False)
+    monkeypatch.setattr(planner.planning.suggest, "run_search", only_short_prompts_fit)
+    lines = planner.planning.suggest.what_would_fit(job, DEFAULT_COEFFICIENTS, include_lora=False)
     assert lines == [
         f"sequences of 256 tokens fit: {fitting.best.strategy.describe()} (--prompt-len 128 --gen-len 128)"
     ]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from planner_helpers import CliResult
 
-from probes.fingerprint import host_fingerprint
+from probes.measure.fingerprint import host_fingerprint
 from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest, ProbeResult
 
 Cli = Callable[..., CliResult]
@@ -29,7 +29,8 @@ JOB: dict[str, Any] = dict(workload="sft", gpu_mem="12G", cpu_mem="64G", batch=1
 def truth(request: ProbeRequest) -> tuple[dict[str, float], float, int]:
     """What the simulated device measures for a probe request: per-phase times, step time, peak reserved (the
     worst rank's, for a probe of several ranks: the cost model predicts per GPU)."""
-    from planner.calibration_data import device_target, probe_observation
+    from planner.calibration.gather import probe_observation
+    from planner.job.target import device_target
     from search.calibration import predicted_quantities
     from search.coefficients import DEFAULT_COEFFICIENTS
 

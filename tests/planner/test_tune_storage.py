@@ -39,10 +39,10 @@ def test_an_optuna_schema_of_another_version_is_one_line(
 
 
 def test_a_tune_study_opens_on_a_sql_ascii_database(sql_ascii_url: str) -> None:
-    from planner.tuning import _open_study
+    from planner.tuning.study import open_study
 
     open_storage(sql_ascii_url).close()
-    study = _open_study(optuna_storage_url(sql_ascii_url), "memplan-tune-é", ["ZeRO-1 é", "ZeRO-2"])
+    study = open_study(optuna_storage_url(sql_ascii_url), "memplan-tune-é", ["ZeRO-1 é", "ZeRO-2"])
     assert study.user_attrs["candidates"] == ["ZeRO-1 é", "ZeRO-2"]
-    again = _open_study(optuna_storage_url(sql_ascii_url), "memplan-tune-é", ["other"])
+    again = open_study(optuna_storage_url(sql_ascii_url), "memplan-tune-é", ["other"])
     assert again.user_attrs["candidates"] == ["ZeRO-1 é", "ZeRO-2"]  # a resumed study keeps its candidates

@@ -1,7 +1,7 @@
 """A test module run as a script: one case in a fresh one-rank DeepSpeed process on the CPU accelerator.
 
 The parent (:func:`run_script_case`) starts ``python <module> '<case json>'`` with the probes' own child
-environment (``probes.isolation.child_env``: RANK 0 of 1, a free MASTER_PORT, ``DS_ACCELERATOR=cpu``),
+environment (``probes.process.isolation.child_env``: RANK 0 of 1, a free MASTER_PORT, ``DS_ACCELERATOR=cpu``),
 removes DeepSpeed's shm allreduce buffer afterwards (it never unlinks it) and returns the case's result.
 The child (:func:`report`) prints that result on one ``MEMPLAN_RESULT <json>`` line.
 """
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
-from probes.isolation import PROJECT_ROOT, child_env, release_shared_memory
+from probes.process.isolation import PROJECT_ROOT, child_env, release_shared_memory
 
 RESULT_TAG = "MEMPLAN_RESULT "
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_models import TINY_MOE, tiny_family_config
 
-from probes.activation_trace import (
+from probes.trace.activations import (
     CHECK_SHAPE,
     FIT_SHAPES,
     FitError,
@@ -22,11 +22,10 @@ from probes.activation_trace import (
     cut_model,
     fit_terms,
     gpu_kernels,
-    trace_all_terms,
     trace_step,
-    trace_terms,
 )
-from probes.activation_variants import LORA_CHECK_POINT, LORA_POINTS, trace_variant, variant_model
+from probes.trace.terms import trace_all_terms, trace_terms
+from probes.trace.variants import LORA_CHECK_POINT, LORA_POINTS, trace_variant, variant_model
 from store.activation_terms import VARIANTS, WINDOWS, evaluate, left_by, peak_of
 from store.models import catalog_configs
 
@@ -111,7 +110,7 @@ def test_a_setting_that_cannot_be_traced_is_named_not_guessed() -> None:
     assert "BF16" in terms["unfitted"]["4-eager"]
 
 
-# HF gradient checkpointing and LoRA traced as such (probes.activation_variants), against a real CPU step of
+# HF gradient checkpointing and LoRA traced as such (probes.trace.variants), against a real CPU step of
 # the same model with the same knobs: dtypes and kernels spread over the families.
 VARIANT_CASES = [("llama", "bf16", "sdpa"), ("opt", "fp32", "eager"), ("gpt2", "bf16", "eager"),
                  ("qwen3_moe", "bf16", "sdpa"), ("gemma3_text", "bf16", "eager"), ("phi3", "fp32", "sdpa")]  # fmt: skip

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from probes.arch_list import ARCH_VARIABLE, arch_list_env, sanitize_arch_list
-from probes.isolation import child_env
+from probes.process.arch_list import ARCH_VARIABLE, arch_list_env, sanitize_arch_list
+from probes.process.isolation import child_env
 
 
 @pytest.mark.parametrize(

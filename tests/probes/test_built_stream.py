@@ -51,7 +51,7 @@ def replays(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     recorded: dict[str, tuple[int, int]] = {}
     for window in replay(stream).phases:  # the last run of each phase is the measured step's
         recorded[window.name] = (window.peak_allocated, window.peak_reserved)
-    from planner.api import job_spec, resolve
+    from planner.planning.predicting import job_spec, resolve
 
     job = resolve(job_spec(str(folder), dict(JOB)))
     coef = cpu_backend_coefficients(DEFAULT_COEFFICIENTS)

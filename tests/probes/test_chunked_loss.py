@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probes.activation_trace import cut_model
-from probes.chunked_loss import causal_lm_hidden_states, chunked_causal_lm_loss
-from probes.tracker import LiveTensorTracker
+from probes.measure.tracker import LiveTensorTracker
+from probes.model.chunked_loss import causal_lm_hidden_states, chunked_causal_lm_loss
+from probes.trace.activations import cut_model
 from store.loss_chunks import chunk_count, chunk_tokens
 
 CONFIGS = {

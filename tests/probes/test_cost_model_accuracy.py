@@ -5,7 +5,7 @@ gradient accumulation, the predicted peak allocated is within 10% of what the pr
 DeepSpeed's CPU accelerator, for the step (its largest phase) and for each phase (forward, backward,
 optimizer_step). Every case is named.
 
-The probes run as the planner runs them: ``planner.probing.plan_probes`` builds the ProbeRequests (layer
+The probes run as the planner runs them: ``planner.probing.plan.plan_probes`` builds the ProbeRequests (layer
 cut, HF configs in the payload, the CPU backend's coefficients) and the predictions it compares against,
 ``probes.run_probe`` runs each in its own process (the live-tensor tracker counts every tensor), and
 ``ProbeRow.from_probe`` computes the errors. On the CPU backend the prediction is the GPU model with two
@@ -18,7 +18,7 @@ the activations are about a third of the step), and tiny Qwen3-MoE and Gemma 3 m
 formula: their counts are read from transformers and their activations traced on the meta device.
 Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two run at a time.
 
-World sizes 2 and 4 (``Hardware(gpus=N)``): the probe runs N ranks on this node (``probes.rank_group``) and
+World sizes 2 and 4 (``Hardware(gpus=N)``): the probe runs N ranks on this node (``probes.process.rank_group``) and
 its figure is the worst rank's; the prediction is per rank. They show ZeRO's partitions divided by N (the
 optimizer step of ZeRO-1/2, every state of ZeRO-3) and ZeRO-3's gathering over ranks: with the reuse
 distance of ``search.model.reuse`` the last modules' parameters stay gathered across the forward-backward
@@ -44,12 +44,12 @@ import pytest
 from cpu_dtype import CPU_DTYPE
 from tiny_models import TINY_MOE, make_hardware, tiny_family_config, tiny_llama_hf_config
 
-from planner.inputs import ResolvedJob
-from planner.probing import PlannedProbe, plan_probes
-from planner.results import ProbeRow
+from planner.job.inputs import ResolvedJob
+from planner.probing.plan import PlannedProbe, plan_probes
+from planner.report.results import ProbeRow
 from probes import run_probe
-from probes.activation_trace import trace_all_terms
-from probes.model_shape import trace_model_shape
+from probes.model.shape import trace_model_shape
+from probes.trace.terms import trace_all_terms
 from search import (
     DEFAULT_COEFFICIENTS,
     cpu_backend_coefficients,
@@ -137,7 +137,7 @@ CASES = [
     _case("opt2L-zero3", "opt", zero_stage=3),
     _case("opt2L-zero2-ckpt", "opt", zero_stage=2, gradient_checkpointing=True),
     _case("opt2L-zero1-ga2", "opt", zero_stage=1, grad_accum=2),
-    # loss "chunked": the LM head and cross-entropy over chunks of tokens (probes.chunked_loss)
+    # loss "chunked": the LM head and cross-entropy over chunks of tokens (probes.model.chunked_loss)
     _case("opt2L-zero0-chunked", "opt", zero_stage=0, loss="chunked"),
     _case("llama-zero0-ckpt", "llama", zero_stage=0, gradient_checkpointing=True),
     _case("llama-zero3-ckpt", "llama", zero_stage=3, gradient_checkpointing=True),
@@ -146,7 +146,7 @@ CASES = [
     # architectures without a formula: read from transformers' module tree, activations traced (meta device)
     _case("qwen3moe-zero3-ckpt", "qwen3_moe", zero_stage=3, gradient_checkpointing=True),
     _case("gemma3-zero1-ga2", "gemma3_text", zero_stage=1, grad_accum=2),
-    # LoRA and HF checkpointing traced as such (probes.activation_variants)
+    # LoRA and HF checkpointing traced as such (probes.trace.variants)
     _case("gemma3-zero2-lora-ckpt", "gemma3_text", zero_stage=2, lora_rank=8, gradient_checkpointing=True),
     # PPO: generation with the hybrid engine, scoring by four models, actor and critic training
     _case("opt2L-ppo-zero2", "opt", "ppo", zero_stage=2),

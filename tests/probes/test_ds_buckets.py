@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from probes.ds_config import render_ds_config
-from probes.ds_config_read import strategy_from_ds_config
+from launch.ds_config import render_ds_config
+from launch.ds_config_read import strategy_from_ds_config
 from search import DEFAULT_COEFFICIENTS
 from search.single.predict import place
 from store.ds_buckets import ZeroBuckets

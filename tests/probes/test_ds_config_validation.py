@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from tiny_models import make_hardware, make_strategy, make_workload, rough_spec, tiny_llama_spec
 
-from probes.ds_config import EMPTY_CACHE_PLACEMENT, outside_settings, render_ds_config
+from launch.ds_config import EMPTY_CACHE_PLACEMENT, outside_settings, render_ds_config
 from store import ds_defaults
 from store.errors import InputError
 from store.records import ALLOCATORS, DTYPES, EMPTY_CACHE_POLICIES, OFFLOADS, Hardware, ModelSpec, Strategy
@@ -251,9 +251,9 @@ def test_outside_settings_allocator_checkpointing_lora() -> None:
 
 
 def test_ds_config_module_imports_no_heavy_libraries() -> None:
-    """``planner recommend`` imports probes.ds_config on its fast path: no torch/deepspeed/transformers."""
+    """``planner recommend`` imports launch.ds_config on its fast path: no torch/deepspeed/transformers."""
     code = (
-        "import sys, probes.ds_config; "
+        "import sys, launch.ds_config; "
         "heavy = [m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
@@ -282,7 +282,7 @@ def test_nvme_optimizer_offload_below_stage_3_is_refused() -> None:
 
 
 def test_a_chunked_loss_says_how_to_turn_it_on_outside_the_config() -> None:
-    from probes.ds_config import outside_settings
+    from launch.ds_config import outside_settings
     from store.records import Strategy
 
     assert "loss" not in outside_settings(Strategy())

@@ -11,7 +11,7 @@ three optimizer steps (forward with labels, ``engine.backward``, ``engine.step``
 bf16 is the main dtype here, with one fp16 and one fp32 case. DeepSpeed's CPU accelerator always runs
 bf16 and fp32, but fp16 only where oneDNN has fp16 kernels for the processor
 (``get_accelerator().is_fp16_supported()``): a case whose dtype the accelerator refuses is skipped with
-that reason (``probes.cpu_support``), and the fp16 path keeps two checks that run on every processor:
+that reason (``probes.measure.cpu_support``), and the fp16 path keeps two checks that run on every processor:
 DeepSpeed's own parser accepts the rendered fp16 config, and the fp16 memory arithmetic holds. NVMe
 offload is not run: it needs DeepSpeed's ``async_io`` op (libaio), which cannot be built on a CPU-only
 box without it.
@@ -97,7 +97,7 @@ def test_rendered_config_trains_tiny_model(name: str) -> None:
 
 
 def _skip_unless_cpu_runs(dtype: str) -> None:
-    from probes.cpu_support import cpu_dtype_unsupported_reason
+    from probes.measure.cpu_support import cpu_dtype_unsupported_reason
 
     reason = cpu_dtype_unsupported_reason(dtype)
     if reason is not None:
@@ -120,7 +120,7 @@ def _fp16_case() -> tuple[Any, Any, Any]:
 
 def test_fp16_case_config_passes_deepspeed_validation_on_any_cpu(parse: Any) -> None:
     """The config the fp16 engine case would start, parsed by DeepSpeed itself (runs on every processor)."""
-    from probes.ds_config import render_ds_config
+    from launch.ds_config import render_ds_config
 
     strategy, workload, hardware = _fp16_case()
     ds = parse(render_ds_config(strategy, workload, hardware), 1)
@@ -189,7 +189,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     import torch
     from tiny_models import build_tiny_model, make_hardware, make_strategy, make_workload, tiny_llama_spec
 
-    from probes.ds_config import render_ds_config
+    from launch.ds_config import render_ds_config
 
     deepspeed.init_distributed(dist_backend="gloo")
     stage, grad_accum = case["zero_stage"], case.get("grad_accum", 1)

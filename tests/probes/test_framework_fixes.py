@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 from tiny_models import make_hardware, make_rlhf_strategy, make_rlhf_workload, rough_spec
 
-from probes import frameworks
-from probes.frameworks import accelerate, openrlhf, trl, verl
-from probes.frameworks.hf import AUTO_KEYS
+from launch import frameworks
+from launch.frameworks import accelerate, openrlhf, trl, verl
+from launch.frameworks.hf import AUTO_KEYS
 from store.records import Strategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -171,7 +171,7 @@ def test_trl_yaml_carries_lora_and_no_deprecated_names() -> None:
 
 
 def test_deepspeed_outside_settings_name_no_expandable_segments_beside_a_sleeping_vllm() -> None:
-    from probes.rlhf_config import rlhf_outside_settings
+    from launch.rlhf_config import rlhf_outside_settings
 
     strategy = _grpo(SLEEPING, allocator="expandable-segments")[0]
     assert rlhf_outside_settings(strategy)["PYTORCH_CUDA_ALLOC_CONF"] == ""

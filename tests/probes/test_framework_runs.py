@@ -45,7 +45,7 @@ def _single_plan(**changes: Any) -> tuple[Any, Any, Any]:
 
 def _export(fmt: str, plan: tuple[Any, Any, Any], folder: Path, name: str) -> dict[str, str]:
     """Write the format's files for ``plan`` under ``folder``; role -> path."""
-    from probes import frameworks
+    from launch import frameworks
 
     paths = frameworks.file_layout(fmt, str(folder / name))
     rendered = frameworks.render(fmt, *plan, paths)
@@ -55,7 +55,7 @@ def _export(fmt: str, plan: tuple[Any, Any, Any], folder: Path, name: str) -> di
 
 
 def _skip_unless_bf16_runs() -> None:
-    from probes.cpu_support import cpu_dtype_unsupported_reason
+    from probes.measure.cpu_support import cpu_dtype_unsupported_reason
 
     reason = cpu_dtype_unsupported_reason("bf16")
     if reason is not None:

@@ -1,4 +1,4 @@
-"""The framework exports (probes.frameworks) say the plan in names the frameworks really have.
+"""The framework exports (launch.frameworks) say the plan in names the frameworks really have.
 
 Every emitted OpenRLHF option, veRL key, TRL config field and accelerate config key is checked against the
 names extracted from the released sources (``tests/data/framework_names.json``, written by
@@ -22,8 +22,8 @@ import pytest
 import yaml
 from tiny_models import make_hardware, make_rlhf_strategy, make_rlhf_workload, rough_spec
 
-from probes import frameworks
-from probes.frameworks import accelerate, hf, openrlhf, trl, verl
+from launch import frameworks
+from launch.frameworks import accelerate, hf, openrlhf, trl, verl
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 from store.rollout import RolloutStrategy
@@ -419,8 +419,8 @@ def test_file_layout_puts_companions_beside_the_output() -> None:
 
 def test_frameworks_import_no_torch() -> None:
     code = (
-        "import sys; import probes.frameworks.openrlhf, probes.frameworks.trl, probes.frameworks.verl, "
-        "probes.frameworks.hf, probes.frameworks.accelerate; "
+        "import sys; import launch.frameworks.openrlhf, launch.frameworks.trl, launch.frameworks.verl, "
+        "launch.frameworks.hf, launch.frameworks.accelerate; "
         "heavy = [m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules]; print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout

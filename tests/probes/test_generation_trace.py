@@ -15,8 +15,9 @@ import pytest
 import torch
 from tiny_models import TINY_MOE, tiny_family_config
 
-from probes.activation_trace import CHECK_SHAPE, FIT_SHAPES, cut_model, gpu_kernels, trace_all_terms
-from probes.generation_trace import GenerationTrace, trace_generation, trace_generation_terms
+from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, cut_model, gpu_kernels
+from probes.trace.generation import GenerationTrace, trace_generation, trace_generation_terms
+from probes.trace.terms import trace_all_terms
 from store.activation_terms import GENERATION_WINDOWS, left_by, peak_of, valid_terms
 
 OPT = {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -103,12 +104,12 @@ def test_eager_decoding_holds_the_scores_over_the_cache_and_sdpa_does_not() -> N
 def test_a_generate_the_meta_device_cannot_run_leaves_the_training_terms_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import probes.generation_trace
+    import probes.trace.terms
 
     def unknown(model: object) -> dict:
         raise RuntimeError("generate reads a tensor's value the trace does not know")
 
-    monkeypatch.setattr(probes.generation_trace, "trace_generation_terms", unknown)
+    monkeypatch.setattr(probes.trace.terms, "trace_generation_terms", unknown)
     terms = trace_all_terms(FAMILIES["llama"], ("2-eager",))["2-eager"]
     assert valid_terms(terms) and not set(GENERATION_WINDOWS) & set(terms["windows"])
     assert "does not know" in terms["generation_unfitted"]

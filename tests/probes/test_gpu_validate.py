@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from probes.ops import OpBuildError
+from probes.ops.prepare import OpBuildError
 from store.measurements import PhaseMeasurement, ProbeRequest, ProbeResult
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"
@@ -174,9 +174,9 @@ def test_a_cpu_dry_run_probes_the_dtype_this_processor_runs_fast_and_says_so(
 ) -> None:  # fmt: skip
     """With no --dtype the CPU matrix runs what planner.probe picks (fp32 without oneDNN bf16 kernels), with one
     line saying so for the whole run; --dtype bf16 is kept, with the warning."""
-    import probes.cpu_support
+    import probes.measure.cpu_support
 
-    monkeypatch.setattr(probes.cpu_support, "cpu_bf16_is_fast", lambda: bf16_fast)
+    monkeypatch.setattr(probes.measure.cpu_support, "cpu_bf16_is_fast", lambda: bf16_fast)
     out = tmp_path / "results"
     fake = FakeProbes(out)
     dtypes: list[str] = []

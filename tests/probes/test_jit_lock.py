@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.isolation import child_env, run_child
-from probes.jit_lock import extensions_root, holder_is_gone, release_stale_locks
+from probes.process.isolation import child_env, run_child
+from probes.process.jit_lock import extensions_root, holder_is_gone, release_stale_locks
 
 HANG_GUARD_S = 300.0  # only a process that waits forever reaches it
 
@@ -74,7 +74,7 @@ def test_the_extensions_root_is_torchs() -> None:
 HOLDER = """
 import os, signal, sys
 from pathlib import Path
-from probes.jit_lock import extensions_root, install
+from probes.process.jit_lock import extensions_root, install
 install()
 from torch.utils.file_baton import FileBaton
 lock = extensions_root() / "py311_cpu" / "deepspeed_shm_comm" / "lock"
@@ -86,7 +86,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # killed inside the load, as a probe at it
 """
 
 WAITER = """
-from probes.jit_lock import extensions_root, install
+from probes.process.jit_lock import extensions_root, install
 install()
 from torch.utils.file_baton import FileBaton
 lock = extensions_root() / "py311_cpu" / "deepspeed_shm_comm" / "lock"
@@ -123,7 +123,7 @@ def test_a_probe_outwaits_only_a_live_holder(tmp_path: Path) -> None:
 
 
 TOLD = """
-from probes.jit_lock import extensions_root, install, waiting_step
+from probes.process.jit_lock import extensions_root, install, waiting_step
 def told(lock):
     print("step:", waiting_step(lock), flush=True)
     lock.unlink()  # the other process's build ends

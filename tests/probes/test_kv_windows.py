@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import tiny_family_config
 
-from probes.model_shape import config_object, spec_of_config
+from probes.model.shape import config_object, spec_of_config
 from search.rlhf.memory import kv_cache_bytes
 from store.models import get_model
 

@@ -1,4 +1,4 @@
-"""Model shapes read from transformers' own module tree (probes.model_shape), against transformers itself.
+"""Model shapes read from transformers' own module tree (probes.model.shape), against transformers itself.
 
 The catalog's package data is re-derived here model by model; the five families with a pure-Python formula
 must give the same counts both ways; mixture-of-experts and multimodal configs are read the way their
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from probes.activation_trace import trace_all_terms
-from probes.model_shape import spec_of_config, trace_model_shape
+from probes.model.shape import spec_of_config, trace_model_shape
+from probes.trace.terms import trace_all_terms
 from store.errors import InputError
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
 from store.model_shape import CATALOG_TERM_KEYS, SHAPE_VERSION, catalog_shapes, spec_from_shape
@@ -30,11 +30,11 @@ def _stable(shape: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(CATALOG))
 def test_the_packaged_catalog_shape_is_what_transformers_builds_today(name: str) -> None:
-    """Re-derive the package data (``python -m probes.model_shape --write-catalog`` rewrites it)."""
+    """Re-derive the package data (``python -m probes.trace.catalog --write-catalog`` rewrites it)."""
     assert _stable(trace_model_shape(CATALOG[name], name)) == _stable(catalog_shapes()[name])
 
 
-# One model of each kind of model code (the whole catalog takes minutes: `python -m probes.model_shape
+# One model of each kind of model code (the whole catalog takes minutes: `python -m probes.model.shape
 # --write-catalog`): OPT, GPT-2 (Conv1D, learned positions), Llama, Qwen3-MoE (Qwen3's attention, routed
 # experts), Gemma 3 (sliding windows, Gemma's norms), Phi (fused projections). Qwen2 (Llama's layout with
 # biases) and Gemma 2 (eager attention only) are left to the catalog's regeneration, to keep the suite short.

@@ -15,11 +15,9 @@ from typing import Any
 import pytest
 from cpu_dtype import CPU_DTYPE
 
-import probes.ops
+import probes.ops.prepare
 import probes.runner
-from probes.isolation import ChildRun, child_env
-from probes.jit_lock import waiting_step
-from probes.ops import (
+from probes.ops.prepare import (
     BuildOutcome,
     OpBuildError,
     build_in_child,
@@ -28,6 +26,8 @@ from probes.ops import (
     ops_for_configs,
     prepare_ops,
 )
+from probes.process.isolation import ChildRun, child_env
+from probes.process.jit_lock import waiting_step
 from probes.runner import run_probe
 from store.errors import InputError
 from store.measurements import PhaseMeasurement, ProbeRequest, ProbeResult
@@ -153,7 +153,7 @@ def test_a_failing_build_is_one_error_for_the_run(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_build_that_timed_out_waiting_on_a_lock_names_the_lock() -> None:
-    """The child reports a wait on another process's JIT lock as its step (probes.jit_lock): the one error line
+    """The child reports a wait on another process's JIT lock as its step (probes.process.jit_lock): the one error line
     then says which file to look at."""
     lock = Path("/home/u/.cache/torch_extensions/py311_cu130/fused_adam/lock")
 
@@ -184,7 +184,7 @@ def test_planner_probe_stops_with_one_error_line_and_stores_nothing(
     from store.db import open_storage
 
     build = FakeBuild(fail="FusedAdamBuilder")
-    monkeypatch.setattr(probes.ops, "build_in_child", build)
+    monkeypatch.setattr(probes.ops.prepare, "build_in_child", build)
     db = str(tmp_path / "probes.db")
     job = ["--model", "opt-125m", "--workload", "sft", "--device", "cpu", "--layers", "1", "--batch", "2"]
     job += ["--seq-len", "16"]
@@ -218,7 +218,7 @@ def test_run_probe_builds_first_and_neither_its_timeout_nor_wall_time_counts_the
     build = FakeBuild(on_call=slow_build)
     monkeypatch.setattr(probes.runner, "_clock", lambda: now[0])
     monkeypatch.setattr(probes.runner, "run_child", child)
-    monkeypatch.setattr(probes.ops, "build_in_child", build)
+    monkeypatch.setattr(probes.ops.prepare, "build_in_child", build)
     first = run_probe(sft(device="cpu", timeout_s=5.0))
     second = run_probe(sft(device="cpu", timeout_s=5.0, zero_stage=3))
     assert events == ["build", "child timeout=5", "child timeout=5"]

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_op_build import FakeBuild, sft
 
-from probes.isolation import child_env
-from probes.op_cache import VARIABLE, default_ops_folder
-from probes.ops import build_in_child, forget_builds, prepare_ops
+from probes.ops.prepare import build_in_child, forget_builds, prepare_ops
+from probes.process.isolation import child_env
+from probes.process.op_cache import VARIABLE, default_ops_folder
 
 LEAF = f"py{sys.version_info.major}{sys.version_info.minor}"
 

@@ -1,8 +1,9 @@
 """Nothing outlives the planner: a probe child and its helpers end with it, and its working folder goes too.
 
-Real processes, no torch: a small "planner" (the real :func:`probes.isolation.run_child` under the real
+Real processes, no torch: a small "planner" (the real :func:`probes.process.isolation.run_child` under the real
 :func:`planner.cli.stopping.stop_on_signals`, as ``planner probe`` runs it) starts a child program that calls the
-real :func:`probes.parent_watch.watch_parent` first, as :mod:`probes.child` does, and then starts two helpers:
+real :func:`probes.process.parent_watch.watch_parent` first, as :mod:`probes.step.child` does, and then starts two
+helpers:
 one in the child's process group and one in a group of its own (as ninja starts every compile command). The
 planner is then sent SIGTERM or SIGKILL. PDEATHSIG and the watch thread are each shown alone (the other one
 switched off), since either must be enough. Every wait is generous: a failure is a process left running.
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.jit_lock import pid_alive
-from probes.workdir import OWNER_FILE, PREFIX, remove_stale_folders
+from probes.process.jit_lock import pid_alive
+from probes.process.workdir import OWNER_FILE, PREFIX, remove_stale_folders
 
 PROJECT = Path(__file__).resolve().parents[2]
 PATIENCE_S = 120.0  # the most any process here may take to start or to be gone (a busy 2-core machine)
@@ -32,7 +33,7 @@ PATIENCE_S = 120.0  # the most any process here may take to start or to be gone 
 PLANNER = """
 import os, sys
 from planner.cli.stopping import stop_on_signals
-from probes.isolation import child_env, run_child
+from probes.process.isolation import child_env, run_child
 
 env = child_env("cpu", "default")
 env["PYTHONPATH"] = sys.argv[1] + os.pathsep + env["PYTHONPATH"]
@@ -46,7 +47,7 @@ sys.exit(stop.finish(code))
 PROGRAM = """
 import json, os, subprocess, sys, time
 from pathlib import Path
-import probes.parent_watch as watch
+import probes.process.parent_watch as watch
 
 folder = Path(sys.argv[1])
 request = json.loads((folder / "request.json").read_text())

@@ -1,10 +1,11 @@
-"""Integration: the probes' own PPO step (``probes.phases_rlhf.RLHFRun``) through real DeepSpeed engines, on the CPU.
+"""Integration: the probes' own PPO step (``probes.step.phases_rlhf.RLHFRun``) through real DeepSpeed engines, on the
+CPU.
 
 Each case runs in a fresh Python process (this file, run as a script), as in ``test_ds_initialize.py``:
 the probes' child environment (``DS_ACCELERATOR=cpu``, a one-rank gloo group). The child builds the
 ``ProbeRequest`` that ``planner probe`` would send for a tiny actor (Llama or OPT) and a smaller Llama
-critic / reward backbone, and hands it to the probe child's own ``probes.child.run``: that joins the
-process group, rebuilds the records (``probes.build.plan_from_request``), starts the live-tensor
+critic / reward backbone, and hands it to the probe child's own ``probes.step.child.run``: that joins the
+process group, rebuilds the records (``probes.model.build.plan_from_request``), starts the live-tensor
 tracker, builds the four engines from ``render_rlhf_ds_configs`` (``RLHFRun``: ``build_causal_lm`` for
 actor and reference, ``build_value_model`` for critic and reward) and runs two PPO steps (a warm-up and
 a measured one) under its ``PhaseClock``: generation, scoring, actor training, critic training.
@@ -12,9 +13,9 @@ a measured one) under its ``PhaseClock``: generation, scoring, actor training, c
 Nothing of the step is re-implemented here. The test only watches the production run, through spies
 that change nothing it computes:
 
-- ``probes.child._build`` is wrapped to keep the ``RLHFRun`` it returns and to copy the trainable
+- ``probes.step.child._build`` is wrapped to keep the ``RLHFRun`` it returns and to copy the trainable
   weights and fp32 master weights before the first step;
-- ``probes.phases.empties_after`` is wrapped to record every empty_cache decision of the clock;
+- ``probes.step.phases.empties_after`` is wrapped to record every empty_cache decision of the clock;
 - on the run: a forward pre-hook on the actor's model records the length of ``input_ids`` in each
   forward call during generation (with the KV cache: the prompt once, then one token a call), a forward
   hook on the reward model records its scores, ``_score`` keeps the experience, and each training
@@ -357,12 +358,12 @@ class Spies:
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     os.environ["DS_ACCELERATOR"] = "cpu"  # before deepspeed is imported
-    import probes.child
-    import probes.phases
-    from probes.phases_rlhf import RLHFRun
+    import probes.step.child
+    import probes.step.phases
+    from probes.step.phases_rlhf import RLHFRun
 
     spies = Spies()
-    build, empties_after = probes.child._build, probes.phases.empties_after
+    build, empties_after = probes.step.child._build, probes.step.phases.empties_after
 
     def spy_build(plan: Any, extra: dict[str, Any]) -> Any:
         run = build(plan, extra)
@@ -375,11 +376,11 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         spies.cache_decisions.append([event, decision])
         return decision
 
-    probes.child._build = spy_build
-    probes.phases.empties_after = spy_empties_after
+    probes.step.child._build = spy_build
+    probes.step.phases.empties_after = spy_empties_after
     extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
-        phases, layers = probes.child.run(_request(case), probes.child.Reporter(Path(folder)), extra)
+        phases, layers = probes.step.child.run(_request(case), probes.step.child.Reporter(Path(folder)), extra)
     return {
         **spies.results(),
         "phases": [p.name for p in phases],

@@ -1,4 +1,4 @@
-"""``probes.rank_group``: N ranks under the real ``torch.distributed.run``, ended as one probe, no orphans.
+"""``probes.process.rank_group``: N ranks under the real ``torch.distributed.run``, ended as one probe, no orphans.
 
 The launcher, its ranks and their helpers are real processes. The group's behaviour on a failing or hung
 rank is shown with a small rank program (written to a temporary folder, no torch): every rank announces
@@ -20,8 +20,8 @@ from test_runner import single
 from tiny_models import make_hardware
 
 from probes import PHASES, run_probe
-from probes.isolation import child_env
-from probes.rank_group import descendants, launcher_command, run_group
+from probes.process.isolation import child_env
+from probes.process.rank_group import descendants, launcher_command, run_group
 
 pytestmark = pytest.mark.slow
 
@@ -71,11 +71,11 @@ def assert_gone(pids: list[int]) -> None:
 
 
 def test_the_launcher_runs_one_node_of_n_ranks() -> None:
-    command = launcher_command(3, "29999", "probes.child", Path("/tmp/x"))
-    assert command[1:4] == ["-m", "probes.watched", "torch.distributed.run"]
+    command = launcher_command(3, "29999", "probes.step.child", Path("/tmp/x"))
+    assert command[1:4] == ["-m", "probes.process.watched", "torch.distributed.run"]
     joined = " ".join(command)
     assert "--nnodes 1 --nproc-per-node 3" in joined and "--master-port 29999" in joined
-    assert "--max-restarts 0" in joined and joined.endswith("-m probes.child /tmp/x")
+    assert "--max-restarts 0" in joined and joined.endswith("-m probes.step.child /tmp/x")
 
 
 def test_one_failing_rank_ends_the_group_and_nothing_is_left(program: tuple[str, dict[str, str]]) -> None:

@@ -29,14 +29,13 @@ from tiny_models import (
     tiny_llama_spec,
 )
 
-from probes.ds_config import EMPTY_CACHE_PLACEMENT, render_ds_config
-from probes.rlhf_config import (
+from launch.ds_config import EMPTY_CACHE_PLACEMENT, render_ds_config
+from launch.frameworks.deepspeed_chat import deepspeed_chat_flags, deepspeed_chat_gaps
+from launch.frameworks.openrlhf import flags as openrlhf_flags
+from launch.frameworks.openrlhf import gaps as openrlhf_gaps
+from launch.rlhf_config import (
     HYBRID_ENGINE_SETTINGS,
-    deepspeed_chat_flags,
-    deepspeed_chat_gaps,
     model_specs,
-    openrlhf_flags,
-    openrlhf_gaps,
     render_rlhf_ds_configs,
     rlhf_outside_settings,
     trained_model_strategy,
@@ -472,7 +471,7 @@ def test_rlhf_outside_settings() -> None:
 
 def test_rlhf_config_module_imports_no_heavy_libraries() -> None:
     code = (
-        "import sys, probes.rlhf_config, planner.runtime; "
+        "import sys, launch.rlhf_config, planner.runtime; "
         "heavy = [m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

@@ -1,6 +1,6 @@
 """Integration: ``run_probe`` runs real DeepSpeed engines on tiny models in a fresh process and measures.
 
-Every probe here is a real child process (``python -m probes.child``) on the CPU accelerator: tiny
+Every probe here is a real child process (``python -m probes.step.child``) on the CPU accelerator: tiny
 Llama / OPT models built from their HF configs, engines from the exported configs, the workload's phases
 measured by the live-tensor tracker. Failures are real too: the tracker's memory cap, a model config that
 transformers rejects, a timeout that kills the child's process group; after each one the next probe runs

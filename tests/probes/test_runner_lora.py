@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from tiny_models import tiny_llama_hf_config  # noqa: E402
 
-from probes.lora import LoRALinear, adapters_disabled, add_lora  # noqa: E402
+from probes.model.lora import LoRALinear, adapters_disabled, add_lora  # noqa: E402
 
 
 def _llama() -> torch.nn.Module:

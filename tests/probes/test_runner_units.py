@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from tiny_models import make_hardware, tiny_llama_hf_config
 
-from probes.build import cut_spec, frozen_config_like, plan_from_request
-from probes.child import describe, is_oom
-from probes.isolation import EXPANDABLE, ChildRun, child_env
-from probes.phases import EMPTY_CACHE_AFTER, PHASES, PhaseClock, empties_after
+from probes.model.build import cut_spec, frozen_config_like, plan_from_request
+from probes.process.isolation import EXPANDABLE, ChildRun, child_env
 from probes.runner import _result, run_probe
+from probes.step.child import describe, is_oom
+from probes.step.phases import EMPTY_CACHE_AFTER, PHASES, PhaseClock, empties_after
 from store.errors import InputError
 from store.measurements import ProbeRequest
 from store.models import get_model, spec_from_hf_config
@@ -119,7 +119,8 @@ def test_child_env_sets_one_rank_and_the_allocator_before_torch() -> None:
 
 def test_importing_probes_loads_no_torch() -> None:
     code = (
-        "import sys, probes, probes.runner, probes.build, probes.isolation, probes.phases, probes.fingerprint; "
+        "import sys, probes, probes.runner, probes.model.build, probes.process.isolation, probes.step.phases, "
+        "probes.measure.fingerprint; "
         "from probes import run_probe, PHASES; "
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'transformers')]; "
         "assert not heavy, heavy"
@@ -149,7 +150,7 @@ def test_child_reports_become_results() -> None:
 
 
 def test_oom_classification() -> None:
-    from probes.tracker import ProbeOOM
+    from probes.measure.tracker import ProbeOOM
 
     assert is_oom(ProbeOOM("probe memory cap: ..."))
     assert is_oom(MemoryError())

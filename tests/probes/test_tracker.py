@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.tracker import LiveTensorTracker, ProbeOOM  # noqa: E402
+from probes.measure.tracker import LiveTensorTracker, ProbeOOM  # noqa: E402
 
 
 def test_known_sizes_give_exact_current_and_peak() -> None:

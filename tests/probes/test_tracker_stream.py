@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.phases import PhaseClock  # noqa: E402
-from probes.tracker import LiveTensorTracker, ProbeOOM  # noqa: E402
+from probes.measure.tracker import LiveTensorTracker, ProbeOOM  # noqa: E402
+from probes.step.phases import PhaseClock  # noqa: E402
 from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, KIND_INDEX, PHASE, AllocStream  # noqa: E402
 from store.stream_phases import STEP_MARK, WARMUP_MARK, phase_live_peaks  # noqa: E402
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from probes.phases import PhaseClock
-from probes.warmup import ZERO3_WARMUP_STEPS, trace_complete, warmup_steps, zero3_roles
+from probes.step.phases import PhaseClock
+from probes.step.warmup import ZERO3_WARMUP_STEPS, trace_complete, warmup_steps, zero3_roles
 from store.measurements import ProbeRequest
 from store.records import FrozenModelStrategy, RLHFStrategy, Strategy, TrainedModelStrategy
 

@@ -1,6 +1,6 @@
-"""``probes.worst_rank.group_result``: the ranks' own reports become one ProbeResult, the worst rank's.
+"""``probes.process.worst_rank.group_result``: the ranks' own reports become one ProbeResult, the worst rank's.
 
-Pure records, no process: each rank's report is what ``probes.child`` writes (a ProbeResult's dict).
+Pure records, no process: each rank's report is what ``probes.step.child`` writes (a ProbeResult's dict).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 from tiny_models import make_hardware
 
-from probes.isolation import ChildRun
-from probes.worst_rank import group_result, worst_phases
+from probes.process.isolation import ChildRun
+from probes.process.worst_rank import group_result, worst_phases
 from store.artifacts import ALLOC_STREAM, ProbeArtifact
 from store.measurements import DeviceFingerprint, PhaseMeasurement, ProbeRequest, ProbeResult
 

@@ -156,7 +156,7 @@ def build_tiny_model(spec: ModelSpec | None = None) -> Any:
 
 
 # --- RLHF helpers: a second causal LM (tiny OPT), a smaller critic/reward backbone, RLHF records ---------
-# (critic and reward models are built by the probes' own ``probes.build.build_value_model``)
+# (critic and reward models are built by the probes' own ``probes.model.build.build_value_model``)
 
 
 def tiny_opt_hf_config() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.api import _job
+from planner.planning.predicting import _job
 from search import DEFAULT_COEFFICIENTS as C
 from search import predict, screen_search, search
 from search.choose.candidates import Candidate

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from planner.runtime import EmptyCachePolicy
-from probes.phases import PhaseClock
+from probes.step.phases import PhaseClock
 from search.step.fragments import release_plan
 from store.phases import EMPTY_CACHE_AFTER, END_STEP, PHASES, empties_after
 from store.records import EMPTY_CACHE_POLICIES

@@ -1,7 +1,7 @@
 """RLHF generation, scoring and the actor's log-prob loss read the traced windows where the model has them.
 
 Pure: the windows are the catalog's package data (``store/catalog_activations.json``, traced from transformers'
-generate by ``probes.generation_trace``; checked against real CPU runs in tests/probes/test_generation_trace.py).
+generate by ``probes.trace.generation``; checked against real CPU runs in tests/probes/test_generation_trace.py).
 Here a window is replaced by one allocation of a known size: the moment that runs it must hold it, byte for byte.
 """
 

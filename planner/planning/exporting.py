@@ -1,0 +1,86 @@
+"""``export --format``: a saved plan written as the files of the framework that runs it.
+
+``deepspeed`` (the default) writes the plan's DeepSpeed config(s) as stored; the other formats
+(:data:`launch.frameworks.FORMATS`) rebuild the plan's workload, hardware and strategy from its document and
+render them with :mod:`launch.frameworks`: the files go beside ``-o`` (all or none), and what the framework
+cannot express of the plan comes back with them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launch.frameworks import DEFAULT_OUTPUTS, check_format, file_layout, render
+from planner.files.atomic import checked_output, write_configs, write_texts
+from planner.planning.saved import plan, plan_job
+
+if TYPE_CHECKING:
+    from store.db import PlanRecord
+
+
+def default_output(fmt: str) -> str:
+    """The file ``-o`` names when left out, by format (``ds_config.json`` for ``deepspeed``)."""
+    return DEFAULT_OUTPUTS[check_format(fmt)]
+
+
+def write_export(
+    record: PlanRecord, fmt: str, output: str | Path | None, *, force: bool, db: str | None
+) -> tuple[list[Path], dict[str, Any]]:
+    """Write ``record`` in format ``fmt``; returns the paths written and the plan's document, which for a
+    framework format carries ``plan_id`` and an ``export`` block (format, files by role, gaps, notes). A plan
+    made for another framework (its workload's ``framework``) gets ``framework_differences``: one line per way
+    in which its prediction followed that framework's code and not ``fmt``'s (:func:`framework_differences`)."""
+    check_format(fmt)
+    target = checked_output(default_output(fmt) if output is None else output)
+    differ = framework_differences(record.document, fmt)
+    extra: dict[str, Any] = {"framework_differences": differ} if differ else {}
+    if fmt == "deepspeed":
+        return write_configs(target, record.ds_config, force=force), {**record.document, **extra}
+    from planner.job.inputs import resolve
+    from store.records import RLHFStrategy, Strategy
+
+    document = record.document
+    job = resolve(plan_job(document, record.plan_id), db)
+    parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
+    strategy = parse(document["strategy"])
+    layout = file_layout(fmt, str(target))
+    rendered = render(fmt, strategy, job.workload, job.hardware, layout)
+    paths = write_texts({Path(layout[role]): text for role, text in rendered.files.items()}, force=force)
+    block = {"format": fmt, "files": layout, "gaps": list(rendered.gaps), "notes": list(rendered.notes)}
+    return paths, {**document, "plan_id": record.plan_id, "export": block, **extra}
+
+
+def framework_differences(document: dict[str, Any], fmt: str) -> list[str]:
+    """What differs between the framework a saved plan was made for and the one format ``fmt`` runs
+    (``search.frameworks.differences``); empty for a plan made for ``fmt`` itself."""
+    from search.frameworks import differences
+    from store.frameworks import DEFAULT_FRAMEWORK
+
+    workload = document.get("workload") or {}
+    planned = workload.get("framework", DEFAULT_FRAMEWORK)
+    kind = workload.get("kind")
+    if not isinstance(planned, str) or not isinstance(kind, str):
+        return []
+    return differences(planned, fmt, kind)
+
+
+def export(
+    plan_id: str | None = None,
+    output: str | Path | None = None,
+    *,
+    force: bool = False,
+    db: str | None = None,
+    format: str = "deepspeed",
+) -> tuple[list[Path], dict[str, Any]]:
+    """Write a saved plan (the latest by default) in ``format`` to ``output``.
+
+    ``format="deepspeed"`` (the default; ``output`` defaults to ``ds_config.json``) writes the DeepSpeed config;
+    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``, ...).
+    ``openrlhf``, ``verl`` (RLHF), ``trl``, ``hf`` and ``accelerate`` (single-model; ``trl`` also GRPO) write that
+    framework's files (a launch script, a config and the DeepSpeed config it points at: ``launch.frameworks``);
+    the returned document then has an ``export`` block whose ``gaps`` say what the framework cannot express of
+    the plan. Returns the paths written and the plan's document (whose ``outside_settings`` name what is not a
+    DeepSpeed key). Refuses to overwrite an existing file unless ``force``; writes all files or none.
+    """
+    return write_export(plan(plan_id, db), format, output, force=force, db=db)

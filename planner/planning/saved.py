@@ -1,0 +1,164 @@
+"""The saved plans and probes: the API's reads and writes of the plan database, and ``export``.
+
+Every function opens the database named by ``db`` (a SQLAlchemy URL or a SQLite file; default
+``$PLANNER_DB``, else the user's data folder), does one thing and closes it. SQLAlchemy is imported
+only here, on first use, so ``import planner`` stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.job.inputs import JobSpec, job_fields
+from store.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.report.results import Plan
+    from store.db import CalibrationRecord, PlanRecord, ProbeRecord
+
+
+MAX_LISTED = 100_000  # rows a listing prints at most
+# The blocks of a saved plan's document that export, explain and their --plot read, and what each must be.
+DOCUMENT_BLOCKS = ("workload", "hardware", "strategy")
+OPTIONAL_BLOCKS: dict[str, type] = {"outside_settings": dict, "launch": dict, "alternatives": list}
+
+
+def _positive_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LISTED:
+        shown = str(limit) if len(str(limit)) <= 24 else str(limit)[:21] + "..."
+        raise InputError(f"-n/--limit must be a whole number from 1 to {MAX_LISTED}, not {shown}")
+    return limit
+
+
+def save_plan(plan: Plan, db: str | None = None) -> Plan:
+    """Store a recommended plan; returns it with the ``plan_id`` the database gave it."""
+    from store.db import open_storage
+
+    with open_storage(db) as storage:
+        record = storage.save_plan(
+            kind=plan.workload["kind"],
+            model=plan.workload["model"],
+            fits=plan.fits,
+            workload=plan.workload,
+            hardware=plan.hardware,
+            strategy=plan.strategy,
+            predicted=plan.predicted.model_dump(),
+            ds_config=dict(plan.ds_config if plan.ds_config is not None else plan.ds_configs or {}),
+            document=plan.model_dump(exclude={"plan_id"}),
+        )
+    return plan.model_copy(update={"plan_id": record.plan_id})
+
+
+def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> list[PlanRecord]:
+    """Saved plans, newest first (frozen ``store.db.PlanRecord`` values), optionally of one workload kind."""
+    from store.db import open_storage, would_create
+
+    limit = _positive_limit(limit)
+    if would_create(db):  # none saved; a mistyped --db is not created to say so
+        return []
+    with open_storage(db) as storage:
+        return storage.list_plans(limit=limit, kind=kind)
+
+
+def plan(plan_id: str | None = None, db: str | None = None) -> PlanRecord:
+    """One saved plan by id or unique id prefix (the latest when None); InputError when there is none."""
+    from store.db import open_storage, would_create
+
+    if would_create(db):  # a mistyped --db is not created just to find nothing in it
+        where = "" if db is None else f" (database {_one_line(str(db))} does not exist)"
+        if plan_id:
+            raise InputError(f"no saved plan has the id {_one_line(str(plan_id))!r}{where}")
+        raise InputError(f"no plans saved yet{where}: run `planner recommend ...` first")
+    with open_storage(db) as storage:
+        record = storage.get_plan(plan_id) if plan_id else storage.latest_plan()
+    if record is None:
+        raise InputError("no plans saved yet: run `planner recommend ...` first")
+    _check_document(record)
+    return record
+
+
+def _one_line(text: str, limit: int = 80) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _check_document(record: PlanRecord) -> None:
+    """InputError (one line) when the blocks of a saved plan's document that the commands read are not of
+    their shape: a row changed by hand."""
+    document = record.document
+    problems = [
+        f"its {name} is not a JSON object" for name in DOCUMENT_BLOCKS if not isinstance(document.get(name), dict)
+    ]
+    for name, kind in OPTIONAL_BLOCKS.items():
+        if name in document and not isinstance(document[name], kind):
+            problems.append(f"its {name} is not a JSON {'object' if kind is dict else 'list'}")
+    if problems:
+        raise _damaged(record.plan_id, problems[0])
+
+
+def _damaged(plan_id: object, why: str) -> InputError:
+    return InputError(f"saved plan {plan_id} is damaged: {why}; `planner recommend` saves a new one")
+
+
+def probes(
+    db: str | None = None, limit: int = 20, model: str | None = None, device: str | None = None
+) -> list[ProbeRecord]:
+    """Stored probes, newest first (frozen ``store.db.ProbeRecord`` values), optionally of one model or device."""
+    from store.db import open_storage, would_create
+
+    limit = _positive_limit(limit)
+    if would_create(db):  # none saved; a mistyped --db is not created to say so
+        return []
+    with open_storage(db) as storage:
+        return storage.list_probes(limit=limit, model=model, device=device)
+
+
+def calibrations(db: str | None = None, limit: int = 20, target: str | None = None) -> list[CalibrationRecord]:
+    """Stored calibrations, newest first (frozen ``store.db.CalibrationRecord`` values), optionally of one
+    target (``H100-80G``, ``cpu:<model>``)."""
+    from store.db import open_storage, would_create
+
+    limit = _positive_limit(limit)
+    if would_create(db):  # none saved; a mistyped --db is not created to say so
+        return []
+    with open_storage(db) as storage:
+        return storage.list_calibrations(limit=limit, target=target)
+
+
+def plan_job(document: dict[str, Any], plan_id: str = "") -> JobSpec:
+    """The job a saved plan's document was planned for (its workload and hardware blocks); InputError naming
+    ``plan_id`` when they cannot be read (a row changed by hand)."""
+    try:
+        model = document["workload"]["model"]
+        if not isinstance(model, str):
+            raise TypeError(f"its model is {type(model).__name__}, not a name")
+        return JobSpec(model=model, **job_fields(document["workload"], document["hardware"]))
+    except (KeyError, TypeError, AttributeError) as exc:
+        why = f"its workload or hardware cannot be read ({type(exc).__name__}: {_one_line(str(exc), 120)})"
+        raise _damaged(plan_id, why) from None
+
+
+def memory_plot(
+    plan_id: str | None, path: str | Path, db: str | None = None, *, force: bool = False
+) -> tuple[Path, list[tuple[str, int, int]]]:
+    """Draw a saved plan's step from the allocator replay (:mod:`planner.report.plot`) into ``path``; returns
+    the file and each phase run's (name, peak allocated, peak reserved) bytes."""
+    from planner.job.inputs import resolve
+    from planner.report.plot import write_memory_plot
+    from search import replay_timeline
+    from store.records import RLHFStrategy, Strategy
+
+    record = plan(plan_id, db=db)
+    document = record.document
+    job = resolve(plan_job(document, record.plan_id), db)  # a traced model's shape is cached in the plan's own database
+    parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
+    strategy = parse(document["strategy"])
+    if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
+        raise InputError(
+            f"plan {record.plan_id} generates with {strategy.rollout.engine}: the allocator replay has no rollout "
+            "engine's turn, so --plot draws plans whose rollout DeepSpeed generates"
+        )
+    timeline = replay_timeline(job.workload, strategy, job.hardware)
+    title = f"plan {record.plan_id}: {job.workload.model.name} {job.workload.kind}, {strategy.describe()}"
+    return write_memory_plot(timeline, path, title, force=force)

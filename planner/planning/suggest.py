@@ -1,0 +1,84 @@
+"""When nothing fits: which change of the job would (LoRA, more GPUs, more host memory, shorter sequences)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from planner.job.inputs import ResolvedJob
+from search import Coefficients, SearchResult
+from search import search as run_search
+from store.records import Hardware, Workload
+from store.sizes import format_bytes
+
+MAX_GPUS_PER_NODE = 8
+LORA_RANKS = (16, 64)
+
+
+def what_would_fit(
+    job: ResolvedJob,
+    coef: Coefficients,
+    *,
+    include_lora: bool = True,
+    searched: Mapping[tuple[int, ...], SearchResult] | None = None,
+) -> list[str]:
+    """Readable lines, one per change that makes a full fine-tune (or, first, LoRA) fit.
+
+    ``searched`` holds searches of this very job that the caller already ran, by LoRA ranks (``recommend``'s
+    LoRA fallback): they are not run again. The changes are weighed with DeepSpeed's own generation for RLHF
+    (a vLLM/SGLang rollout's dozens of knob variants per point would make each of these searches seconds long):
+    a change found this way fits with an engine rollout too where the engine can sleep.
+    """
+    workload, hardware = job.workload, job.hardware
+    lines: list[str] = []
+
+    def fits(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> str | None:
+        try:
+            hybrid = ("hybrid-engine",)
+            best = run_search(w, h, coef, lora_ranks=ranks, rollouts=hybrid, closest=False, alternatives=0).best
+        except ValueError:  # the batch does not split over the new GPU count
+            return None
+        return None if best is None else best.strategy.describe()
+
+    for rank in LORA_RANKS if include_lora else ():
+        known = (searched or {}).get((rank,))
+        found = (known.best.strategy.describe() if known.best else None) if known else fits(ranks=(rank,))
+        if found:
+            lines.append(f"LoRA rank {rank} fits: {found} (--lora-rank {rank})")
+            break
+    gpus = hardware.gpus
+    while gpus < MAX_GPUS_PER_NODE:
+        gpus *= 2
+        more = replace(hardware, gpus=gpus)
+        batch = workload.global_batch
+        if batch % more.world_size:
+            batch = more.world_size * -(-batch // more.world_size)
+        found = fits(w=replace(workload, global_batch=batch), h=more)
+        if found:
+            lines.append(f"{gpus} GPUs per node fit: {found} (--gpus {gpus} --batch {batch})")
+            break
+    bigger_host = replace(hardware, cpu_memory_bytes=hardware.cpu_memory_bytes * 4)
+    found = fits(h=bigger_host)
+    if found:
+        lines.append(f"{format_bytes(bigger_host.cpu_memory_bytes)} of host memory fits: {found} (--cpu-mem)")
+    if workload.seq_len >= 256:
+        shorter, flags = _half_length(workload)
+        found = fits(w=shorter)
+        if found:
+            lines.append(f"sequences of {shorter.seq_len} tokens fit: {found} ({flags})")
+    if not lines:
+        lines.append("none of LoRA, up to 8 GPUs per node, 4x host memory or half the sequence length would fit")
+    return lines
+
+
+def _half_length(workload: Workload) -> tuple[Workload, str]:
+    """The workload with half the tokens per sequence, and the flags that ask for it.
+
+    RLHF sequences are a prompt and a generation (``--prompt-len``, ``--gen-len``): both are halved.
+    """
+    if workload.is_rlhf and workload.prompt_len is not None and workload.gen_len is not None:
+        prompt, gen = max(1, workload.prompt_len // 2), max(1, workload.gen_len // 2)
+        shorter = replace(workload, prompt_len=prompt, gen_len=gen, seq_len=prompt + gen)
+        return shorter, f"--prompt-len {prompt} --gen-len {gen}"
+    shorter = replace(workload, seq_len=workload.seq_len // 2)
+    return shorter, f"--seq-len {shorter.seq_len}"

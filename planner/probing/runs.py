@@ -1,0 +1,66 @@
+"""One probe loop for ``planner probe`` and ``planner tune``: find a stored probe of the same request (reused:
+nothing runs twice), build DeepSpeed's ops once before the first probe that runs, run it, save its result.
+
+``ProbeSession`` holds the open database and the runner; ``probe`` (:mod:`planner.probing.session`) drives it
+over its planned strategies inside a probe run, ``tune`` (:mod:`planner.tuning.study`) one candidate at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from planner.probing.plan import PlannedProbe
+from store.measurements import ProbeRequest, ProbeResult
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How each probe runs: on ``device`` (cuda or cpu) for ``steps`` optimizer steps within ``timeout_s``
+    seconds, capped at ``memory_cap_bytes`` of device memory (None: the device's own), by ``runner`` (None:
+    ``probes.run_probe``, with DeepSpeed's ops built first)."""
+
+    device: str
+    steps: int
+    timeout_s: float
+    memory_cap_bytes: int | None = None
+    runner: Callable[[ProbeRequest], ProbeResult] | None = None
+
+
+class ProbeSession:
+    """Probes against one open storage. ``runner`` defaults to ``probes.run_probe`` (each probe in a fresh
+    process); only that real runner loads DeepSpeed's ops, so only it has them built first."""
+
+    def __init__(
+        self,
+        storage: Any,
+        runner: Callable[[ProbeRequest], ProbeResult] | None = None,
+        on_note: Callable[[str], None] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.builds_ops = runner is None
+        if runner is None:
+            from probes import run_probe  # lazy on purpose: probes loads torch
+
+            runner = run_probe
+        self.runner = runner
+        self.on_note = on_note
+
+    def stored(self, item: PlannedProbe) -> Any:
+        """The stored probe of the same request, or None."""
+        return self.storage.find_probe(item.key)
+
+    def prepare(self, requests: list[ProbeRequest]) -> None:
+        """Build the DeepSpeed ops these probes load, once per process, before the first of them runs
+        (``probes.prepare_ops``; ``OpBuildError`` when it cannot). Nothing with an injected runner."""
+        if self.builds_ops:
+            from probes import prepare_ops  # lazy on purpose: probes loads torch
+
+            prepare_ops(requests, on_note=self.on_note)
+
+    def run(self, item: PlannedProbe, run_id: str | None = None) -> tuple[str, ProbeResult]:
+        """(probe id, result) of running the planned probe now and saving it (in probe run ``run_id``)."""
+        result = self.runner(item.request)
+        record = self.storage.save_probe(item.request, result, key=item.key, run_id=run_id)
+        return record.probe_id, result

@@ -1,0 +1,144 @@
+"""``planner.probe``: run strategies for a few real steps, store what happened, compare with the cost model.
+
+Reads top to bottom: choose the strategies, decide the depths (layer cuts), build one ProbeRequest per
+(strategy, depth), skip those the database already holds (unless ``force``), resume an interrupted run
+of the same requests, run the rest one process each, then put measured beside predicted and, for cut
+models, extrapolate per layer to the full depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from planner.job.inputs import JobSpec, ResolvedJob, resolve
+from planner.probing.device import cpu_probe_dtype
+from planner.probing.limits import check_run
+from planner.probing.plan import (
+    check_ranks,
+    choose_strategies,
+    depth_label,
+    one_node,
+    parse_layers,
+    plan_probes,
+)
+from planner.probing.report import build_report
+from planner.probing.runs import ProbeSession
+from planner.report.results import ProbeReport, ProbeRow
+from search import DEFAULT_COEFFICIENTS, Coefficients
+from store.errors import InputError
+from store.measurements import ProbeRequest, ProbeResult
+
+
+def probe(
+    model: str | JobSpec,
+    *,
+    strategies: str = "recommended",
+    steps: int = 4,
+    layers: str | None = "auto",
+    timeout_s: float = 600.0,
+    device: str = "cuda",
+    memory_cap: str | int | None = None,
+    force: bool = False,
+    db: str | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    coefficients: Coefficients = DEFAULT_COEFFICIENTS,
+    runner: Callable[[ProbeRequest], ProbeResult] | None = None,
+    calibration: str = "auto",
+    **job: Any,
+) -> ProbeReport:
+    """Probe strategies on the device and report measured against predicted memory and time.
+
+    ``runner`` defaults to ``probes.run_probe`` (each probe in its own process). ``on_progress`` is called
+    with (strategy label, index, total) before each probe that actually runs. ``calibration`` as for
+    ``recommend``, matched to the probed device (``cpu:<model>`` on the CPU backend).
+    """
+    from store.db import open_storage
+    from store.sizes import parse_size
+
+    device, steps, timeout_s = check_run(device, steps, timeout_s)
+    spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
+    readings: list[str] = []  # said once the whole input is checked: a refused probe prints one line
+    spec = cpu_probe_dtype(spec, device, readings.append)
+    resolved = resolve(spec, db)  # a traced model's shape is cached in the probe's own database
+    check_ranks(resolved, device)
+    if device == "cpu":
+        from probes.measure.cpu_support import cpu_dtype_unsupported_reason
+
+        reason = cpu_dtype_unsupported_reason(resolved.workload.dtype)
+        if reason is not None:
+            raise InputError(reason)  # one line for the run, not one failed engine per strategy
+    resolved, coefficients, calibration_block = _calibrated(resolved, coefficients, device, calibration, db)
+    cpu_timed = device == "cpu" and calibration_block.get("id") is not None
+    cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
+    depths = parse_layers(layers, resolved.workload.model.num_layers)
+    chosen = choose_strategies(resolved, strategies, coefficients)
+    probed, notes = one_node(resolved)
+    planned = plan_probes(
+        probed,
+        chosen,
+        device=device,
+        steps=steps,
+        layers=depths,
+        timeout_s=float(timeout_s),
+        memory_cap_bytes=cap,
+        coef=coefficients,
+    )
+    if on_note is not None:
+        for line in readings:
+            on_note(line)
+    storage = open_storage(db)
+    rows: list[ProbeRow] = []
+    fingerprint: dict[str, Any] | None = None
+    try:
+        session = ProbeSession(storage, runner, on_note)
+        keys = [p.key for p in planned]
+        run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
+        done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
+        # what each probe reuses from the store (looked up once): nothing with force, except this run's own
+        stored = {
+            item.key: session.stored(item) if (not force or item.key in done_in_this_run) else None for item in planned
+        }
+        try:  # DeepSpeed's ops, built before the first probe (OpBuildError is an InputError)
+            session.prepare([item.request for item in planned if stored[item.key] is None])
+        except (InputError, KeyboardInterrupt):  # a failed build, Ctrl-C or SIGTERM while building
+            storage.finish_run(run.run_id, status="interrupted")
+            raise
+        try:
+            for index, item in enumerate(planned):
+                known = stored[item.key]
+                if known is not None:
+                    rows.append(
+                        ProbeRow.from_probe(item, known.probe_id, known.result, reused=True, cpu_timed=cpu_timed)
+                    )
+                    fingerprint = fingerprint or _fingerprint_of(known.result)
+                    continue
+                if on_progress is not None:
+                    on_progress(item.strategy.describe() + depth_label(item.layers), index, len(planned))
+                probe_id, result = session.run(item, run.run_id)
+                rows.append(ProbeRow.from_probe(item, probe_id, result, reused=False, cpu_timed=cpu_timed))
+                fingerprint = fingerprint or _fingerprint_of(result)
+        except KeyboardInterrupt:
+            storage.finish_run(run.run_id, status="interrupted")
+            raise
+        storage.finish_run(run.run_id, status="done")
+    finally:
+        storage.close()
+    report = build_report(probed, device, run.run_id, rows, fingerprint, coefficients, notes=notes)
+    return report.model_copy(update={"calibration": calibration_block})
+
+
+def _calibrated(
+    job: ResolvedJob, coef: Coefficients, device: str, choice: str, db: str | None
+) -> tuple[ResolvedJob, Coefficients, dict[str, Any]]:
+    """The job and coefficients with the calibration of the probed device: this CPU on the CPU backend, the
+    catalog GPU torch sees on cuda (:mod:`planner.job.calibrated`)."""
+    from planner.job.calibrated import calibrated
+    from planner.job.target import device_target
+
+    return calibrated(job, coef, choice=choice, db=db, target=device_target(device))
+
+
+def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:
+    return result.fingerprint.to_dict() if result.fingerprint else None

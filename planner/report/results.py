@@ -1,0 +1,294 @@
+"""Typed results of the Python API; ``.model_dump()`` is the JSON document of DESIGN.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
+from planner.files.atomic import write_configs
+
+# Frozen values; each model builds its validator on first use, so a command pays only for the models it makes.
+FROZEN = ConfigDict(frozen=True, defer_build=True)
+
+
+class PhaseReport(BaseModel):
+    """One phase of the step."""
+
+    model_config = FROZEN
+
+    name: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    time_s: float
+    count: int = 1
+    inactive_split_bytes: int = 0  # the replay's free blocks inside split segments (reserved, not reusable)
+
+
+class Predicted(BaseModel):
+    """The ``predicted`` block: per GPU (host bytes per node), bytes as integers."""
+
+    model_config = FROZEN
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    gpu_budget_bytes: int
+    host_bytes: int
+    host_budget_bytes: int
+    # host bytes per node of the phase that sets host_bytes, by part (search.model.host); sums to host_bytes
+    host_breakdown: dict[str, int] = {}
+    host_peak_phase: str = ""  # "steady" (through training) or "loading" (the models' 16-bit copies before it)
+    host_phases: dict[str, int] = {}  # host bytes per node of each phase; host_bytes is the largest
+    step_time_s: float
+    peak_phase: str
+    breakdown: dict[str, int]
+    time_breakdown: dict[str, float]
+    phases: list[PhaseReport]
+    notes: list[str] = []
+    time_terms: dict[str, float] = {}  # seconds per step by mechanism (matmul, host_launch, cpu_adam, ...)
+    dominant_time_term: str = ""  # the mechanism that takes most of the step
+    reserved_uncertainty: float = 0.0  # peak reserved may differ by this fraction with the program around the step
+    # RLHF with a vLLM/SGLang rollout engine: its solved gpu_memory_utilization, KV cache and bytes
+    rollout: dict[str, Any] | None = None
+    # "replay": peak reserved from the allocator replay of the step (search.step.finish); "screen": from the
+    # fragment coefficients (plans saved before the replay decided)
+    reserved_from: str = "screen"
+    screen_reserved_bytes: int = 0  # the fragment coefficients' peak reserved beside a replayed one (0: none)
+
+
+class Alternative(BaseModel):
+    """Another strategy with its prediction."""
+
+    model_config = FROZEN
+
+    strategy: dict[str, Any]
+    predicted: Predicted
+
+
+class PredictionReport(BaseModel):
+    """What ``predict`` returns: one fixed strategy and its prediction."""
+
+    model_config = FROZEN
+
+    workload: dict[str, Any]
+    hardware: dict[str, Any]
+    strategy: dict[str, Any]
+    fits: bool
+    predicted: Predicted
+    ds_config: dict[str, Any] | None = None  # single-model workloads
+    ds_configs: dict[str, dict[str, Any]] | None = None  # RLHF: one per model (actor, critic, reference, reward)
+    outside_settings: dict[str, str]
+    # RLHF: ready-to-paste flags per framework, from the code that writes its files: deepspeed_chat, openrlhf
+    # (0.11's dotted names, as --format openrlhf), verl (Hydra overrides), trl (``trl grpo`` options, GRPO only)
+    launch: dict[str, list[str]] = {}
+    launch_gaps: dict[str, list[str]] = {}  # what a framework's flags cannot express of the strategy
+    readings: list[str] = []
+    # the step replayed through the port of torch's caching allocator (search.replay_memory): reserved bytes
+    # per phase and after the engines' init, from the stream the cost model's bytes make
+    allocator_replay: dict[str, Any] | None = None
+    # which calibration the prediction used (planner.job.calibrated): its id, target and probes, or id None
+    # with why the defaults were used
+    calibration: dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _one_config_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The document carries ``ds_config`` or ``ds_configs``, never a null one."""
+        data = handler(self)
+        for key in ("ds_config", "ds_configs", "allocator_replay", "calibration"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+    def save(self, path: str | Path, *, force: bool = False) -> list[Path]:
+        """Write the DeepSpeed config(s) atomically; RLHF writes ``<stem>.<model>.json`` beside ``path``.
+
+        Refuses to overwrite any existing file unless ``force``; writes all files or none.
+        """
+        return write_configs(Path(path), self.ds_config if self.ds_config is not None else self.ds_configs, force=force)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
+
+
+class Plan(PredictionReport):
+    """What ``recommend`` returns: the chosen strategy, its prediction, config and the alternatives."""
+
+    plan_id: str | None = None
+    alternatives: list[Alternative] = []
+    fastest_ignoring_memory: Alternative | None = None
+    overhead_vs_fastest: float | None = None
+    suggestions: list[str] = []
+    empty_cache_effect: dict[str, Any] | None = None
+    search: dict[str, Any] = {}
+
+
+class CheckResult(BaseModel):
+    """What ``check`` returns: whether a given DeepSpeed config is predicted to fit."""
+
+    model_config = FROZEN
+
+    fits: bool
+    reasons: list[str]
+    report: PredictionReport
+
+
+def _relative(measured: float, predicted: float) -> float | None:
+    return None if not measured else (predicted - measured) / measured
+
+
+class ProbeRow(BaseModel):
+    """One probe: what ran, what happened, measured beside predicted (relative error = pred/meas - 1)."""
+
+    model_config = FROZEN
+
+    probe_id: str
+    strategy: dict[str, Any]
+    label: str
+    layers: int | None
+    outcome: str
+    failed_phase: str | None = None
+    message: str = ""
+    reused: bool = False
+    measured: dict[str, Any] | None = None
+    predicted: dict[str, Any]
+    errors: dict[str, float | None] = {}
+    world_size: int = 1  # ranks the probe ran
+    worst_rank: int | None = None  # the rank with the largest step peak allocated (several ranks)
+
+    @classmethod
+    def from_probe(cls, item: Any, probe_id: str, result: Any, *, reused: bool, cpu_timed: bool = False) -> ProbeRow:
+        """From a planned probe (strategy, layers, prediction) and its ProbeResult. ``cpu_timed``: the
+        prediction used a calibration of this CPU, so a CPU probe's step time is compared too."""
+        p = item.prediction
+        predicted = {
+            "peak_allocated_bytes": p.peak_allocated_bytes,
+            "peak_reserved_bytes": p.peak_reserved_bytes,
+            "step_time_s": p.step_time_s,
+            "phases": [phase.to_dict() for phase in p.phases],
+        }
+        measured = None
+        errors: dict[str, float | None] = {}
+        if result.phases:
+            measured = {
+                "peak_allocated_bytes": result.peak_allocated_bytes,
+                "peak_reserved_bytes": result.peak_reserved_bytes,
+                "step_time_s": result.step_time_s,
+                "host_rss_peak_bytes": result.host_rss_peak_bytes,
+                "phases": [phase.to_dict() for phase in result.phases],
+            }
+        if result.outcome == "ok" and measured:
+            # The time model is for GPUs: a CPU probe's step time says nothing about it, unless the model was
+            # calibrated to this CPU's probes.
+            on_cpu = getattr(getattr(item, "request", None), "device", None) == "cpu" and not cpu_timed
+            errors = {
+                "peak_allocated": _relative(measured["peak_allocated_bytes"], p.peak_allocated_bytes),
+                "peak_reserved": _relative(measured["peak_reserved_bytes"], p.peak_reserved_bytes),
+                "step_time": None if on_cpu else _relative(measured["step_time_s"], p.step_time_s),
+            }
+        depth = "" if item.layers is None else f" [{item.layers} layers]"
+        return cls(
+            probe_id=probe_id,
+            strategy=item.strategy.to_dict(),
+            label=item.strategy.describe() + depth,
+            layers=item.layers,
+            outcome=result.outcome,
+            failed_phase=result.failed_phase,
+            message=result.message,
+            reused=reused,
+            measured=measured,
+            predicted=predicted,
+            errors=errors,
+            world_size=int(result.extra.get("world_size", 1)),
+            worst_rank=result.extra.get("worst_rank"),
+        )
+
+
+class Extrapolation(BaseModel):
+    """A strategy probed at two depths, extrapolated per layer to the full model."""
+
+    model_config = FROZEN
+
+    label: str
+    depths: list[int]
+    full_layers: int
+    extrapolated: dict[str, float]  # per-layer line through the measured peaks: peak_allocated_bytes, ...
+    predicted_full: dict[str, float]  # the cost model at full depth (the device's view of it)
+    anchored: dict[str, float | None] = {}  # predicted_full plus the per-layer line of measured - predicted
+    measured_full: dict[str, float] | None = None
+    errors: dict[str, float | None] = {}  # extrapolated against measured full model
+    anchored_errors: dict[str, float | None] = {}  # anchored against measured full model
+
+
+class ProbeReport(BaseModel):
+    """What ``probe`` returns: every probe row, the per-layer extrapolations and the device."""
+
+    model_config = FROZEN
+
+    workload: dict[str, Any]
+    hardware: dict[str, Any]
+    device: str
+    run_id: str
+    fingerprint: dict[str, Any] | None = None
+    rows: list[ProbeRow]
+    extrapolations: list[Extrapolation] = []
+    calibration: dict[str, Any] | None = None  # the calibration the predictions used (planner.job.calibrated)
+    world_size: int = 1  # ranks each probe ran (measured figures are the worst rank's)
+    notes: list[str] = []  # e.g. how a multi-node plan was probed on one node
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
+
+
+class CalibrationReport(BaseModel):
+    """What ``calibrate`` returns: the device, every calibrated parameter before and after, and the errors.
+
+    ``errors`` has ``before`` (the defaults), ``after`` (the fit, on the probes it saw) and ``held_out`` (each
+    probe predicted by a fit to the others), each ``{quantity: {count, median_abs, worst}}`` with relative
+    errors ``predicted / measured - 1``; quantity is ``time``, ``peak_allocated`` or ``peak_reserved``.
+    """
+
+    model_config = FROZEN
+
+    calibration_id: str | None  # None when not saved
+    target: str
+    device: str
+    fingerprint: dict[str, Any]
+    observations: int
+    probe_ids: list[str]
+    skipped: list[str] = []
+    parameters: list[dict[str, Any]]
+    errors: dict[str, dict[str, dict[str, float]]]
+    version: int
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
+
+
+class TuneReport(BaseModel):
+    """What ``tune`` returns: the study, what was probed (by this run) and measured (by every run of the
+    study), why it stopped, and the confirmed plan (saved, exportable) when a measured plan fits.
+
+    ``rows`` are the measured candidates, fastest fitting first: ``strategy``, ``probe_id``, ``outcome``,
+    ``fits`` (ran and stayed within the GPU budget), ``step_time_s`` and ``peak_reserved_bytes`` measured,
+    ``noise`` (the probe's relative step-time spread), ``predicted_step_time_s`` (by the final calibration).
+    """
+
+    model_config = FROZEN
+
+    study: str
+    device: str
+    target: str
+    candidates: int
+    probes_run: int
+    device_seconds: float
+    probes_measured: int
+    stop_reason: str
+    confirmed: bool
+    calibration_id: str | None = None
+    rows: list[dict[str, Any]] = []
+    plan: Plan | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)

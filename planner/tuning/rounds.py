@@ -1,0 +1,272 @@
+"""The rounds of ``planner.tuning`` (see :mod:`planner.tuning.run`): rank the untested candidates with the current
+calibration, enqueue the best one, ask the study, probe, tell, refit; then save the calibration and the
+confirmed plan and report every measured candidate."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.calibration.fit import calibrate
+from planner.job.calibrated import calibrated
+from planner.job.inputs import ResolvedJob
+from planner.planning.saved import save_plan
+from planner.probing.runs import ProbeSettings
+from planner.report.prediction import prediction_report
+from planner.report.results import Plan, TuneReport
+from planner.tuning.study import parse_candidate, predicted_for, probe_candidate, refit_values, step_noise
+from probes.process.jit_lock import pid_alive
+from search import Coefficients, predict
+from store.errors import InputError
+from store.measurements import ProbeResult
+
+ENQUEUED_FIRST = 3  # the predicted best, probed first
+
+
+@dataclass
+class _Round:
+    """What the tune knows so far: the measured candidates and the coefficients they calibrate."""
+
+    coef: Coefficients
+    job: ResolvedJob
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate key -> outcome, probe, times
+    probes_run: int = 0
+    device_seconds: float = 0.0
+
+
+def _measured_so_far(study: Any) -> dict[str, dict[str, Any]]:
+    """What earlier runs of the study measured: its finished trials' outcomes, by candidate."""
+    from optuna.trial import TrialState
+
+    out: dict[str, dict[str, Any]] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if "candidate" in trial.params and "probe_id" in trial.user_attrs:
+            attrs = trial.user_attrs
+            out[trial.params["candidate"]] = {k: v for k, v in attrs.items() if not k.startswith("owner_")}
+    return out
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field), None where unknown:
+    with the pid it names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner() -> dict[str, Any]:
+    """What a trial records of the process probing it, so that a run after it can tell it died."""
+    return {"owner_host": socket.gethostname(), "owner_pid": os.getpid(), "owner_started": _started(os.getpid())}
+
+
+def _abandoned(attrs: dict[str, Any]) -> bool:
+    """Whether a running trial's owner is a process of this host that is gone (killed outright: SIGKILL, an OOM
+    kill, a lost node). Another host's trial is never judged from here."""
+    pid = attrs.get("owner_pid")
+    if attrs.get("owner_host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    if not pid_alive(pid):
+        return True
+    started = attrs.get("owner_started")
+    return started is not None and _started(pid) not in (None, started)  # the pid now names another process
+
+
+def _running_elsewhere(study: Any, but: int | None = None) -> set[str]:
+    """The candidates of the study's running trials (but trial number ``but``, this run's own). A trial whose
+    owner died without telling (a tune killed outright) is failed here and its candidate queued again: left
+    running, it would look like another machine's probe to every later run, and never be probed."""
+    from optuna.trial import TrialState
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    live = set()
+    for trial in running:
+        if trial.number == but or "candidate" not in trial.params:
+            continue
+        if _abandoned(trial.user_attrs):
+            study.tell(trial.number, state=TrialState.FAIL)
+            study.enqueue_trial({"candidate": trial.params["candidate"]})
+            continue
+        live.add(trial.params["candidate"])
+    return live
+
+
+def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
+    fits = result.outcome == "ok" and result.peak_reserved_bytes <= budget
+    return {
+        "probe_id": probe_id,
+        "outcome": result.outcome,
+        "fits": fits,
+        "step_time_s": result.step_time_s if result.outcome == "ok" else None,
+        "peak_reserved_bytes": result.peak_reserved_bytes,
+        "noise": step_noise(result),
+        "wall_s": result.wall_s,
+    }
+
+
+def run_rounds(
+    job: ResolvedJob,
+    study: Any,
+    space: list[str],
+    *,
+    coef: Coefficients,
+    base: Coefficients,
+    target: str,
+    settings: ProbeSettings,
+    db: str | None,
+    max_probes: int,
+    on_progress: Callable[[str], None] | None,
+    calibration_block: dict[str, Any],
+) -> TuneReport:
+    """The tune's rounds (see the module docstring) and its report."""
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState
+
+    from search.calibration import apply_values
+
+    distribution = {"candidate": CategoricalDistribution(space)}
+    measured = _measured_so_far(study)
+    state = _Round(coef, job, measured)
+    values: dict[str, float] = refit_values(base, target, db, settings.device) if measured else {}
+    if not study.trials:
+        for key in space[:ENQUEUED_FIRST]:
+            study.enqueue_trial({"candidate": key}, skip_if_exists=True)
+    stop = "probe budget spent"
+    for _ in range(4 * len(space) + max_probes):
+        hardware, fitted = apply_values(job.hardware, base, values) if values else (job.hardware, coef)
+        current = ResolvedJob(job.workload, hardware, job.readings)
+        predicted = {key: predicted_for(current, key, fitted, settings.device) for key in space}
+        best = min(
+            (k for k, m in state.measured.items() if m["fits"]),
+            key=lambda k: state.measured[k]["step_time_s"],
+            default=None,
+        )
+        untested = sorted((k for k in space if k not in state.measured), key=lambda k: predicted[k].step_time_s)
+        if best is not None:
+            floor = state.measured[best]["step_time_s"] * (1 - state.measured[best]["noise"])
+            if not any(predicted[k].step_time_s < floor for k in untested):
+                stop = "confirmed: no untested candidate is predicted faster than the measured best beyond its noise"
+                break
+        if not untested:
+            stop = "every candidate measured" if best else "every candidate measured; none fits"
+            break
+        if state.probes_run >= max_probes:
+            break
+        running = _running_elsewhere(study)  # candidates another machine on this study is probing now
+        if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            study.enqueue_trial({"candidate": next((k for k in untested if k not in running), untested[0])})
+        trial = study.ask(distribution)
+        for name, value in _owner().items():
+            trial.set_user_attr(name, value)
+        key = trial.params["candidate"]
+        if key in _running_elsewhere(study, but=trial.number):  # the sampler's pick, being probed elsewhere
+            trial.set_user_attr("duplicate", True)
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        if key in state.measured:  # the sampler's own pick, already measured: tell it again and go on
+            known = state.measured[key]
+            if known["fits"]:
+                study.tell(trial, known["step_time_s"])
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+            continue
+        if on_progress is not None:
+            on_progress(f"probe {state.probes_run + 1}/{max_probes}: {parse_candidate(job, key).describe()}")
+        try:
+            probe_id, result, ran = probe_candidate(current, key, settings, coef=fitted, db=db)
+        except BaseException:  # an interrupt (or a failure) leaves no trial running, and the candidate queued
+            trial.set_user_attr("interrupted", True)
+            study.tell(trial, state=TrialState.FAIL)
+            study.enqueue_trial({"candidate": key})
+            raise
+        outcome = _outcome(result, probe_id, predicted[key].gpu_budget_bytes)
+        for name, value in outcome.items():
+            trial.set_user_attr(name, value)
+        if outcome["fits"]:
+            study.tell(trial, outcome["step_time_s"])
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+        state.measured[key] = outcome
+        if ran:
+            state.probes_run += 1
+            state.device_seconds += result.wall_s
+            values = refit_values(base, target, db, settings.device)
+    return _report(
+        job,
+        study,
+        space,
+        state,
+        values=values,
+        base=base,
+        target=target,
+        device=settings.device,
+        db=db,
+        stop=stop,
+        calibration_block=calibration_block,
+    )
+
+
+def _report(
+    job: ResolvedJob,
+    study: Any,
+    space: list[str],
+    state: _Round,
+    *,
+    values: dict[str, float],
+    base: Coefficients,
+    target: str,
+    device: str,
+    db: str | None,
+    stop: str,
+    calibration_block: dict[str, Any],
+) -> TuneReport:
+    """Save the calibration of every probe so far and the confirmed plan; report each measured candidate."""
+
+    calibration_id = None
+    if state.probes_run:
+        try:
+            calibration_id = calibrate(device_fingerprint=target, db=db).calibration_id
+        except InputError:  # no probe of the device finished (every one ran out of memory): nothing to fit
+            calibration_id = None
+    if calibration_id is not None:
+        job, coef, calibration_block = calibrated(job, base, choice=calibration_id, db=db, target=target)
+    else:
+        coef = state.coef
+    rows = []
+    for key, m in state.measured.items():
+        prediction = predicted_for(job, key, coef, device)
+        rows.append({"strategy": json.loads(key), "predicted_step_time_s": prediction.step_time_s, **m})
+    rows.sort(key=lambda r: (not r["fits"], r["step_time_s"] or float("inf")))
+    best = rows[0] if rows and rows[0]["fits"] else None
+    plan = None
+    if best is not None:
+        strategy = parse_candidate(job, json.dumps(best["strategy"]))
+        prediction = predict(job.workload, strategy, job.hardware, coef)
+        report = prediction_report(job, strategy, prediction, calibration_block)
+        tuned = {
+            "study": study.study_name,
+            "probe_id": best["probe_id"],
+            "measured_step_time_s": best["step_time_s"],
+            "measured_peak_reserved_bytes": best["peak_reserved_bytes"],
+            "device": device,
+        }
+        plan = save_plan(Plan(**dict(report), search={"sampler": "tune", "tune": tuned}), db)
+    return TuneReport(
+        study=study.study_name,
+        device=device,
+        target=target,
+        candidates=len(space),
+        probes_run=state.probes_run,
+        device_seconds=state.device_seconds,
+        probes_measured=len(state.measured),
+        stop_reason=stop,
+        confirmed=stop.startswith("confirmed"),
+        calibration_id=calibration_id,
+        rows=rows,
+        plan=plan,
+    )

@@ -1,0 +1,109 @@
+"""``planner.tuning``: confirm a plan on the real device. The cost model ranks the space, an Optuna study
+(kept in the plan database through Optuna's RDB storage) decides which candidate each probe runs, every
+probe refits the calibration, and the tune stops when a measured plan fits and nothing untested is
+predicted faster than it by more than its measured noise.
+
+Reads top to bottom: resolve the job on the probed device's calibration; rank the strategies the search
+predicts to fit (the study's candidates, fixed when it is created, so a resumed or shared study asks over
+the same ones); then, round after round: enqueue the untested candidate predicted fastest, ask the study
+for a trial, probe it (or reuse a stored probe of it), tell the study its measured step time (an OOM or a
+plan over the GPU budget is a failed trial: infeasible), refit the calibration and re-rank. Finally save a
+calibration and the confirmed plan, exportable like any plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from planner.job.calibrated import calibrated
+from planner.job.inputs import JobSpec, ResolvedJob, resolve
+from planner.job.target import device_target, target_hardware
+from planner.probing.device import PROBE_GPU_MEM, cpu_probe_dtype
+from planner.probing.limits import check_run, check_study_name
+from planner.probing.plan import check_ranks
+from planner.probing.runs import ProbeSettings
+from planner.report.results import TuneReport
+from planner.tuning.rounds import run_rounds
+from planner.tuning.study import MAX_PROBES, candidate_space, open_study, study_name
+from search import DEFAULT_COEFFICIENTS, Coefficients
+from store.errors import InputError
+from store.measurements import ProbeRequest, ProbeResult
+
+
+def tune(
+    model: str | JobSpec,
+    *,
+    device: str = "cuda",
+    steps: int = 4,
+    timeout_s: float = 600.0,
+    max_probes: int = 8,
+    memory_cap: str | int | None = None,
+    study: str | None = None,
+    db: str | None = None,
+    calibration: str = "auto",
+    coefficients: Coefficients = DEFAULT_COEFFICIENTS,
+    runner: Callable[[ProbeRequest], ProbeResult] | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    **job: Any,
+) -> TuneReport:
+    """Probe the candidates the cost model ranks first until a measured plan fits with the planned headroom
+    (on ``gpus`` GPUs of this node: each probe runs that many ranks, and its worst rank is what counts)
+    and no untested candidate is predicted faster than it by more than its measured noise (or ``max_probes``
+    probes ran), and save that plan. ``study`` names the Optuna study (default: one per job and device), kept
+    in ``db`` beside the plans and probes: an interrupted tune, run again, resumes; several machines on one
+    database share the work. ``runner`` defaults to ``probes.run_probe``; ``on_progress`` gets one line per
+    probe, ``on_note`` the lines about how the job was read (on ``cpu``: the dtype chosen and why).
+    """
+    from store.db import optuna_storage_url
+    from store.frameworks import DEFAULT_FRAMEWORK
+    from store.sizes import parse_size
+
+    device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
+    if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:
+        raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
+    study = check_study_name(study)
+    spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
+    readings: list[str] = []  # said once the whole input is checked: a refused tune prints one line
+    spec = cpu_probe_dtype(spec, device, readings.append)
+    if spec.gpu_mem is None and spec.gpu is None:
+        spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
+    resolved = resolve(spec, db)
+    if resolved.workload.framework != DEFAULT_FRAMEWORK:
+        readings.append(
+            f"--framework {resolved.workload.framework}: candidates are ranked for its program, but each probe runs "
+            "memplan's own DeepSpeed loop (probes.step.phases_sft), so a measured peak is that loop's"
+        )
+    if resolved.hardware.nodes > 1:
+        raise InputError(
+            "tune probes the plan on this node: give --nodes 1 (planner probe measures one node of a multi-node plan)"
+        )
+
+    check_ranks(resolved, device)  # --gpus N: each probe runs N ranks on this node, the worst rank counts
+    target = device_target(device)
+    resolved, coef, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db, target=target)
+    resolved = ResolvedJob(resolved.workload, target_hardware(resolved.hardware, target), resolved.readings)
+    cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
+    url = optuna_storage_url(db)
+    name = study or study_name(resolved, device)
+    the_study = open_study(url, name, candidate_space(resolved, coef))
+    if on_note is not None:
+        for line in readings:
+            on_note(line)
+    space: list[str] = list(the_study.user_attrs["candidates"])
+
+    return run_rounds(
+        resolved,
+        the_study,
+        space,
+        coef=coef,
+        base=coefficients,
+        target=target,
+        settings=ProbeSettings(device, steps, float(timeout_s), cap, runner),
+        db=db,
+        max_probes=max_probes,
+        on_progress=on_progress,
+        calibration_block=calibration_block,
+    )

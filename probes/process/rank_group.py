@@ -1,0 +1,180 @@
+"""A probe of several ranks: ``torch.distributed.run`` starts N children on this node; watch them, end them.
+
+One probe of a plan for N GPUs (N > 1, one node) is one rank group: the parent starts PyTorch's elastic
+launcher (``python -m probes.process.watched torch.distributed.run --nproc-per-node N --master-port P -m
+probes.step.child
+DIR``: the ``torchrun`` of the venv, in a process that ends with the planner, :mod:`probes.process.parent_watch`) in
+its own process group, with the environment of :func:`probes.process.isolation.child_env`
+(``LOCAL_SIZE`` set to N, as DeepSpeed's launcher sets it; the launcher sets RANK, LOCAL_RANK, WORLD_SIZE and
+MASTER_PORT of each rank). Every rank runs :mod:`probes.step.child` in ``DIR/rank<r>/``: its own events, result
+and allocation records, the request read from ``DIR``. The ranks' output goes to the one ``DIR/child.log``.
+
+The parent polls every ``poll_s`` seconds and ends the group (:func:`kill_tree`) when the launcher has
+exited, when any rank has reported a failure (its outcome is recorded; the others, waiting for it in a
+collective, are not waited for), or when ``timeout_s`` has passed. The launcher starts each rank in a session
+of its own, so killing the launcher's group would orphan them: the launcher's group is stopped first
+(SIGSTOP: it starts nothing more), then every descendant found under ``/proc`` and every pid a rank
+announced is killed with its process group, then the launcher (:mod:`probes.process.process_tree`). The working
+folder is :func:`probes.process.workdir.probe_folder`'s. Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.process.artifacts import read_artifacts
+from probes.process.isolation import (
+    CHILD_MODULE,
+    EVENTS_FILE,
+    LOG_FILE,
+    REQUEST_FILE,
+    RESULT_FILE,
+    ChildRun,
+    read_events,
+    read_result,
+    release_shared_memory,
+    tail,
+    wait_group_gone,
+)
+from probes.process.jit_lock import extensions_root, release_stale_locks
+from probes.process.process_tree import descendants, kill_tree
+from probes.process.workdir import probe_folder
+
+__all__ = ["GroupRun", "descendants", "kill_tree", "launcher_command", "rank_folder", "run_group"]
+
+LAUNCHER = "torch.distributed.run"
+WATCHED = "probes.process.watched"  # runs the launcher in a process that ends with the planner
+POLL_S = 0.1
+
+
+def rank_folder(folder: Path, rank: int) -> Path:
+    """Where rank ``rank`` of a group writes its events, result and records."""
+    return folder / f"rank{rank}"
+
+
+def launcher_command(world_size: int, port: str, module: str, folder: Path) -> list[str]:
+    """The elastic launcher's command line for ``world_size`` ranks of ``python -m module folder``."""
+    return [
+        sys.executable,
+        "-m",
+        WATCHED,
+        LAUNCHER,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(world_size),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--max-restarts",
+        "0",
+        "-m",
+        module,
+        str(folder),
+    ]
+
+
+@dataclass
+class GroupRun:
+    """What the parent saw of a rank group: the launcher's exit, why it ended, each rank's report."""
+
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    pid: int  # the launcher's process id (and group)
+    ranks: list[ChildRun] = field(default_factory=list)  # by rank
+    log_tail: str = ""
+    stopped_after_failure: bool = False  # a rank reported a failure and the group was ended
+
+
+def _rank_failed(folder: Path, world_size: int) -> bool:
+    for rank in range(world_size):
+        result = read_result(rank_folder(folder, rank) / RESULT_FILE)
+        if result is not None and result.get("outcome") != "ok":
+            return True
+    return False
+
+
+def _announced(folder: Path, world_size: int) -> list[int]:
+    pids = []
+    for rank in range(world_size):
+        for event in read_events(rank_folder(folder, rank) / EVENTS_FILE):
+            if isinstance(event.get("pid"), int):
+                pids.append(event["pid"])
+    return pids
+
+
+def run_group(
+    request: dict[str, Any],
+    env: dict[str, str],
+    timeout_s: float,
+    world_size: int,
+    module: str = CHILD_MODULE,
+    poll_s: float = POLL_S,
+) -> GroupRun:
+    """Run ``world_size`` ranks of ``python -m module DIR`` on ``request`` within ``timeout_s`` seconds."""
+    env = {**env, "LOCAL_SIZE": str(world_size)}
+    with probe_folder() as folder:
+        (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
+        for rank in range(world_size):
+            rank_folder(folder, rank).mkdir()
+        start = time.perf_counter()
+        timed_out = stopped = False
+        command = launcher_command(world_size, env["MASTER_PORT"], module, folder)
+        with (folder / LOG_FILE).open("wb") as log:
+            proc = subprocess.Popen(
+                command,
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                while proc.poll() is None:
+                    if _rank_failed(folder, world_size):
+                        stopped = True
+                        break
+                    if time.perf_counter() - start > timeout_s:
+                        timed_out = True
+                        break
+                    time.sleep(poll_s)
+            finally:  # whatever ended the wait (an interrupt too): leave nothing behind
+                kill_tree(proc.pid, _announced(folder, world_size))
+                proc.wait()
+                wait_group_gone(proc.pid)
+                release_shared_memory(env["MASTER_PORT"])
+                release_stale_locks(extensions_root(env))  # a JIT lock a killed rank held
+        wall = time.perf_counter() - start
+        ranks = []
+        for rank in range(world_size):
+            where = rank_folder(folder, rank)
+            result = read_result(where / RESULT_FILE)
+            ranks.append(
+                ChildRun(
+                    returncode=None,
+                    timed_out=timed_out and result is None,
+                    wall_s=wall,
+                    pid=next((e["pid"] for e in read_events(where / EVENTS_FILE) if "pid" in e), 0),
+                    events=read_events(where / EVENTS_FILE),
+                    result=result,
+                    artifacts=read_artifacts(where, result),
+                )
+            )
+        return GroupRun(
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            wall_s=wall,
+            pid=proc.pid,
+            ranks=ranks,
+            log_tail=tail(folder / LOG_FILE),
+            stopped_after_failure=stopped,
+        )
