@@ -9,9 +9,9 @@ pydantic result and raises ``store.errors.InputError`` for bad input. Every CLI 
 of these:
 
 - plans: ``recommend``, ``predict``, ``check`` (``planner.planning.predicting``); ``plans``, ``plan``,
-  ``probes``, ``calibrations``, ``memory_plot`` (``planner.planning.saved``), ``export`` (``planner.planning.exporting``);
-  ``probe_stream``,
-  ``probe_snapshot``, ``write_probe_snapshot`` (``planner.planning.snapshots``);
+  ``probes``, ``calibrations``, ``memory_plot`` (``planner.planning.saved``), ``export``
+  (``planner.planning.exporting``); ``probe_stream``, ``probe_snapshot``, ``write_probe_snapshot``
+  (``planner.planning.snapshots``);
 - measuring: ``probe`` (below, over ``planner.probing.session``), ``calibrate`` (``planner.calibration.fit``),
   ``tune`` (``planner.tuning.run``);
 - the cost model: ``coefficients``.

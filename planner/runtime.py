@@ -1,6 +1,6 @@
 """Apply a planned ``empty_cache`` policy inside your own RLHF (PPO) loop.
 
-The planner's ``empty_cache`` knob says where ``torch.cuda.empty_cache()`` goes (DESIGN.md; the
+The planner's ``empty_cache`` knob says where ``torch.cuda.empty_cache()`` goes (docs/rlhf.md; the
 fragmentation study arXiv 2410.15651 measured about 25% less memory for about 2% more time when the
 cache is emptied after each inference phase). :class:`EmptyCachePolicy` puts the call exactly there::
 

@@ -1,4 +1,5 @@
-"""probes: measuring. Renders DeepSpeed configs from a strategy and runs short real runs that measure it.
+"""probes: measuring. Short real runs of a strategy (with the DeepSpeed configs ``launch`` renders) that
+measure its memory and time, and meta-device tracing for the model catalog.
 
 Public API (loaded on first use, so ``import launch.ds_config`` on the planner's fast path stays light;
 nothing here imports torch)::

@@ -6,7 +6,7 @@ spawned process, its ranks, a compiler building a DeepSpeed op), read from ``get
 another program shares the machine, as wall time would, so the check holds on a busy machine too. They do grow
 when the work is slower, which is the point: a bf16 probe on a processor without oneDNN bf16 kernels spends one
 to two orders of magnitude more of them (``ONEDNN_MAX_CPU_ISA=AVX2`` makes a processor that has the kernels
-behave as one without, which is how the suite is timed for such processors; see the README).
+behave as one without, which is how the suite is timed for such processors; see docs/development.md).
 
 The default budget, 300 CPU seconds, is about 2.5 times the largest phase today on a 2-core machine (the first
 accuracy probe with the planning of all its cases: 100 s, 123 s without oneDNN bf16 kernels; a fresh build of

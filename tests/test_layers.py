@@ -145,9 +145,9 @@ def _module_level_imports(tree: ast.Module) -> list[tuple[str, int]]:
                 found.extend((alias.name, child.lineno) for alias in child.names)
             elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
                 found.append((child.module, child.lineno))
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                continue
-            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) or (
+                isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+            ):
                 continue
             else:
                 visit(child)

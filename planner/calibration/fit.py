@@ -18,10 +18,12 @@ from planner.calibration.gather import (
     stored_entries,
     target_of,
 )
+from planner.job.target import detected_target
 from planner.report.results import CalibrationReport
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from search.calibration import CALIBRATION_VERSION, PARAMETERS
 from search.calibration import calibrate as fit_calibration
+from store.db import open_storage
 from store.errors import InputError
 
 
@@ -43,7 +45,6 @@ def calibrate(
     on probes the fit did not see. The calibration is saved unless
     ``save`` is False; ``recommend``, ``predict``, ``check`` and ``probe`` then use it for that device.
     """
-    from store.db import open_storage
 
     entries: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     loop_rows: list[dict[str, Any]] = []
@@ -52,7 +53,6 @@ def calibrate(
         entries.extend(probes)
         loop_rows.extend(rows)
     entries.extend(stored_entries(db))
-    from planner.job.target import detected_target
 
     gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None, db)
     observations = list(gathered.observations)

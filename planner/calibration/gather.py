@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from launch.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
+from planner.calibration.records import host_gib, load_records, probe_timing_is_steady
 from planner.job.cut import cut_workload
 from planner.job.inputs import JobSpec, ResolvedJob, job_fields, resolve
 from planner.job.target import target_hardware, target_of
 from search.calibration import Observation
+from store.db import database_exists, open_storage
 from store.errors import InputError
 from store.records import RLHFStrategy, Strategy
 
@@ -37,7 +40,6 @@ MAX_STORED_PROBES = 100_000  # stored probes a calibration reads
 def stored_entries(db: str | None, device: str | None = None) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(probe id, request, result) of every probe stored in ``db`` (of one ``device`` kind when given), the
     triples :func:`gather` takes; none where the database does not exist (it is not created to be read)."""
-    from store.db import database_exists, open_storage
 
     if not database_exists(db):
         return []
@@ -55,7 +57,6 @@ def probe_observation(
 ) -> Observation:
     """A finished probe (its request and result as JSON) as an observation of ``target``; InputError when its
     job cannot be rebuilt. A traced model's shape is cached in ``db`` (the calibration's database)."""
-    from planner.calibration.records import probe_timing_is_steady
 
     fields = job_fields(request["workload"], request["hardware"])
     if not target.startswith(("cpu:", "cuda:")):
@@ -134,8 +135,6 @@ def loop_row_observation(row: dict[str, Any], target: str, db: str | None = None
     """A user-style training loop's row of a records file (``tests/data/gpu``: its exact ds_config and
     whole-step peaks and median step time) as an observation of ``target`` (scope ``step``); traced model
     shapes are cached in ``db``."""
-    from launch.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
-    from planner.calibration.records import host_gib
 
     workload, measured = row["workload"], row["measured"]
     outside = {
@@ -168,7 +167,6 @@ def loop_row_observation(row: dict[str, Any], target: str, db: str | None = None
 
 def records_file_entries(path: str) -> tuple[list[tuple[str, dict[str, Any], dict[str, Any]]], list[dict[str, Any]]]:
     """(probe triples, loop rows) of a records file (``planner.calibration.records.load_records``)."""
-    from planner.calibration.records import load_records
 
     data = load_records(path)
     probes = [(str(p["probe_id"]), p["request"], p["result"]) for p in data.get("probes", [])]

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.files.atomic import read_json_file
+from planner.job.inputs import job_fields
+from planner.planning.predicting import check, predict
 from store.errors import InputError
 from store.gpus import gpu_for_device
 
@@ -49,7 +52,6 @@ def load_records(path: str | Path) -> dict[str, Any]:
     """A records file (``about``, ``sft``, ``probes``); InputError (one line) for a file that is missing, not
     JSON, nested beyond reason, or not of that shape: ``sft`` a list of objects, ``probes`` a list of objects
     each with a ``probe_id`` and the ``request`` and ``result`` objects."""
-    from planner.files.atomic import read_json_file
 
     data = read_json_file(path, "--records")
     if not isinstance(data, dict) or not {"sft", "probes"} & set(data):
@@ -86,7 +88,6 @@ def host_gib(device: dict[str, Any]) -> str:
 
 def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
     """A user-style loop row: ``planner.check`` of its exact ds_config on the GPU its device names."""
-    from planner.planning.predicting import check
 
     workload, measured, device = row["workload"], row["measured"], row["device"]
     gpu = _catalog_gpu(device)
@@ -128,7 +129,6 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
 
 def _probe_job(request: dict[str, Any], gpu: str) -> dict[str, Any]:
     """The probe request's job on the catalog GPU its fingerprint names."""
-    from planner.job.inputs import job_fields
 
     return {**job_fields(request["workload"], request["hardware"]), "gpu": gpu}
 
@@ -150,7 +150,6 @@ def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
 
     None for a probe that did not finish (``outcome`` other than ok): it measured no peak.
     """
-    from planner.planning.predicting import predict
 
     request, result = record["request"], record["result"]
     if result.get("outcome") != "ok":

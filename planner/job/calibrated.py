@@ -14,6 +14,7 @@ from planner.job.inputs import ResolvedJob
 from planner.job.target import target_hardware
 from search import Coefficients
 from search.calibration import CALIBRATION_VERSION, apply_values
+from store.db import database_exists, open_storage
 from store.errors import InputError
 from store.gpus import GENERIC_PREFIX
 
@@ -28,7 +29,6 @@ def _shown(text: str, limit: int) -> str:
 
 def _record(choice: str, target: str, db: str | None) -> tuple[Any, str]:
     """(the calibration record or None, why there is none)."""
-    from store.db import database_exists, open_storage
 
     if not database_exists(db):
         if choice != "auto":  # an id the user named is never silently replaced by the defaults

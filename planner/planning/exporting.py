@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from launch.frameworks import DEFAULT_OUTPUTS, check_format, file_layout, render
 from planner.files.atomic import checked_output, write_configs, write_texts
+from planner.job.inputs import resolve
 from planner.planning.saved import plan, plan_job
+from search.frameworks import differences
+from store.frameworks import DEFAULT_FRAMEWORK
+from store.records import RLHFStrategy, Strategy
 
 if TYPE_CHECKING:
     from store.db import PlanRecord
@@ -37,8 +41,6 @@ def write_export(
     extra: dict[str, Any] = {"framework_differences": differ} if differ else {}
     if fmt == "deepspeed":
         return write_configs(target, record.ds_config, force=force), {**record.document, **extra}
-    from planner.job.inputs import resolve
-    from store.records import RLHFStrategy, Strategy
 
     document = record.document
     job = resolve(plan_job(document, record.plan_id), db)
@@ -54,8 +56,6 @@ def write_export(
 def framework_differences(document: dict[str, Any], fmt: str) -> list[str]:
     """What differs between the framework a saved plan was made for and the one format ``fmt`` runs
     (``search.frameworks.differences``); empty for a plan made for ``fmt`` itself."""
-    from search.frameworks import differences
-    from store.frameworks import DEFAULT_FRAMEWORK
 
     workload = document.get("workload") or {}
     planned = workload.get("framework", DEFAULT_FRAMEWORK)

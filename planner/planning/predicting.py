@@ -12,6 +12,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from launch.ds_config_deepspeed import check_with_deepspeed, read_as_deepspeed
+from launch.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
+from planner.files.atomic import read_json_file
+from planner.job.calibrated import calibrated
 from planner.job.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec, ResolvedJob, resolve
 from planner.planning.saved import save_plan
 from planner.planning.suggest import what_would_fit
@@ -93,7 +97,6 @@ def recommend(
     ``rollout`` (RLHF): what may generate the rollout, ``auto`` (all) or a comma-separated list of
     ``hybrid-engine`` (DeepSpeed's own generation), ``vllm`` and ``sglang``.
     """
-    from planner.job.calibrated import calibrated
 
     if not isinstance(top, int) or top < 0:
         raise InputError(f"--top must be a whole number >= 0, not {top!r}")
@@ -191,7 +194,7 @@ def predict(
     db: str | None = None,
     **job: Any,
 ) -> PredictionReport:
-    """The prediction of one fixed strategy (the DESIGN.md strategy shape of the workload) for the job.
+    """The prediction of one fixed strategy (the docs/contracts.md strategy shape of the workload) for the job.
 
     ``calibration`` and ``db`` as for ``recommend``: the newest calibration of the job's GPU, if any.
 
@@ -200,7 +203,6 @@ def predict(
     One whose micro-batches make another batch sets the job's batch, unless ``batch`` was given (then it is
     an InputError).
     """
-    from planner.job.calibrated import calibrated
 
     spec = job_spec(model, job)
     resolved, coef, calibration_block = calibrated(resolve(spec, db), DEFAULT_COEFFICIENTS, choice=calibration, db=db)
@@ -295,10 +297,6 @@ def check(
     it means to DeepSpeed: where deepspeed is installed its own parser reads it (and an InputError says where it
     refuses it); elsewhere memplan's reader, which refuses the same in the blocks it reads.
     """
-    from launch.ds_config_deepspeed import check_with_deepspeed, read_as_deepspeed
-    from launch.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
-    from planner.files.atomic import read_json_file
-    from planner.job.calibrated import calibrated
 
     raw = read_json_file(ds_config, "ds_config") if isinstance(ds_config, (str, Path)) else ds_config
     if not isinstance(model, JobSpec):

@@ -10,8 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.job.inputs import JobSpec, job_fields
+from planner.job.inputs import JobSpec, job_fields, resolve
+from planner.report.plot import write_memory_plot
+from search import replay_timeline
+from store.db import open_storage, would_create
 from store.errors import InputError
+from store.records import RLHFStrategy, Strategy
 
 if TYPE_CHECKING:
     from planner.report.results import Plan
@@ -33,7 +37,6 @@ def _positive_limit(limit: int) -> int:
 
 def save_plan(plan: Plan, db: str | None = None) -> Plan:
     """Store a recommended plan; returns it with the ``plan_id`` the database gave it."""
-    from store.db import open_storage
 
     with open_storage(db) as storage:
         record = storage.save_plan(
@@ -52,7 +55,6 @@ def save_plan(plan: Plan, db: str | None = None) -> Plan:
 
 def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> list[PlanRecord]:
     """Saved plans, newest first (frozen ``store.db.PlanRecord`` values), optionally of one workload kind."""
-    from store.db import open_storage, would_create
 
     limit = _positive_limit(limit)
     if would_create(db):  # none saved; a mistyped --db is not created to say so
@@ -63,7 +65,6 @@ def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> li
 
 def plan(plan_id: str | None = None, db: str | None = None) -> PlanRecord:
     """One saved plan by id or unique id prefix (the latest when None); InputError when there is none."""
-    from store.db import open_storage, would_create
 
     if would_create(db):  # a mistyped --db is not created just to find nothing in it
         where = "" if db is None else f" (database {_one_line(str(db))} does not exist)"
@@ -105,7 +106,6 @@ def probes(
     db: str | None = None, limit: int = 20, model: str | None = None, device: str | None = None
 ) -> list[ProbeRecord]:
     """Stored probes, newest first (frozen ``store.db.ProbeRecord`` values), optionally of one model or device."""
-    from store.db import open_storage, would_create
 
     limit = _positive_limit(limit)
     if would_create(db):  # none saved; a mistyped --db is not created to say so
@@ -117,7 +117,6 @@ def probes(
 def calibrations(db: str | None = None, limit: int = 20, target: str | None = None) -> list[CalibrationRecord]:
     """Stored calibrations, newest first (frozen ``store.db.CalibrationRecord`` values), optionally of one
     target (``H100-80G``, ``cpu:<model>``)."""
-    from store.db import open_storage, would_create
 
     limit = _positive_limit(limit)
     if would_create(db):  # none saved; a mistyped --db is not created to say so
@@ -144,10 +143,6 @@ def memory_plot(
 ) -> tuple[Path, list[tuple[str, int, int]]]:
     """Draw a saved plan's step from the allocator replay (:mod:`planner.report.plot`) into ``path``; returns
     the file and each phase run's (name, peak allocated, peak reserved) bytes."""
-    from planner.job.inputs import resolve
-    from planner.report.plot import write_memory_plot
-    from search import replay_timeline
-    from store.records import RLHFStrategy, Strategy
 
     record = plan(plan_id, db=db)
     document = record.document

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.files.atomic import write_bytes_atomic
+from store.alloc_stream import decode
+from store.artifacts import ALLOC_STREAM, CUDA_SNAPSHOT, unpack_snapshot
+from store.cuda_snapshot import snapshot_to_stream, stream_to_snapshot
+from store.db import open_storage, would_create
 from store.errors import InputError
 
 if TYPE_CHECKING:
@@ -50,7 +55,6 @@ def probe_stream(probe_id: str, db: str | None = None) -> AllocStream | None:
     A CPU probe's is the stream its tracker recorded; a CUDA probe's is read from its allocator snapshot.
     InputError (one line) for an unknown or ambiguous id.
     """
-    from store.db import open_storage
 
     _no_database(probe_id, db)
     with open_storage(db) as storage:
@@ -69,7 +73,6 @@ def write_probe_snapshot(
 ) -> SnapshotFile:
     """Write :func:`probe_snapshot` as a pickle (atomically) to ``output`` (default
     ``snapshot-<probe id>.pickle``); refuses to overwrite a file unless ``force``."""
-    from planner.files.atomic import write_bytes_atomic
 
     full_id, snapshot, source = _snapshot(probe_id, db)
     path = Path(output) if output is not None else Path(f"snapshot-{full_id}.pickle")
@@ -80,10 +83,6 @@ def write_probe_snapshot(
 
 def _snapshot(probe_id: str, db: str | None) -> tuple[str, dict[str, Any], str]:
     """(the probe's full id, its snapshot, ``"cuda"`` or ``"stream"``)."""
-    from store.alloc_stream import decode
-    from store.artifacts import ALLOC_STREAM, CUDA_SNAPSHOT, unpack_snapshot
-    from store.cuda_snapshot import stream_to_snapshot
-    from store.db import open_storage
 
     _no_database(probe_id, db)
     with open_storage(db) as storage:
@@ -101,10 +100,6 @@ def _snapshot(probe_id: str, db: str | None) -> tuple[str, dict[str, Any], str]:
 
 
 def _stream(storage: BaseStorage, probe_id: str) -> AllocStream | None:
-    from store.alloc_stream import decode
-    from store.artifacts import ALLOC_STREAM, CUDA_SNAPSHOT, unpack_snapshot
-    from store.cuda_snapshot import snapshot_to_stream
-
     record = storage.get_probe(probe_id)
     try:
         stream = storage.load_probe_artifact(record.probe_id, ALLOC_STREAM)
@@ -118,7 +113,6 @@ def _stream(storage: BaseStorage, probe_id: str) -> AllocStream | None:
 
 def _no_database(probe_id: str, db: str | None) -> None:
     """InputError when ``db`` names a database that does not exist yet (it is not created to be read)."""
-    from store.db import would_create
 
     if would_create(db):
         shown = " ".join(str(probe_id).split())[:40]

@@ -14,6 +14,7 @@ from planner.job.inputs import ResolvedJob
 from planner.probing.device import device_coefficients, device_prediction
 from probes.measure.fingerprint import versions as software_versions
 from search import Coefficients, Prediction, predict, search
+from search.batches import micro_batches
 from store.errors import InputError
 from store.measurements import ProbeRequest
 from store.records import RLHFStrategy, Strategy, Workload
@@ -61,8 +62,6 @@ def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int
 
 
 def _grid(job: ResolvedJob) -> Iterator[Strategy | RLHFStrategy]:
-    from search.batches import micro_batches
-
     if job.workload.is_rlhf:
         from store.records import TrainedModelStrategy
 

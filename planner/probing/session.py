@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
+from planner.job.target import device_target
 from planner.probing.device import cpu_probe_dtype
 from planner.probing.limits import check_run
 from planner.probing.plan import (
@@ -26,8 +28,10 @@ from planner.probing.report import build_report
 from planner.probing.runs import ProbeSession
 from planner.report.results import ProbeReport, ProbeRow
 from search import DEFAULT_COEFFICIENTS, Coefficients
+from store.db import open_storage
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
+from store.sizes import parse_size
 
 
 def probe(
@@ -54,8 +58,6 @@ def probe(
     with (strategy label, index, total) before each probe that actually runs. ``calibration`` as for
     ``recommend``, matched to the probed device (``cpu:<model>`` on the CPU backend).
     """
-    from store.db import open_storage
-    from store.sizes import parse_size
 
     device, steps, timeout_s = check_run(device, steps, timeout_s)
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
@@ -134,8 +136,6 @@ def _calibrated(
 ) -> tuple[ResolvedJob, Coefficients, dict[str, Any]]:
     """The job and coefficients with the calibration of the probed device: this CPU on the CPU backend, the
     catalog GPU torch sees on cuda (:mod:`planner.job.calibrated`)."""
-    from planner.job.calibrated import calibrated
-    from planner.job.target import device_target
 
     return calibrated(job, coef, choice=choice, db=db, target=device_target(device))
 

@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from planner.report.results import CalibrationReport, TuneReport
-from planner.report.text import console
+from planner.report.text import console, describe
 
 QUANTITY_NAMES = {"time": "phase time", "peak_allocated": "peak allocated", "peak_reserved": "peak reserved"}
 
@@ -78,7 +78,6 @@ def render_calibrations(records: list[Any]) -> None:
 
 def render_tune(report: TuneReport) -> None:
     """The measured candidates, why the tune stopped, what it cost, and the confirmed plan."""
-    from planner.report.text import describe
 
     console.print(
         f"[bold]tune[/bold] {report.study} on {report.target}: {report.probes_run} probes run "

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from launch.ds_config import outside_settings, render_ds_config
+from launch.frameworks import launch_entries
 from planner.job.inputs import ResolvedJob
 from planner.report.results import Alternative, Predicted, PredictionReport
 from search import Prediction, replay_memory
 from search.model.activations import source as activation_source
 from search.model.activations import variant_sources
+from search.rollout.step import trainer_hardware
 from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
@@ -19,7 +21,6 @@ def _framework_launch(strategy: RLHFStrategy, workload: Workload, hardware: Hard
     """DeepSpeed-Chat, OpenRLHF 0.11, veRL and TRL launch flags and gaps, from the code that writes each
     framework's files (:func:`launch.frameworks.launch_entries`); a plan one of them cannot take gets its reason
     as the gap (the report is never refused for it)."""
-    from launch.frameworks import launch_entries
 
     try:
         return launch_entries(strategy, workload, hardware)
@@ -38,7 +39,6 @@ def alternative(strategy: Strategy | RLHFStrategy, prediction: Prediction) -> Al
 
 def _trainer(strategy: RLHFStrategy, hardware: Hardware) -> Hardware:
     """The GPUs DeepSpeed trains on: all of them, less those a separate rollout engine has to itself."""
-    from search.rollout.step import trainer_hardware
 
     return hardware if strategy.rollout is None else trainer_hardware(hardware, strategy.rollout)
 

@@ -1,4 +1,4 @@
-"""Typed results of the Python API; ``.model_dump()`` is the JSON document of DESIGN.md."""
+"""Typed results of the Python API; ``.model_dump()`` is the JSON document of docs/contracts.md."""
 
 from __future__ import annotations
 

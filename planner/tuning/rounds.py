@@ -22,6 +22,7 @@ from planner.report.results import Plan, TuneReport
 from planner.tuning.study import parse_candidate, predicted_for, probe_candidate, refit_values, step_noise
 from probes.process.jit_lock import pid_alive
 from search import Coefficients, predict
+from search.calibration import apply_values
 from store.errors import InputError
 from store.measurements import ProbeResult
 
@@ -126,8 +127,6 @@ def run_rounds(
     """The tune's rounds (see the module docstring) and its report."""
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
-
-    from search.calibration import apply_values
 
     distribution = {"candidate": CategoricalDistribution(space)}
     measured = _measured_so_far(study)

@@ -28,8 +28,11 @@ from planner.report.results import TuneReport
 from planner.tuning.rounds import run_rounds
 from planner.tuning.study import MAX_PROBES, candidate_space, open_study, study_name
 from search import DEFAULT_COEFFICIENTS, Coefficients
+from store.db import optuna_storage_url
 from store.errors import InputError
+from store.frameworks import DEFAULT_FRAMEWORK
 from store.measurements import ProbeRequest, ProbeResult
+from store.sizes import parse_size
 
 
 def tune(
@@ -57,9 +60,6 @@ def tune(
     database share the work. ``runner`` defaults to ``probes.run_probe``; ``on_progress`` gets one line per
     probe, ``on_note`` the lines about how the job was read (on ``cpu``: the dtype chosen and why).
     """
-    from store.db import optuna_storage_url
-    from store.frameworks import DEFAULT_FRAMEWORK
-    from store.sizes import parse_size
 
     device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
     if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:

@@ -18,6 +18,8 @@ from planner.probing.device import device_coefficients, device_prediction
 from planner.probing.plan import plan_probes
 from planner.probing.runs import ProbeSession, ProbeSettings
 from search import Coefficients, Prediction, predict, search
+from search.calibration import calibrate
+from store.db import connect_args, open_storage
 from store.errors import InputError
 from store.measurements import ProbeResult
 from store.records import RLHFStrategy, Strategy
@@ -109,8 +111,6 @@ def open_study(url: str, name: str, space: list[str]) -> Any:
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    from store.db import connect_args
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with study_errors(url):
         for attempt in range(STUDY_OPEN_ATTEMPTS):
@@ -130,7 +130,6 @@ def open_study(url: str, name: str, space: list[str]) -> Any:
 
 def refit_values(base: Coefficients, target: str, db: str | None, device: str) -> dict[str, float]:
     """Calibration values refit to every stored probe of the device (no held-out pass: that is for the end)."""
-    from search.calibration import calibrate
 
     try:
         return dict(
@@ -150,7 +149,6 @@ def probe_candidate(
 ) -> tuple[str, ProbeResult, bool]:
     """(probe id, result, whether it ran now) of the candidate at full depth: a stored probe of the same
     request is reused, so a resumed tune runs nothing twice."""
-    from store.db import open_storage
 
     planned = plan_probes(
         job,

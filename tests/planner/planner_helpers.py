@@ -86,7 +86,7 @@ def _is_int(value: Any) -> bool:
 
 
 def check_predicted_block(predicted: dict[str, Any], hardware: dict[str, Any]) -> None:
-    """The invariants of one ``predicted`` block (DESIGN.md): integer bytes, reserved >= allocated,
+    """The invariants of one ``predicted`` block (docs/contracts.md): integer bytes, reserved >= allocated,
     the breakdown adds up to the peak phase's reserved bytes, the budget is below the GPU's memory.
     """
     for key in ("peak_allocated_bytes", "peak_reserved_bytes", "gpu_budget_bytes", "host_bytes"):

@@ -358,7 +358,7 @@ _SIZE = re.compile(r"^\s*\d+(\.\d+)? *([KMGT](i?B)?|B)?\s*$", re.IGNORECASE | re
 
 
 def _could_be_size(text: str) -> bool:
-    """What DESIGN.md calls a memory size (24G, 24GB, 24GiB, 24576MiB, 25769803776), read independently of
+    """What docs/contracts.md calls a memory size (24G, 24GB, 24GiB, 24576MiB, 25769803776), read independently of
     ``store.sizes``; text that is not one must be refused."""
     return bool(_SIZE.match(text))
 

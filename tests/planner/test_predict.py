@@ -38,7 +38,7 @@ def test_inline_json_and_file_give_the_same_prediction(cli: Cli, tmp_path: Path)
     assert set(inline["strategy"]) == STRATEGY_KEYS
     for key, value in strategy.items():
         assert inline["strategy"][key] == value
-    # Keys left out take the single-model defaults of DESIGN.md's shape.
+    # Keys left out take the single-model defaults of docs/contracts.md's shape.
     assert inline["strategy"]["offload_optimizer"] == "none"
     assert inline["strategy"]["lora_rank"] == 0
 
@@ -129,7 +129,7 @@ def test_checkpointing_shows_in_the_outside_settings(cli: Cli) -> None:
 
 
 def test_zero_partitioning_lowers_peak_memory_over_gpus(cli: Cli) -> None:
-    # On 4 GPUs ZeRO-1 partitions the 12 bytes/param of fp32 optimizer states (DESIGN.md: "ZeRO-1
+    # On 4 GPUs ZeRO-1 partitions the 12 bytes/param of fp32 optimizer states (docs/contracts.md: "ZeRO-1
     # consistently lowers memory"); ZeRO-2 also partitions gradients, so it never needs more than ZeRO-1.
     job = ("--model", "opt-1.3b", "--gpu-mem", "80G", *CPU_MEM, "--gpus", "4", "--batch", "32")
     peak = {}

@@ -1,4 +1,4 @@
-"""``planner recommend --json``: the DESIGN.md document, its invariants, size parsing, monotonicity, saving."""
+"""``planner recommend --json``: the docs/contracts.md document, its invariants, size parsing, monotonicity, saving."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_ds_config_matches_global_batch_and_strategy(opt13_24g) -> None:
     assert ds["zero_optimization"]["stage"] == doc["strategy"]["zero_stage"]
     offload = ds["zero_optimization"].get("offload_optimizer", {}).get("device", "none")
     assert offload == doc["strategy"]["offload_optimizer"]
-    # bf16 is the default dtype (DESIGN.md: --dtype bf16|fp16|fp32, default bf16 on GPUs that have it).
+    # bf16 is the default dtype (docs/contracts.md: --dtype bf16|fp16|fp32, default bf16 on GPUs that have it).
     assert doc["workload"]["dtype"] == "bf16"
     assert ds["bf16"]["enabled"] is True
     assert ds.get("fp16", {}).get("enabled", False) is False

@@ -14,7 +14,7 @@ from store.records import EMPTY_CACHE_POLICIES, RLHFStrategy, Strategy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EVENTS = (*PHASES, "end_step")
-# The policy table of DESIGN.md, written out: the events after which each policy empties the cache.
+# The policy table of docs/rlhf.md, written out: the events after which each policy empties the cache.
 EXPECTED = {
     "never": set(),
     "after-generation": {"generation"},

@@ -25,7 +25,7 @@ from planner.job.inputs import JobSpec
 
 Cli = Callable[..., CliResult]
 JOB_FIELDS = {f.name for f in dataclasses.fields(JobSpec)}
-# What a config or a probe cannot take (DESIGN.md "Interfaces"): the rest is every JobSpec field.
+# What a config or a probe cannot take (docs/contracts.md "Interfaces"): the rest is every JobSpec field.
 NOT_OFFERED = {
     "recommend": set(),
     "predict": set(),

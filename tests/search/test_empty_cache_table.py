@@ -15,7 +15,7 @@ from search.step.fragments import release_plan
 from store.phases import EMPTY_CACHE_AFTER, END_STEP, PHASES, empties_after
 from store.records import EMPTY_CACHE_POLICIES
 
-# What each policy means, written out from DESIGN.md (not read from the table under test).
+# What each policy means, written out from docs/rlhf.md (not read from the table under test).
 EXPECTED_AFTER = {
     "never": set(),
     "after-generation": {"generation"},
