@@ -53,14 +53,14 @@ __all__ = [
 def chunked_causal_lm_loss(hidden_states: Any, lm_head: Any, labels: Any, vocab_size: int) -> Any:
     """A plan's ``loss: "chunked"`` in your own loop: HF's causal-LM loss over chunks of tokens, never the
     whole logits (see ``probes.model.chunked_loss``; imports torch on first use)."""
-    from probes.model.chunked_loss import chunked_causal_lm_loss as chunked
+    from probes.model.chunked_loss import chunked_causal_lm_loss as chunked  # lazy on purpose: probes loads torch
 
     return chunked(hidden_states, lm_head, labels, vocab_size)
 
 
 def causal_lm_hidden_states(model: Any, input_ids: Any) -> Any:
     """The final hidden states of a transformers causal LM, the input of :func:`chunked_causal_lm_loss`."""
-    from probes.model.chunked_loss import causal_lm_hidden_states as hidden
+    from probes.model.chunked_loss import causal_lm_hidden_states as hidden  # lazy on purpose: probes loads torch
 
     return hidden(model, input_ids)
 

@@ -1,6 +1,7 @@
 """The ``planner`` command line: a thin loop over ``planner.api`` (one module per subcommand).
 
-Bad input of any kind prints one line on stderr and exits with code 2.
+Bad input of any kind prints one line on stderr and exits with code 2. Each command imports the API inside its
+function, on purpose: ``planner --help`` and a mistyped option load typer and nothing else of memplan's.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def _missing_keys(shape: dict[str, Any], setting: tuple[str, str] | None) -> tup
 
 def _with_terms(shape: dict[str, Any], config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """``shape`` with the activation terms of ``keys`` traced now (imports torch and transformers)."""
-    from probes.trace.terms import trace_all_terms
+    from probes.trace.terms import trace_all_terms  # lazy on purpose: probes loads torch
 
     print(
         f"memplan: tracing the activations of {config.get('model_type')} for {', '.join(keys)} on the meta device; "

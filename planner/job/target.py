@@ -35,7 +35,7 @@ def detected_target() -> str:
 def device_target(device: str) -> str:
     """The target of the device this machine probes: its GPU 0 (as torch sees it) on cuda, this CPU on the CPU
     backend; ``cuda:unknown GPU`` where torch sees no GPU (the probe itself will say why it cannot run)."""
-    from probes.measure.fingerprint import fingerprint, host_fingerprint
+    from probes.measure.fingerprint import fingerprint, host_fingerprint  # lazy on purpose: probes loads torch
 
     if device == "cuda":
         import torch

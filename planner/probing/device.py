@@ -16,7 +16,7 @@ def cpu_probe_dtype(spec: JobSpec, device: str, on_note: Callable[[str], None] |
     processor without them is kept, with a one-line warning that it will be slow. CUDA jobs are unchanged."""
     if device != "cpu" or spec.dtype not in (None, "bf16"):
         return spec
-    from probes.measure.cpu_support import cpu_bf16_slow_reason, cpu_fast_dtype
+    from probes.measure.cpu_support import cpu_bf16_slow_reason, cpu_fast_dtype  # lazy on purpose: probes loads torch
 
     line: str | None
     if spec.dtype is None:

@@ -17,7 +17,7 @@ from search import Coefficients, Prediction, predict, search
 from search.batches import micro_batches
 from store.errors import InputError
 from store.measurements import ProbeRequest
-from store.records import RLHFStrategy, Strategy, Workload
+from store.records import RLHFStrategy, Strategy, TrainedModelStrategy, Workload
 
 CPU_FULL_MODEL_LIMIT = 200_000_000  # parameters: larger models are only probed layer-cut on the CPU
 
@@ -63,8 +63,6 @@ def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int
 
 def _grid(job: ResolvedJob) -> Iterator[Strategy | RLHFStrategy]:
     if job.workload.is_rlhf:
-        from store.records import TrainedModelStrategy
-
         per_gpu = job.workload.global_batch // job.hardware.world_size
         sequences = per_gpu * job.workload.samples_per_prompt
         for stage in (2, 3):
@@ -168,7 +166,7 @@ def check_ranks(job: ResolvedJob, device: str) -> None:
     gpus = job.hardware.gpus
     if gpus == 1:
         return
-    from probes.model.build import MAX_CPU_RANKS, max_ranks
+    from probes.model.build import MAX_CPU_RANKS, max_ranks  # lazy on purpose: probes loads torch
 
     present = max_ranks(device)
     if gpus > present:

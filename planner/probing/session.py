@@ -66,7 +66,7 @@ def probe(
     resolved = resolve(spec, db)  # a traced model's shape is cached in the probe's own database
     check_ranks(resolved, device)
     if device == "cpu":
-        from probes.measure.cpu_support import cpu_dtype_unsupported_reason
+        from probes.measure.cpu_support import cpu_dtype_unsupported_reason  # lazy on purpose: probes loads torch
 
         reason = cpu_dtype_unsupported_reason(resolved.workload.dtype)
         if reason is not None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from launch.ds_config import outside_settings, render_ds_config
 from launch.frameworks import launch_entries
+from launch.rlhf_config import render_rlhf_ds_configs, rlhf_outside_settings
 from planner.job.inputs import ResolvedJob
 from planner.report.results import Alternative, Predicted, PredictionReport
 from search import Prediction, replay_memory
@@ -80,17 +81,15 @@ def prediction_report(
         "calibration": calibration,
     }
     if isinstance(strategy, RLHFStrategy):
-        from launch.rlhf_config import render_rlhf_ds_configs, rlhf_outside_settings
-
-        launch: dict[str, list[str]] = {}
+        launch_flags: dict[str, list[str]] = {}
         gaps: dict[str, list[str]] = {}
         for name, entry in _framework_launch(strategy, job.workload, job.hardware).items():
-            launch[name], gaps[name] = entry["flags"], entry["gaps"]
+            launch_flags[name], gaps[name] = entry["flags"], entry["gaps"]
         return PredictionReport(
             **common,
             ds_configs=render_rlhf_ds_configs(strategy, job.workload, _trainer(strategy, job.hardware)),
             outside_settings=rlhf_outside_settings(strategy),
-            launch={name: flags for name, flags in launch.items() if flags},
+            launch={name: flags for name, flags in launch_flags.items() if flags},
             launch_gaps={name: notes for name, notes in gaps.items() if notes},
         )
     return PredictionReport(

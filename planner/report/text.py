@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from planner.job.calibrated import calibration_line
 from planner.report.results import CheckResult, Plan, Predicted, PredictionReport, ProbeReport
 from store.records import RLHFStrategy, Strategy
 from store.sizes import format_bytes
@@ -85,8 +86,6 @@ def _header(report: PredictionReport) -> None:
     for line in report.readings:
         console.print(f"  [dim]{line}[/dim]")
     if report.calibration is not None:
-        from planner.job.calibrated import calibration_line
-
         console.print(f"  [dim]{calibration_line(report.calibration)}[/dim]")
 
 
