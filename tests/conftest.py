@@ -4,14 +4,19 @@ server (``tests/pg_server.py`` says where it comes from) with an empty database 
 ``PLANNER_DB`` and ``XDG_DATA_HOME`` point at a throwaway folder for the whole session, so a command or API
 call that names no ``db`` (``predict`` looking up a calibration, ``recommend`` saving its plan) meets an
 empty database of its own, never the developer's probes and calibrations.
+
+The tests' helpers in this folder (``tiny_models``, ``script_cases``, ``pg_server``) are importable from every
+test folder under any import mode, and the ``parse`` fixture reads a config with DeepSpeed's own parser.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, required
@@ -75,3 +80,31 @@ def sql_ascii_url(postgres_server: PostgresServer) -> Iterator[str]:
         yield url
     finally:
         postgres_server.drop_database(url)
+
+
+class DataParallelOnly:
+    """``mpu`` stand-in: the one method DeepSpeedConfig asks of it, the data-parallel world size."""
+
+    def __init__(self, world_size: int) -> None:
+        self._world_size = world_size
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._world_size
+
+
+@pytest.fixture
+def parse(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, Any], int], Any]:
+    """Parse a config with DeepSpeed's own DeepSpeedConfig at the given data-parallel world size.
+
+    Without a process group ``DeepSpeedConfig`` would silently fall back to world size 1: ``get_rank`` is
+    patched to 0 (undone after the test) and :class:`DataParallelOnly` reports the world size.
+    """
+    deepspeed = pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda group=None: 0)
+
+    def _parse(config: dict[str, Any], world_size: int) -> Any:
+        return DeepSpeedConfig(json.loads(json.dumps(config)), mpu=DataParallelOnly(world_size))
+
+    return _parse

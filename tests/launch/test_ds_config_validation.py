@@ -12,7 +12,7 @@ World size without a process group: ``DeepSpeedConfig.__init__`` calls ``deepspe
 and, when that works and an ``mpu`` is given, takes the data-parallel world size from
 ``mpu.get_data_parallel_world_size()``. Without an initialized process group ``get_rank`` raises and
 DeepSpeed silently falls back to world size 1, so the tests patch ``deepspeed.comm.get_rank`` to
-return 0 (pytest's monkeypatch, undone after each test) and pass ``DataParallelOnly`` (conftest.py), an ``mpu``
+return 0 (pytest's monkeypatch, undone after each test) and pass ``DataParallelOnly`` (tests/conftest.py), an ``mpu``
 stand-in that reports the hardware's world size. The parsed ``world_size`` is asserted too, so a
 silent fallback to 1 would fail the test.
 """

@@ -9,8 +9,10 @@ The child (:func:`report`) prints that result on one ``MEMPLAN_RESULT <json>`` l
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from probes.process.isolation import PROJECT_ROOT, child_env, release_shared_memory
@@ -21,6 +23,8 @@ RESULT_TAG = "MEMPLAN_RESULT "
 def run_script_case(script: str, name: str, case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Run ``script`` on ``case`` in its own process; the result it reported (assert it did, with its output)."""
     env = child_env("cpu", "default")
+    # the script imports the tests' helpers (tiny_models, script_cases) from this folder, wherever it lives
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), env.get("PYTHONPATH")]))
     try:
         proc = subprocess.run(
             [sys.executable, script, json.dumps(case)],

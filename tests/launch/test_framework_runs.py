@@ -249,5 +249,4 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     report(run_case(json.loads(sys.argv[1])))
