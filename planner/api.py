@@ -4,8 +4,10 @@
     plan = recommend("opt-1.3b", gpu_mem="24G", workload="sft")
 
 Each job-describing function takes the model and the job keywords of ``planner.job.inputs.JobSpec`` (whose
-field defaults are the defaults), or a JobSpec (keywords then override its fields); it returns a typed
-pydantic result and raises ``store.errors.InputError`` for bad input. Every CLI command is a thin call of one
+field defaults are the defaults), or a JobSpec (keywords then override its fields). The keywords are typed
+(``JobKeywords``: a type checker checks them); sizes are strings with a unit (``gpu_mem="24G"``) or ints of
+bytes. Each returns one typed pydantic result (``Plan``, ``PredictionReport``, ``CheckResult``, ``ProbeReport``,
+``TuneReport``) and raises ``store.errors.InputError`` for bad input. Every CLI command is a thin call of one
 of these:
 
 - plans: ``recommend``, ``predict``, ``check`` (``planner.planning.predicting``); ``plans``, ``plan``,
@@ -19,29 +21,46 @@ of these:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from typing_extensions import Unpack
+
 from planner.calibration.fit import calibrate
-from planner.job.inputs import JobSpec
+from planner.job.inputs import JobKeywords, JobSpec
 from planner.planning.exporting import export
 from planner.planning.predicting import JOB_FIELDS, check, empty_cache_effect, job_spec, predict, recommend
 from planner.planning.saved import calibrations, memory_plot, plan, plans, probes
 from planner.planning.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
 from planner.probing.device import PROBE_GPU_MEM
 from planner.probing.session import probe as run_probe_session
-from planner.report.results import CalibrationReport, CheckResult, Plan, PredictionReport, TuneReport
+from planner.report.results import (
+    SCHEMA_VERSION,
+    CalibrationReport,
+    CheckResult,
+    Plan,
+    PredictionReport,
+    ProbeReport,
+    TuneReport,
+)
 from planner.runtime import EmptyCachePolicy
-from planner.tuning.run import tune
-from search import describe_coefficients
+from planner.tuning.run import tune as run_tune
+from search import Coefficients, describe_coefficients
+from store.measurements import ProbeRequest, ProbeResult
 
 __all__ = [
     "CalibrationReport",
     "CheckResult",
     "EmptyCachePolicy",
+    "JobKeywords",
     "JobSpec",
     "Plan",
     "PredictionReport",
+    "ProbeOptions",
+    "ProbeReport",
+    "SCHEMA_VERSION",
+    "TuneOptions",
     "TuneReport",
     "calibrate",
     "calibrations",
@@ -63,17 +82,59 @@ __all__ = [
 ]
 
 
-def probe(model: str | JobSpec, *, device: str = "cuda", **options: Any) -> Any:
+class ProbeOptions(JobKeywords, total=False):
+    """The keywords of ``probe`` beside ``device``: the job's (``JobKeywords``) and the probe's own, as
+    ``planner.probing.session.probe`` takes them."""
+
+    strategies: str
+    steps: int
+    layers: str | None
+    timeout_s: float
+    memory_cap: str | int | None
+    force: bool
+    db: str | None
+    on_progress: Callable[[str, int, int], None] | None
+    on_note: Callable[[str], None] | None
+    coefficients: Coefficients
+    runner: Callable[[ProbeRequest], ProbeResult] | None
+    calibration: str
+
+
+class TuneOptions(JobKeywords, total=False):
+    """The keywords of ``tune``: the job's (``JobKeywords``) and the tune's own, as ``planner.tuning.run.tune``
+    takes them."""
+
+    device: str
+    steps: int
+    timeout_s: float
+    max_probes: int
+    memory_cap: str | int | None
+    study: str | None
+    db: str | None
+    calibration: str
+    coefficients: Coefficients
+    runner: Callable[[ProbeRequest], ProbeResult] | None
+    on_progress: Callable[[str], None] | None
+    on_note: Callable[[str], None] | None
+
+
+def probe(model: str | JobSpec, *, device: str = "cuda", **options: Unpack[ProbeOptions]) -> ProbeReport:
     """Run strategies for a few real steps and compare with the prediction (``planner.probing.session.probe``).
 
     Where the job names neither ``gpu_mem`` nor ``gpu``, the probe plans for ``PROBE_GPU_MEM[device]``
     (80G on cuda, 24G on the CPU backend).
     """
-    job = {k: options.pop(k) for k in JOB_FIELDS if k in options}
-    spec = job_spec(model, job)
+    spec = job_spec(model, {k: v for k, v in options.items() if k in JOB_FIELDS})
+    rest: dict[str, Any] = {k: v for k, v in options.items() if k not in JOB_FIELDS}
     if spec.gpu_mem is None and spec.gpu is None:
         spec = replace(spec, gpu_mem=PROBE_GPU_MEM.get(device, PROBE_GPU_MEM["cuda"]))
-    return run_probe_session(spec, device=device, **options)
+    return run_probe_session(spec, device=device, **rest)
+
+
+def tune(model: str | JobSpec, **options: Unpack[TuneOptions]) -> TuneReport:
+    """Probe the best candidates, refit the cost model and save a confirmed plan (``planner.tuning.run.tune``,
+    whose docstring says how)."""
+    return run_tune(model, **options)
 
 
 def coefficients() -> list[dict[str, Any]]:

@@ -8,11 +8,13 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.job.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec
+from planner.job.inputs import CONFIG_WORKLOAD, JobSpec
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.
 # --batch stays: it fills a transformers config's "auto" batch keys (and must agree with a config's own batch)
 NOT_IN_A_CONFIG = ("prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt")
+# What planner export wrote beside the config (planner.planning.outside): the plan's knobs outside DeepSpeed's keys.
+EXPORTED = "the plan's, from <config>.memplan.json beside a config planner export wrote"
 
 
 @job_options(omit=NOT_IN_A_CONFIG, defaults={"workload": CONFIG_WORKLOAD})
@@ -20,17 +22,20 @@ def check_command(
     job: JobSpec,
     ds_config: Annotated[Path, typer.Argument(help="The ds_config.json to check.")],
     grad_ckpt: Annotated[
-        bool, typer.Option("--grad-ckpt/--no-grad-ckpt", help="The model uses checkpointing.")
-    ] = STRATEGY_DEFAULTS["gradient_checkpointing"],
-    lora_rank: Annotated[int, typer.Option("--lora-rank", help="LoRA rank (0: full fine-tune).")] = STRATEGY_DEFAULTS[
-        "lora_rank"
-    ],
+        bool | None,
+        typer.Option("--grad-ckpt/--no-grad-ckpt", help=f"The model uses checkpointing (default: {EXPORTED}, or off)."),
+    ] = None,
+    lora_rank: Annotated[
+        int | None, typer.Option("--lora-rank", help=f"LoRA rank, 0: full fine-tune (default: {EXPORTED}, or 0).")
+    ] = None,
     empty_cache: Annotated[
-        str, typer.Option("--empty-cache", help="Where empty_cache() is called.")
-    ] = STRATEGY_DEFAULTS["empty_cache"],
-    allocator: Annotated[str, typer.Option("--allocator", help="default or expandable-segments.")] = STRATEGY_DEFAULTS[
-        "allocator"
-    ],
+        str | None,
+        typer.Option("--empty-cache", help=f"Where empty_cache() is called (default: {EXPORTED}, or never)."),
+    ] = None,
+    allocator: Annotated[
+        str | None,
+        typer.Option("--allocator", help=f"default or expandable-segments (default: {EXPORTED}, or default)."),
+    ] = None,
     json_out: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict.")] = False,
     db: Db = None,
@@ -39,7 +44,9 @@ def check_command(
     """Check whether a DeepSpeed config is predicted to fit: exit 0 fits, 1 does not fit, 2 bad input.
 
     The config means what it means to DeepSpeed: its own parser reads it where deepspeed is installed, and a
-    config DeepSpeed refuses is bad input.
+    config DeepSpeed refuses is bad input. A config that planner export wrote brings its plan's LoRA rank,
+    checkpointing, empty_cache and allocator (ds_config.memplan.json beside it): an option that contradicts
+    them is bad input.
 
     Example: planner check ds_config.json --model opt-1.3b --gpu-mem 24G --seq-len 512
     """

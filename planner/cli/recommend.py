@@ -1,4 +1,5 @@
-"""``planner recommend``: the fastest strategy predicted to fit."""
+"""``planner recommend``: the fastest strategy predicted to fit. Exit 0 a plan fits, 1 nothing fits (the closest plan
+is printed and saved all the same, with what would fit), 2 bad input."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def recommend_command(
 ) -> int:
     """Recommend the memory strategy that fits at the least step time, and save it as a plan.
 
+    Exit 0 when a strategy fits; 1 when none does (the closest is printed and saved, with what would fit);
+    2 for bad input.
+
     Example: planner recommend --model opt-1.3b --gpu-mem 24G --workload sft
     """
     from planner.api import recommend
@@ -43,4 +47,4 @@ def recommend_command(
         from planner.report.text import render_plan
 
         render_plan(plan)
-    return 0
+    return 0 if plan.fits else 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 from planner.job.model_shapes import resolve_model, shapes_saved_on_success
 from store.errors import InputError
@@ -66,6 +66,35 @@ class JobSpec:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+class JobKeywords(TypedDict, total=False):
+    """The job keywords of the Python API (``recommend``, ``predict``, ``check``, ``probe``, ``tune``): every
+    ``JobSpec`` field but ``model``, with its type, so that a type checker checks a caller's keywords
+    (``**job: Unpack[JobKeywords]``). Defaults and meanings are JobSpec's; sizes (``gpu_mem``, ``cpu_mem``) are
+    a string with a unit (``"24G"``, ``"24GiB"``, ``"24576MiB"``) or an int of bytes, never a bare ``24``.
+    """
+
+    workload: str
+    gpu_mem: str | int | None
+    gpu: str | None
+    gpus: int
+    nodes: int
+    cpu_mem: str | int | None
+    batch: int | None
+    seq_len: int | None
+    prompt_len: int | None
+    gen_len: int | None
+    dtype: str | None
+    attn_impl: str | None
+    ref_model: str | None
+    critic_model: str | None
+    reward_model: str | None
+    nvme_path: str | None
+    safety_margin: float
+    ppo_epochs: int
+    samples_per_prompt: int | None
+    framework: str
+
+
 @dataclass(frozen=True)
 class ResolvedJob:
     """A JobSpec made concrete, with a line for each value that was read or assumed."""
@@ -104,6 +133,27 @@ def _positive_int(value: Any, flag: str) -> int:
     return value
 
 
+# No GPU or node has less memory than this: a smaller size is a unit left out (``gpu_mem=24`` for "24G").
+MIN_MEMORY = 2**20
+
+
+def memory_size(value: Any, flag: str) -> int:
+    """Bytes of a GPU's or a node's memory: a size with a unit (``24G``) or an int of bytes (``store.sizes``).
+
+    Below ``MIN_MEMORY`` (1 MiB) it is an InputError: a bare ``24`` would mean 24 bytes, never what was meant.
+    """
+    size = parse_size(value, flag)
+    if size < MIN_MEMORY:
+        text = " ".join(str(value).split())
+        if isinstance(value, (int, float)) or text.isdigit():
+            raise InputError(
+                f"{flag} {text} would mean {text} bytes: write the unit, like {text}G ({text} GiB), "
+                "or give the size in bytes"
+            )
+        raise InputError(f"{flag} {text} is less than 1 MiB: write the memory with its unit, like 24G")
+    return size
+
+
 def resolve_hardware(spec: JobSpec, readings: list[str]) -> Hardware:
     """The Hardware record of ``spec``: catalog GPU and/or ``--gpu-mem``, counts and host memory."""
     gpus = _positive_int(spec.gpus, "--gpus")
@@ -114,7 +164,7 @@ def resolve_hardware(spec: JobSpec, readings: list[str]) -> Hardware:
         raise InputError("say which GPU: --gpu-mem 24G, or --gpu NAME (for example --gpu A100-80G)")
     gpu = get_gpu(spec.gpu) if spec.gpu is not None else None
     if spec.gpu_mem is not None:
-        memory = parse_size(spec.gpu_mem, "--gpu-mem")
+        memory = memory_size(spec.gpu_mem, "--gpu-mem")
         readings.append(f"GPU memory: {describe_size(spec.gpu_mem, memory)}")
         if gpu is None:
             gpu = generic_gpu(memory)
@@ -123,7 +173,7 @@ def resolve_hardware(spec: JobSpec, readings: list[str]) -> Hardware:
         assert gpu is not None
         memory = gpu.memory_bytes
     if spec.cpu_mem is not None:
-        cpu_memory = parse_size(spec.cpu_mem, "--cpu-mem")
+        cpu_memory = memory_size(spec.cpu_mem, "--cpu-mem")
         readings.append(f"host memory per node: {describe_size(spec.cpu_mem, cpu_memory)}")
     else:
         cpu_memory = host_memory_bytes() or DEFAULT_CPU_MEM

@@ -1,6 +1,8 @@
 """``export --format``: a saved plan written as the files of the framework that runs it.
 
-``deepspeed`` (the default) writes the plan's DeepSpeed config(s) as stored; the other formats
+``deepspeed`` (the default) writes the plan's DeepSpeed config(s) as stored; a single-model plan's config gets
+``<stem>.memplan.json`` beside it, the settings outside the DeepSpeed config that ``planner check`` reads back
+(``planner.planning.outside``). The other formats
 (:data:`launch.frameworks.FORMATS`) rebuild the plan's workload, hardware and strategy from its document and
 render them with :mod:`launch.frameworks`: the files go beside ``-o`` (all or none), and what the framework
 cannot express of the plan comes back with them.
@@ -8,16 +10,18 @@ cannot express of the plan comes back with them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launch.frameworks import DEFAULT_OUTPUTS, check_format, file_layout, render
 from planner.files.atomic import checked_output, write_configs, write_texts
 from planner.job.inputs import resolve
+from planner.planning.outside import sidecar_document, sidecar_path
 from planner.planning.saved import plan, plan_job
 from search.frameworks import differences
 from store.frameworks import DEFAULT_FRAMEWORK
-from store.records import RLHFStrategy, Strategy
+from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
 
 if TYPE_CHECKING:
     from store.db import PlanRecord
@@ -40,7 +44,11 @@ def write_export(
     differ = framework_differences(record.document, fmt)
     extra: dict[str, Any] = {"framework_differences": differ} if differ else {}
     if fmt == "deepspeed":
-        return write_configs(target, record.ds_config, force=force), {**record.document, **extra}
+        if record.kind in RLHF_WORKLOADS:  # one config per model
+            return write_configs(target, record.ds_config, force=force), {**record.document, **extra}
+        outside = sidecar_document(record.strategy, plan_id=record.plan_id, config=target, model=record.model)
+        texts = {target: _json(record.ds_config), sidecar_path(target): _json(outside)}
+        return write_texts(texts, force=force), {**record.document, **extra}
 
     document = record.document
     job = resolve(plan_job(document, record.plan_id), db)
@@ -51,6 +59,10 @@ def write_export(
     paths = write_texts({Path(layout[role]): text for role, text in rendered.files.items()}, force=force)
     block = {"format": fmt, "files": layout, "gaps": list(rendered.gaps), "notes": list(rendered.notes)}
     return paths, {**document, "plan_id": record.plan_id, "export": block, **extra}
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2) + "\n"
 
 
 def framework_differences(document: dict[str, Any], fmt: str) -> list[str]:
@@ -75,8 +87,10 @@ def export(
 ) -> tuple[list[Path], dict[str, Any]]:
     """Write a saved plan (the latest by default) in ``format`` to ``output``.
 
-    ``format="deepspeed"`` (the default; ``output`` defaults to ``ds_config.json``) writes the DeepSpeed config;
-    RLHF plans write one config per model beside it (``ds_config.actor.json``, ``ds_config.critic.json``, ...).
+    ``format="deepspeed"`` (the default; ``output`` defaults to ``ds_config.json``) writes the DeepSpeed config,
+    and beside it ``ds_config.memplan.json``: the plan's settings outside DeepSpeed's keys (LoRA rank,
+    checkpointing, ``empty_cache``, allocator), which ``check`` of that config reads back; RLHF plans write one
+    config per model beside ``output`` (``ds_config.actor.json``, ``ds_config.critic.json``, ...).
     ``openrlhf``, ``verl`` (RLHF), ``trl``, ``hf`` and ``accelerate`` (single-model; ``trl`` also GRPO) write that
     framework's files (a launch script, a config and the DeepSpeed config it points at: ``launch.frameworks``);
     the returned document then has an ``export`` block whose ``gaps`` say what the framework cannot express of

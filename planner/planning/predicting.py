@@ -7,16 +7,20 @@ Each returns a typed pydantic result and raises ``store.errors.InputError`` for 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import Unpack
+
 from launch.ds_config_deepspeed import check_with_deepspeed, read_as_deepspeed
 from launch.ds_config_read import dtype_of_ds_config, strategy_from_ds_config
 from planner.files.atomic import read_json_file
 from planner.job.calibrated import calibrated
-from planner.job.inputs import CONFIG_WORKLOAD, STRATEGY_DEFAULTS, JobSpec, ResolvedJob, resolve
+from planner.job.inputs import CONFIG_WORKLOAD, JobKeywords, JobSpec, ResolvedJob, resolve
+from planner.planning.outside import merged_settings, read_sidecar
 from planner.planning.saved import save_plan
 from planner.planning.suggest import what_would_fit
 from planner.report.prediction import alternative, prediction_report
@@ -35,14 +39,14 @@ JOB_FIELDS = tuple(f.name for f in fields(JobSpec))
 SINGLE_MODEL_KNOBS = tuple(sorted({f.name for f in fields(Strategy)} - {f.name for f in fields(RLHFStrategy)}))
 
 
-def job_spec(model: str | JobSpec, job: dict[str, Any]) -> JobSpec:
+def job_spec(model: str | JobSpec, job: Mapping[str, Any]) -> JobSpec:
     """The JobSpec of an API call: ``model`` and the job keywords, or a JobSpec with keywords over its fields."""
     if isinstance(model, JobSpec):
         return replace(model, **job) if job else model
     return JobSpec(model=model, **job)
 
 
-def _job(model: str | JobSpec, job: dict[str, Any], db: str | None = None) -> ResolvedJob:
+def _job(model: str | JobSpec, job: Mapping[str, Any], db: str | None = None) -> ResolvedJob:
     return resolve(job_spec(model, job), db)
 
 
@@ -85,7 +89,7 @@ def recommend(
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     calibration: str = "auto",
     rollout: str = "auto",
-    **job: Any,
+    **job: Unpack[JobKeywords],
 ) -> Plan:
     """The fastest strategy predicted to fit, with its DeepSpeed config and the next best.
 
@@ -192,7 +196,7 @@ def predict(
     *,
     calibration: str = "auto",
     db: str | None = None,
-    **job: Any,
+    **job: Unpack[JobKeywords],
 ) -> PredictionReport:
     """The prediction of one fixed strategy (the docs/contracts.md strategy shape of the workload) for the job.
 
@@ -279,26 +283,39 @@ def check(
     ds_config: dict[str, Any] | str | Path,
     model: str | JobSpec,
     *,
-    gradient_checkpointing: bool = STRATEGY_DEFAULTS["gradient_checkpointing"],
-    lora_rank: int = STRATEGY_DEFAULTS["lora_rank"],
-    empty_cache: str = STRATEGY_DEFAULTS["empty_cache"],
-    allocator: str = STRATEGY_DEFAULTS["allocator"],
+    gradient_checkpointing: bool | None = None,
+    lora_rank: int | None = None,
+    empty_cache: str | None = None,
+    allocator: str | None = None,
+    loss: str | None = None,
     calibration: str = "auto",
     db: str | None = None,
-    **job: Any,
+    **job: Unpack[JobKeywords],
 ) -> CheckResult:
     """Whether a DeepSpeed config (dict or file) is predicted to fit the job's GPU and host memory.
 
     A config runs one trained model, so the workload defaults to ``CONFIG_WORKLOAD`` (sft) rather than the
-    JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``,
-    ``lora_rank``, ``empty_cache``, ``allocator``. The dtype is the config's (a ``dtype`` that contradicts
-    it is an InputError; "auto", as transformers writes it, is the job's); the global batch is the config's (the
-    job's where its batch keys are "auto"). ``calibration`` and ``db`` as for ``recommend``. The config means what
-    it means to DeepSpeed: where deepspeed is installed its own parser reads it (and an InputError says where it
-    refuses it); elsewhere memplan's reader, which refuses the same in the blocks it reads.
+    JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``, ``lora_rank``,
+    ``empty_cache``, ``allocator``, ``loss``. One left out (None) is the strategy's default or, for a config file
+    that ``planner export`` wrote, the plan's own, read from the ``<stem>.memplan.json`` beside it
+    (``planner.planning.outside``); one given that contradicts that file is an InputError. The dtype is the
+    config's (a ``dtype`` that contradicts it is an InputError; "auto", as transformers writes it, is the job's);
+    the global batch is the config's (the job's where its batch keys are "auto"). ``calibration`` and ``db`` as
+    for ``recommend``. The config means what it means to DeepSpeed: where deepspeed is installed its own parser
+    reads it (and an InputError says where it refuses it); elsewhere memplan's reader, which refuses the same in
+    the blocks it reads.
     """
 
     raw = read_json_file(ds_config, "ds_config") if isinstance(ds_config, (str, Path)) else ds_config
+    given = {
+        "gradient_checkpointing": gradient_checkpointing,
+        "lora_rank": lora_rank,
+        "empty_cache": empty_cache,
+        "allocator": allocator,
+        "loss": loss,
+    }
+    exported = read_sidecar(Path(ds_config)) if isinstance(ds_config, (str, Path)) else None
+    outside = merged_settings(given, exported)
     if not isinstance(model, JobSpec):
         job.setdefault("workload", CONFIG_WORKLOAD)
     spec = job_spec(model, job)
@@ -311,12 +328,12 @@ def check(
             raise InputError(f"--dtype {spec.dtype} contradicts the config, which trains in {config_dtype}")
         spec = replace(spec, dtype=config_dtype or spec.dtype)
     resolved, coef, calibration_block = calibrated(resolve(spec, db), DEFAULT_COEFFICIENTS, choice=calibration, db=db)
-    outside = {
-        "gradient_checkpointing": gradient_checkpointing,
-        "lora_rank": lora_rank,
-        "empty_cache": empty_cache,
-        "allocator": allocator,
-    }
+    if exported is not None:
+        settings, where = exported
+        shown = ", ".join(
+            f"{name} {str(value).lower() if isinstance(value, bool) else value}" for name, value in settings.items()
+        )
+        resolved = replace(resolved, readings=(*resolved.readings, f"outside the DeepSpeed config: {shown} ({where})"))
     strategy, _ = strategy_from_ds_config(
         config,
         resolved.hardware.world_size,

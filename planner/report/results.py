@@ -1,4 +1,9 @@
-"""Typed results of the Python API; ``.model_dump()`` is the JSON document of docs/contracts.md."""
+"""Typed results of the Python API; ``.model_dump()`` is the JSON document of docs/contracts.md.
+
+Every document that a command prints with ``--json`` (``Plan``, ``PredictionReport``, ``CheckResult``,
+``ProbeReport``, ``TuneReport``) carries ``schema_version``: its JSON Schema is committed under
+``planner/schema/`` (``python -m planner.schema --write``; docs/plans.md says when the version changes).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,65 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from planner.files.atomic import write_configs
+from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS
+
+# The version of the ``--json`` documents' shape: bumped when a field is removed, renamed or changes meaning
+# (adding a field keeps it). The schemas under planner/schema/ are generated from these models.
+SCHEMA_VERSION = "1"
 
 # Frozen values; each model builds its validator on first use, so a command pays only for the models it makes.
 FROZEN = ConfigDict(frozen=True, defer_build=True)
+
+
+def _versioned(schema: dict[str, Any]) -> None:
+    """A document's JSON Schema: ``schema_version`` is always there (a default in the model, so that documents
+    saved before it read back)."""
+    schema["required"] = ["schema_version", *(name for name in schema.get("required", []) if name != "schema_version")]
+
+
+def _one_config_by_workload(schema: dict[str, Any]) -> None:
+    """A plan's JSON Schema: ``ds_config`` (single-model workloads) or ``ds_configs`` (RLHF), never both."""
+    _versioned(schema)
+    for key in ("ds_config", "ds_configs"):  # never null in the document (``_one_config_key``)
+        schema["properties"][key].pop("anyOf", None)
+        schema["properties"][key].pop("default", None)
+    schema["properties"]["ds_config"]["type"] = "object"
+    schema["properties"]["ds_configs"].update(type="object", additionalProperties={"type": "object"})
+    schema["oneOf"] = [
+        {
+            "description": "single-model workloads: one DeepSpeed config",
+            "required": ["ds_config"],
+            "not": {"required": ["ds_configs"]},
+            "properties": {"workload": {"properties": {"kind": {"enum": list(SINGLE_MODEL_WORKLOADS)}}}},
+        },
+        {
+            "description": "RLHF workloads: one DeepSpeed config per model (actor, critic, reference, reward)",
+            "required": ["ds_configs"],
+            "not": {"required": ["ds_config"]},
+            "properties": {"workload": {"properties": {"kind": {"enum": list(RLHF_WORKLOADS)}}}},
+        },
+    ]
+
+
+DOCUMENT = ConfigDict(frozen=True, defer_build=True, json_schema_extra=_versioned)
+PLAN_DOCUMENT = ConfigDict(frozen=True, defer_build=True, json_schema_extra=_one_config_by_workload)
+
+
+class Versioned(BaseModel):
+    """A ``--json`` document: ``schema_version`` first. A document read back (a saved plan) is the current
+    version once read: what the current model writes."""
+
+    model_config = DOCUMENT
+
+    schema_version: str = Field(default=SCHEMA_VERSION, json_schema_extra={"const": SCHEMA_VERSION})
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _current(cls, value: Any) -> str:
+        return SCHEMA_VERSION
 
 
 class PhaseReport(BaseModel):
@@ -67,10 +125,10 @@ class Alternative(BaseModel):
     predicted: Predicted
 
 
-class PredictionReport(BaseModel):
+class PredictionReport(Versioned):
     """What ``predict`` returns: one fixed strategy and its prediction."""
 
-    model_config = FROZEN
+    model_config = PLAN_DOCUMENT
 
     workload: dict[str, Any]
     hardware: dict[str, Any]
@@ -124,10 +182,10 @@ class Plan(PredictionReport):
     search: dict[str, Any] = {}
 
 
-class CheckResult(BaseModel):
+class CheckResult(Versioned):
     """What ``check`` returns: whether a given DeepSpeed config is predicted to fit."""
 
-    model_config = FROZEN
+    model_config = DOCUMENT
 
     fits: bool
     reasons: list[str]
@@ -221,10 +279,10 @@ class Extrapolation(BaseModel):
     anchored_errors: dict[str, float | None] = {}  # anchored against measured full model
 
 
-class ProbeReport(BaseModel):
+class ProbeReport(Versioned):
     """What ``probe`` returns: every probe row, the per-layer extrapolations and the device."""
 
-    model_config = FROZEN
+    model_config = DOCUMENT
 
     workload: dict[str, Any]
     hardware: dict[str, Any]
@@ -266,7 +324,7 @@ class CalibrationReport(BaseModel):
         return json.dumps(self.model_dump(), indent=2)
 
 
-class TuneReport(BaseModel):
+class TuneReport(Versioned):
     """What ``tune`` returns: the study, what was probed (by this run) and measured (by every run of the
     study), why it stopped, and the confirmed plan (saved, exportable) when a measured plan fits.
 
@@ -275,7 +333,7 @@ class TuneReport(BaseModel):
     ``noise`` (the probe's relative step-time spread), ``predicted_step_time_s`` (by the final calibration).
     """
 
-    model_config = FROZEN
+    model_config = DOCUMENT
 
     study: str
     device: str

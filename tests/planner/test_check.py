@@ -268,3 +268,48 @@ def test_a_batch_that_contradicts_the_config_is_bad_input(cli: Cli, tmp_path: Pa
     assert "--batch 16" in result.err
     agreeing = cli("check", path, "--model", "opt-1.3b", "--gpu-mem", "24G", "--batch", "8", *CPU_MEM, "--quiet")
     assert agreeing.rc in (0, 1), agreeing.err
+
+
+def test_check_of_a_lora_plans_export_needs_no_lora_again(cli: Cli, db: Path, tmp_path: Path) -> None:
+    """``planner export`` writes the plan's knobs outside DeepSpeed's keys beside its config
+    (``ds_config.memplan.json``); ``check`` of that config reads them: the prediction is the plan's."""
+    job = ("--model", "opt-1.3b", "--gpu-mem", "24G", *CPU_MEM)
+    planned = cli("recommend", *job, "--lora-rank", "16", "--json", "--db", db)  # CPU_MEM: sft
+    assert planned.rc == 0, planned.err
+    plan = planned.json()
+    assert plan["strategy"]["lora_rank"] == 16
+    path = tmp_path / "ds_config.json"
+    assert cli("export", plan["plan_id"], "-o", path, "--db", db).rc == 0
+
+    checked = cli("check", path, *job, "--json", "--db", db)
+    assert checked.rc == 0, checked.err
+    report = checked.json()["report"]
+    assert report["strategy"] == plan["strategy"]
+    assert report["predicted"] == plan["predicted"]
+    assert any("ds_config.memplan.json" in line and plan["plan_id"] in line for line in report["readings"])
+
+    from planner import check
+
+    from_api = check(path, "opt-1.3b", gpu_mem="24G", cpu_mem=CPU_MEM[1], db=str(db))
+    assert from_api.report.predicted.model_dump() == plan["predicted"]
+
+    # The same knobs given again agree; one that contradicts the export is bad input, naming the file.
+    same = cli("check", path, *job, "--lora-rank", "16", *_outside_flags(plan["strategy"]), "--json", "--db", db)
+    assert same.rc == 0, same.err
+    assert same.json()["report"]["predicted"] == plan["predicted"]
+    assert_one_error_line(cli("check", path, *job, "--lora-rank", "8", "--db", db), "ds_config.memplan.json")
+    flipped = "--no-grad-ckpt" if plan["strategy"]["gradient_checkpointing"] else "--grad-ckpt"
+    assert_one_error_line(cli("check", path, *job, flipped, "--db", db), "gradient_checkpointing")
+
+    # The config alone (no settings file beside it) is a full fine-tune, as before.
+    (tmp_path / "alone").mkdir()
+    bare = cli("check", _write(tmp_path / "alone", plan["ds_config"]), *job, "--json", "--db", db)
+    assert bare.rc in (0, 1), bare.err
+    assert bare.json()["report"]["strategy"]["lora_rank"] == 0
+
+    # A settings file that is not planner export's is bad input, naming it.
+    sidecar = tmp_path / "ds_config.memplan.json"
+    sidecar.write_text(json.dumps({"settings": {"lora_rank": "sixteen"}}))
+    assert_one_error_line(cli("check", path, *job, "--db", db), "ds_config.memplan.json")
+    sidecar.write_text(json.dumps({"settings": {"zero_stage": 3}}))
+    assert_one_error_line(cli("check", path, *job, "--db", db), "zero_stage")

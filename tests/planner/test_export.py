@@ -129,7 +129,7 @@ def test_export_refuses_to_overwrite_without_force(cli: Cli, two_plans: TwoPlans
     forced = cli("export", "-o", out, "--force", "--db", two_plans.db)
     assert forced.rc == 0, forced.err
     assert json.loads(out.read_text()) == two_plans.second["ds_config"]
-    assert _listing(tmp_path) == ["ds_config.json"]
+    assert _listing(tmp_path) == ["ds_config.json", "ds_config.memplan.json"]  # the settings outside it beside it
 
 
 @pytest.mark.parametrize("which", ["opt13_24g", "nothing_fits"])
@@ -288,7 +288,40 @@ def test_export_api_format_argument(format_plans: FormatPlans, tmp_path: Path, m
 
     monkeypatch.chdir(tmp_path)
     paths, document = export(format_plans.sft, db=str(format_plans.db))  # old call: the DeepSpeed config
-    assert paths == [Path("ds_config.json")] and "export" not in document
+    assert paths == [Path("ds_config.json"), Path("ds_config.memplan.json")] and "export" not in document
     paths, document = export(format_plans.grpo, db=str(format_plans.db), format="openrlhf")
     assert paths == [Path("run_openrlhf.sh")] and document["export"]["format"] == "openrlhf"
     assert document["plan_id"] == format_plans.grpo and document["export"]["gaps"]
+
+
+def test_export_writes_the_settings_outside_the_config_beside_it(cli: Cli, db: Path, tmp_path: Path) -> None:
+    """A single-model plan's export carries its knobs outside DeepSpeed's keys in ``<stem>.memplan.json``; an RLHF
+    plan's per-model configs get none (``check`` reads single-model configs)."""
+    job = ("--model", "opt-125m", "--gpu-mem", "24G", "--cpu-mem", "64G")
+    sft = cli("recommend", *job, "--workload", "sft", "--lora-rank", "8", "--json", "--db", db)
+    assert sft.rc == 0, sft.err
+    doc = sft.json()
+    out = tmp_path / "sft.json"
+    exported = cli("export", doc["plan_id"], "-o", out, "--db", db)
+    assert exported.rc == 0, exported.err
+    sidecar = tmp_path / "sft.memplan.json"
+    assert f"wrote {sidecar}" in exported.out
+    written = json.loads(sidecar.read_text())
+    assert written["plan_id"] == doc["plan_id"] and written["config"] == "sft.json"
+    strategy = doc["strategy"]
+    assert written["settings"] == {
+        "gradient_checkpointing": strategy["gradient_checkpointing"],
+        "lora_rank": 8,
+        "empty_cache": strategy["empty_cache"],
+        "allocator": strategy["allocator"],
+        "loss": strategy.get("loss", "hf"),
+    }
+    assert json.loads(out.read_text()) == doc["ds_config"]  # the DeepSpeed config itself is unchanged
+
+    ppo = cli("recommend", *job, "--workload", "ppo", "--json", "--db", db)
+    assert ppo.rc == 0, ppo.err
+    assert ppo.json()["workload"]["kind"] == "ppo"
+    rlhf = tmp_path / "rlhf"
+    rlhf.mkdir()
+    assert cli("export", ppo.json()["plan_id"], "-o", rlhf / "ds.json", "--db", db).rc == 0
+    assert not [p.name for p in rlhf.iterdir() if "memplan" in p.name]

@@ -1,4 +1,4 @@
-"""When nothing fits: exit 0, fits false, suggestions; LoRA as the fallback of ``--lora-rank auto``."""
+"""When nothing fits: exit 1, fits false, suggestions; LoRA as the fallback of ``--lora-rank auto``."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ def test_huge_model_on_a_small_gpu(nothing_fits) -> None:
     assert all(isinstance(s, str) and s.strip() for s in suggestions)
 
 
-def test_nothing_fits_is_still_exit_0_and_saved(cli: Cli, nothing_fits, db: Path) -> None:
+def test_nothing_fits_is_exit_1_printed_and_saved(cli: Cli, nothing_fits, db: Path) -> None:
     listed = cli("plans", "--json", "--db", nothing_fits.db).json()
     assert nothing_fits.doc["plan_id"] in [d["plan_id"] for d in listed]
     assert all(d["fits"] is False for d in listed)
     human = cli("recommend", *nothing_fits.args, "--db", db)
-    assert human.rc == 0, human.err
+    assert human.rc == 1, human.err  # exit 1: nothing fits; the closest plan and what would fit are printed
+    assert not human.err.strip()
     for line in nothing_fits.doc["suggestions"]:
         assert " ".join(line.split()[:3]) in " ".join(human.out.split())
 
@@ -38,7 +39,7 @@ def test_lora_rank_0_on_a_huge_model(cli: Cli, db: Path) -> None:
         "recommend", "--model", "llama-2-70b", "--gpu-mem", "16G", *CPU_MEM, "--lora-rank", "0",
         "--json", "--db", db,
     )  # fmt: skip
-    assert result.rc == 0, result.err
+    assert result.rc == 1, result.err
     doc = result.json()
     assert doc["fits"] is False
     assert doc["strategy"]["lora_rank"] == 0
@@ -50,7 +51,7 @@ def test_lora_is_the_fallback_when_only_lora_fits(cli: Cli, db: Path) -> None:
     # (~104 GiB) on the GPU or host, so nothing fits; LoRA keeps only the frozen bf16 weights (~12.6 GiB).
     job = ("--model", "llama-2-7b", "--gpu-mem", "24G", "--cpu-mem", "16G", "--workload", "sft")
     full = cli("recommend", *job, "--lora-rank", "0", "--json", "--db", db)
-    assert full.rc == 0, full.err
+    assert full.rc == 1, full.err
     assert full.json()["fits"] is False, "premise: no full fine-tune fits"
 
     auto = cli("recommend", *job, "--json", "--db", db)
