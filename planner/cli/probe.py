@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
+from planner.cli.progress import ProbeLines, interval_s
 from planner.job.inputs import JobSpec
 
 # --gpus N runs N ranks per probe on this node; the offload folder and the safety margin do not apply.
@@ -60,6 +61,9 @@ def probe_command(
     4 ranks; NCCL on cuda, up to the GPUs present) and reports the worst rank. A plan for --nodes K > 1 is
     probed on one node of it (the report says so).
 
+    On a terminal a live bar shows the progress; elsewhere (a pipe, a file, --json) lines on stderr do, with a
+    heartbeat every MEMPLAN_PROGRESS_INTERVAL_S seconds (default 30) while a probe runs.
+
     Example: planner probe --model opt-125m --device cpu --layers 1,2 --steps 3 --gpus 2
     """
     from planner.api import probe
@@ -72,13 +76,21 @@ def probe_command(
         "device": device,
     }
     options.update(memory_cap=memory_cap, force=force, db=db, calibration=calibration)
-    if json_out:
-        report = probe(job, on_note=lambda line: print(line, file=sys.stderr), **options)
-        print(report.to_json())
+    from planner.report.text import console, render_probe_report
+
+    if json_out or not console.is_terminal:  # no live display: plain lines on stderr (planner.cli.progress)
+        with ProbeLines(sys.stderr, timeout, interval_s()) as lines:
+
+            def started(label: str, index: int, total: int) -> None:
+                lines.start(f"probe {index + 1}/{total}: {label}")
+
+            report = probe(job, on_progress=started, on_note=lines.note, **options)
+        if json_out:
+            print(report.to_json())
+        else:
+            render_probe_report(report)
         return 0
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from planner.report.text import console, render_probe_report
 
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from planner.cli.options import Calibration, Db, Json, job_options
+from planner.cli.progress import ProbeLines, interval_s
 from planner.job.inputs import JobSpec
 
 NOT_TUNED = ("nodes", "nvme_path")  # a tune probes the plan on this node's --gpus
@@ -42,25 +43,28 @@ def tune_command(
     calibration: Calibration = "auto",
 ) -> int:
     """Probe the candidates the cost model ranks first until a measured plan fits and nothing untested is
-    predicted faster; save that plan (planner export writes its config). Run again to resume.
+    predicted faster; save that plan (planner export writes its config). Run again to resume. Each probe
+    prints a line on stderr as it starts, and a heartbeat every MEMPLAN_PROGRESS_INTERVAL_S seconds (default
+    30) while it runs.
 
     Example: planner tune --model opt-1.3b --gpu-mem 24G --workload sft --max-probes 6
     """
     from planner import tune
 
-    report = tune(
-        job,
-        device=device,
-        max_probes=max_probes,
-        steps=steps,
-        timeout_s=timeout,
-        memory_cap=memory_cap,
-        study=study,
-        db=db,
-        calibration=calibration,
-        on_progress=lambda line: print(line, file=sys.stderr),
-        on_note=lambda line: print(line, file=sys.stderr),
-    )
+    with ProbeLines(sys.stderr, timeout, interval_s()) as lines:  # a line per probe, then its heartbeat
+        report = tune(
+            job,
+            device=device,
+            max_probes=max_probes,
+            steps=steps,
+            timeout_s=timeout,
+            memory_cap=memory_cap,
+            study=study,
+            db=db,
+            calibration=calibration,
+            on_progress=lines.start,
+            on_note=lines.note,
+        )
     if json_out:
         print(report.to_json())
     else:

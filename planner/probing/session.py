@@ -1,9 +1,10 @@
 """``planner.probe``: run strategies for a few real steps, store what happened, compare with the cost model.
 
 Reads top to bottom: choose the strategies, decide the depths (layer cuts), build one ProbeRequest per
-(strategy, depth), skip those the database already holds (unless ``force``), resume an interrupted run
-of the same requests, run the rest one process each, then put measured beside predicted and, for cut
-models, extrapolate per layer to the full depth.
+(strategy, depth), skip those the database already holds (unless ``force``; a timeout only when it had at
+least this timeout), resume an interrupted run of the same requests, say how long the rest will take when
+that is minutes (:mod:`planner.probing.estimate`), run them one process each, then put measured beside
+predicted and, for cut models, extrapolate per layer to the full depth.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target
 from planner.probing.device import cpu_probe_dtype
+from planner.probing.estimate import cost_note, planned_costs
 from planner.probing.limits import check_run
 from planner.probing.plan import (
+    PlannedProbe,
     check_ranks,
     choose_strategies,
     depth_label,
@@ -25,7 +28,7 @@ from planner.probing.plan import (
     plan_probes,
 )
 from planner.probing.report import build_report
-from planner.probing.runs import ProbeSession
+from planner.probing.runs import ProbeSession, reusable
 from planner.report.results import ProbeReport, ProbeRow
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from store.db import open_storage
@@ -98,15 +101,27 @@ def probe(
         keys = [p.key for p in planned]
         run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
         done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
-        # what each probe reuses from the store (looked up once): nothing with force, except this run's own
-        stored = {
-            item.key: session.stored(item) if (not force or item.key in done_in_this_run) else None for item in planned
+        # what each probe reuses from the store (looked up once): nothing with force, except this run's own; a
+        # timeout only when it had at least this --timeout (planner.probing.runs.reusable)
+        found = {
+            item.key: session.find(item) if (not force or item.key in done_in_this_run) else None for item in planned
         }
+        stored: dict[str, Any] = dict.fromkeys(found)
+        for item in planned:
+            known = found[item.key]
+            if known is not None and reusable(known, item.request):
+                stored[item.key] = known
+        to_run = [item for item in planned if stored[item.key] is None]
         try:  # DeepSpeed's ops, built before the first probe (OpBuildError is an InputError)
-            session.prepare([item.request for item in planned if stored[item.key] is None])
+            session.prepare([item.request for item in to_run])
         except (InputError, KeyboardInterrupt):  # a failed build, Ctrl-C or SIGTERM while building
             storage.finish_run(run.run_id, status="interrupted")
             raise
+        if on_note is not None:
+            costs = planned_costs(probed, to_run, device=device, steps=steps, coef=coefficients, timed=cpu_timed)
+            estimate = cost_note(costs, device=device, timed=cpu_timed, less=PROBE_LESS)
+            for line in [*_timeout_notes(planned, found, stored, timeout_s), *([estimate] if estimate else [])]:
+                on_note(line)
         try:
             for index, item in enumerate(planned):
                 known = stored[item.key]
@@ -129,6 +144,37 @@ def probe(
         storage.close()
     report = build_report(probed, device, run.run_id, rows, fingerprint, coefficients, notes=notes)
     return report.model_copy(update={"calibration": calibration_block})
+
+
+PROBE_LESS = "--layers 1, --steps 2, a smaller --batch, --seq-len or model"
+
+
+def _timeout_notes(
+    planned: list[PlannedProbe], found: dict[str, Any], stored: dict[str, Any], timeout_s: float
+) -> list[str]:
+    """A line for stored timeouts run again (they had a shorter timeout than ``timeout_s``) and one for those
+    shown as stored (they had at least ``timeout_s``)."""
+    again = [found[p.key] for p in planned if found[p.key] is not None and stored[p.key] is None]
+    kept = [stored[p.key] for p in planned if stored[p.key] is not None and stored[p.key].result.outcome == "timeout"]
+    lines = []
+    if again:
+        longest = max(float(k.request.timeout_s) for k in again)
+        lines.append(
+            f"{_count(again)} timed out before under a shorter --timeout (up to {longest:g} s): "
+            f"running {'them' if len(again) > 1 else 'it'} again with --timeout {timeout_s:g} s"
+        )
+    if kept:
+        longest = max(float(k.request.timeout_s) for k in kept)
+        lines.append(
+            f"{_count(kept)} timed out before under --timeout {longest:g} s (this run gives {timeout_s:g} s) and "
+            f"{'are' if len(kept) > 1 else 'is'} shown as stored: a --timeout above {longest:g} s runs "
+            f"{'them' if len(kept) > 1 else 'it'} again"
+        )
+    return lines
+
+
+def _count(items: list[Any]) -> str:
+    return f"{len(items)} stored probe{'s' if len(items) > 1 else ''}"
 
 
 def _calibrated(

@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +17,21 @@ from planner.calibration.fit import calibrate
 from planner.job.calibrated import calibrated
 from planner.job.inputs import ResolvedJob
 from planner.planning.saved import save_plan
+from planner.probing.estimate import cost_note, device_step_time, probe_cost
+from planner.probing.plan import PlannedProbe
 from planner.probing.runs import ProbeSettings
 from planner.report.prediction import prediction_report
 from planner.report.results import Plan, TuneReport
 from planner.tuning.study import parse_candidate, predicted_for, probe_candidate, refit_values, step_noise
 from probes.process.jit_lock import pid_alive
-from search import Coefficients, predict
+from search import Coefficients, Prediction, predict
 from search.calibration import apply_values
+from store.db import open_storage
 from store.errors import InputError
 from store.measurements import ProbeResult
 
 ENQUEUED_FIRST = 3  # the predicted best, probed first
+TUNE_LESS = "--steps 2, fewer --max-probes, a smaller --batch, --seq-len or model"
 
 
 @dataclass
@@ -97,6 +102,24 @@ def _running_elsewhere(study: Any, but: int | None = None) -> set[str]:
     return live
 
 
+def _timed_out_shorter(measured: dict[str, dict[str, Any]], timeout_s: float, db: str | None) -> set[str]:
+    """The candidates whose measured outcome is a timeout under a shorter timeout than ``timeout_s`` (their
+    probe's request says): untested again, so the tune probes them again (``planner.probing.runs.reusable``)."""
+    late = {key: str(m.get("probe_id")) for key, m in measured.items() if m.get("outcome") == "timeout"}
+    if not late:
+        return set()
+    shorter = set()
+    with open_storage(db) as storage:
+        for key, probe_id in late.items():
+            try:
+                given = float(storage.get_probe(probe_id).request.timeout_s)
+            except InputError:  # the probe is gone: probe the candidate again
+                given = 0.0
+            if given < timeout_s:
+                shorter.add(key)
+    return shorter
+
+
 def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
     fits = result.outcome == "ok" and result.peak_reserved_bytes <= budget
     return {
@@ -108,6 +131,58 @@ def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
         "noise": step_noise(result),
         "wall_s": result.wall_s,
     }
+
+
+def _announce(
+    job: ResolvedJob,
+    untested: list[str],
+    predicted: dict[str, Prediction],
+    coef: Coefficients,
+    settings: ProbeSettings,
+    budget: int,
+    timed: bool,
+) -> str | None:
+    """The line saying how long the probes the tune may still run take (the ``budget`` untested candidates
+    predicted fastest), when that is minutes or one would time out (:func:`planner.probing.estimate.cost_note`).
+    ``timed``: the coefficients are calibrated to this CPU (a stored calibration, or the refit of its probes)."""
+    costs = []
+    for key in untested[: max(0, budget)]:
+        strategy = parse_candidate(job, key)
+        step = device_step_time(
+            job.workload,
+            strategy,
+            job.hardware,
+            predicted[key],
+            device=settings.device,
+            layers=None,
+            coef=coef,
+            timed=timed,
+        )
+        label = strategy.describe()
+        costs.append(
+            probe_cost(
+                label, strategy, step, steps=settings.steps, device=settings.device, timeout_s=settings.timeout_s
+            )
+        )
+    return cost_note(costs, device=settings.device, timed=timed, less=TUNE_LESS, up_to=True)
+
+
+def _starting(
+    announce: Callable[[], str | None] | None,
+    announced: list[bool],
+    on_note: Callable[[str], None] | None,
+    on_progress: Callable[[str], None] | None,
+    count: str,
+    item: PlannedProbe,
+) -> None:
+    """As a probe starts (DeepSpeed's ops built): the estimate before the tune's first probe, then its line."""
+    if announce is not None and on_note is not None and not announced:
+        announced.append(True)
+        line = announce()
+        if line is not None:
+            on_note(line)
+    if on_progress is not None:
+        on_progress(f"probe {count}: {item.strategy.describe()}")
 
 
 def run_rounds(
@@ -123,19 +198,25 @@ def run_rounds(
     max_probes: int,
     on_progress: Callable[[str], None] | None,
     calibration_block: dict[str, Any],
+    on_note: Callable[[str], None] | None = None,
 ) -> TuneReport:
-    """The tune's rounds (see the module docstring) and its report."""
+    """The tune's rounds (see the module docstring) and its report. ``on_progress`` gets a line as each probe
+    starts; ``on_note`` one before the first, when the probes may take minutes (:mod:`planner.probing.estimate`)."""
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
 
     distribution = {"candidate": CategoricalDistribution(space)}
     measured = _measured_so_far(study)
+    for key in _timed_out_shorter(measured, settings.timeout_s, db):
+        del measured[key]
     state = _Round(coef, job, measured)
     values: dict[str, float] = refit_values(base, target, db, settings.device) if measured else {}
     if not study.trials:
         for key in space[:ENQUEUED_FIRST]:
             study.enqueue_trial({"candidate": key}, skip_if_exists=True)
     stop = "probe budget spent"
+    announced: list[bool] = []  # whether the estimate was said (before the first probe that runs)
+    timed = settings.device == "cpu" and calibration_block.get("id") is not None
     for _ in range(4 * len(space) + max_probes):
         hardware, fitted = apply_values(job.hardware, base, values) if values else (job.hardware, coef)
         current = ResolvedJob(job.workload, hardware, job.readings)
@@ -174,10 +255,21 @@ def run_rounds(
             else:
                 study.tell(trial, state=TrialState.FAIL)
             continue
-        if on_progress is not None:
-            on_progress(f"probe {state.probes_run + 1}/{max_probes}: {parse_candidate(job, key).describe()}")
+        announce = None
+        if on_note is not None and not announced:  # once, before the first probe that runs
+            announce = partial(
+                _announce,
+                current,
+                untested,
+                predicted,
+                fitted,
+                settings,
+                max_probes - state.probes_run,
+                timed or bool(values),
+            )
+        starting = partial(_starting, announce, announced, on_note, on_progress, f"{state.probes_run + 1}/{max_probes}")
         try:
-            probe_id, result, ran = probe_candidate(current, key, settings, coef=fitted, db=db)
+            probe_id, result, ran = probe_candidate(current, key, settings, coef=fitted, db=db, on_start=starting)
         except BaseException:  # an interrupt (or a failure) leaves no trial running, and the candidate queued
             trial.set_user_attr("interrupted", True)
             study.tell(trial, state=TrialState.FAIL)

@@ -57,8 +57,10 @@ def tune(
     and no untested candidate is predicted faster than it by more than its measured noise (or ``max_probes``
     probes ran), and save that plan. ``study`` names the Optuna study (default: one per job and device), kept
     in ``db`` beside the plans and probes: an interrupted tune, run again, resumes; several machines on one
-    database share the work. ``runner`` defaults to ``probes.run_probe``; ``on_progress`` gets one line per
-    probe, ``on_note`` the lines about how the job was read (on ``cpu``: the dtype chosen and why).
+    database share the work. ``runner`` defaults to ``probes.run_probe``; ``on_progress`` gets one line as each
+    probe starts, ``on_note`` the lines about how the job was read (on ``cpu``: the dtype chosen and why) and,
+    before the first probe, how long the probes may take when that is minutes (:mod:`planner.probing.estimate`).
+    A candidate whose probe timed out is probed again when ``timeout_s`` is longer than that probe had.
     """
 
     device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
@@ -106,4 +108,5 @@ def tune(
         max_probes=max_probes,
         on_progress=on_progress,
         calibration_block=calibration_block,
+        on_note=on_note,
     )

@@ -8,14 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from planner.calibration.gather import gather, stored_entries
 from planner.job.inputs import ResolvedJob
 from planner.probing.device import device_coefficients, device_prediction
-from planner.probing.plan import plan_probes
+from planner.probing.plan import PlannedProbe, plan_probes
 from planner.probing.runs import ProbeSession, ProbeSettings
 from search import Coefficients, Prediction, predict, search
 from search.calibration import calibrate
@@ -146,9 +146,11 @@ def probe_candidate(
     *,
     coef: Coefficients,
     db: str | None,
+    on_start: Callable[[PlannedProbe], None] | None = None,
 ) -> tuple[str, ProbeResult, bool]:
     """(probe id, result, whether it ran now) of the candidate at full depth: a stored probe of the same
-    request is reused, so a resumed tune runs nothing twice."""
+    request is reused (a timeout only when it had at least this timeout), so a resumed tune runs nothing twice.
+    ``on_start`` is called with the planned probe when it is about to run (after DeepSpeed's ops are built)."""
 
     planned = plan_probes(
         job,
@@ -169,5 +171,7 @@ def probe_candidate(
         if known is not None:
             return known.probe_id, known.result, False
         session.prepare([item.request])
+        if on_start is not None:
+            on_start(item)
         probe_id, result = session.run(item)
     return probe_id, result, True

@@ -1,0 +1,129 @@
+"""Progress of probes as plain lines, where no live display shows (output to a pipe, a file, a CI log).
+
+``planner probe`` shows a live progress bar on a terminal; elsewhere, and for ``planner tune`` always, the
+progress is lines on stderr: one as each probe starts (``probe 2/5: ZeRO-2, mb 4 x 2``), then, while it runs, a
+heartbeat every ``MEMPLAN_PROGRESS_INTERVAL_S`` seconds (default 30; 0 turns it off) counted from its start:
+``  still running: 1m30s of at most 10m`` (the probe's timeout). A probe ends by its timeout at the latest: the
+heartbeat stops a minute after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TextIO
+
+INTERVAL_ENV = "MEMPLAN_PROGRESS_INTERVAL_S"
+DEFAULT_INTERVAL_S = 30.0
+GRACE_S = 60.0  # after its timeout, a probe's process group is killed: it has ended within this
+
+
+def interval_s(env: Mapping[str, str] = os.environ) -> float | None:
+    """Seconds between heartbeats: ``MEMPLAN_PROGRESS_INTERVAL_S`` (default 30), None (no heartbeat) for 0 or
+    less; an unreadable value is the default."""
+    text = env.get(INTERVAL_ENV, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+    if not math.isfinite(value):
+        return DEFAULT_INTERVAL_S
+    return value if value > 0 else None
+
+
+def elapsed_text(seconds: float) -> str:
+    """``45s``, ``1m30s``, ``10m``, ``1h05m``."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+    return f"{secs}s"
+
+
+class ProbeLines:
+    """Plain progress lines on ``stream``: :meth:`start` writes one as a probe starts, and a background thread a
+    heartbeat every ``interval`` seconds while it runs (none when ``interval`` is None). :meth:`note` writes a line
+    between them. Use it as a context manager: leaving it stops the heartbeat."""
+
+    def __init__(
+        self,
+        stream: TextIO,
+        timeout_s: float,
+        interval: float | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream
+        self.timeout_s = timeout_s
+        self.interval = interval
+        self.clock = clock
+        self._wake = threading.Condition()
+        self._started: float | None = None  # when the running probe started
+        self._next = 0.0  # when its next heartbeat is due
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def _write(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nowhere to say it
+            print(line, file=self.stream, flush=True)
+
+    def note(self, line: str) -> None:
+        """One line as it is."""
+        with self._wake:
+            self._write(line)
+
+    def start(self, line: str) -> None:
+        """A probe starts: its line, and the heartbeat counts from now."""
+        with self._wake:
+            self._write(line)
+            self._started = self.clock()
+            if self.interval is None:
+                return
+            self._next = self._started + self.interval
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="memplan-progress", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _beat(self) -> None:
+        assert self.interval is not None
+        with self._wake:
+            while not self._closed:
+                if self._started is None:
+                    self._wake.wait()
+                    continue
+                remaining = self._next - self.clock()
+                if remaining > 0:
+                    self._wake.wait(remaining)
+                    continue
+                elapsed = self.clock() - self._started
+                self._next += self.interval
+                if elapsed <= self.timeout_s:
+                    self._write(f"  still running: {elapsed_text(elapsed)} of at most {elapsed_text(self.timeout_s)}")
+                elif elapsed <= self.timeout_s + GRACE_S:
+                    self._write(f"  still running: {elapsed_text(elapsed)}, past its timeout: being stopped")
+
+    def close(self) -> None:
+        """Stop the heartbeat (it writes nothing after this returns)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> ProbeLines:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
