@@ -13,7 +13,8 @@ from planner.job.inputs import JobSpec
 
 # --gpus N runs N ranks per probe on this node; the offload folder and the safety margin do not apply.
 # a probe runs memplan's own DeepSpeed loop (probes.step.phases_sft), whatever program the plan is for
-NOT_PROBED = ("nvme_path", "safety_margin", "framework")
+# a probe runs on this machine: no other node, and one node of a multi-node plan (no network between nodes)
+NOT_PROBED = ("nvme_path", "safety_margin", "framework", "node", "inter_node_gbps")
 PROBE = "Probe"
 
 
@@ -54,6 +55,13 @@ def probe_command(
     json_out: Json = False,
     db: Db = None,
     calibration: Calibration = "auto",
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ...).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> int:
     """Run each strategy for a few steps in its own process; store and compare with the prediction.
 
@@ -64,8 +72,25 @@ def probe_command(
     On a terminal a live bar shows the progress; elsewhere (a pipe, a file, --json) lines on stderr do, with a
     heartbeat every MEMPLAN_PROGRESS_INTERVAL_S seconds (default 30) while a probe runs.
 
+    After -- your own program runs instead of memplan's loop, once per strategy (the plan and its next best):
+    a start-up hook overrides the strategy's DeepSpeed keys in the config it passes, measures each phase and
+    ends it after the timed steps.
+
     Example: planner probe --model opt-125m --device cpu --layers 1,2 --steps 3 --gpus 2
+    Example: planner probe --model ./config.json --device cpu --workload sft -- python train.py --deepspeed ds.json
     """
+    if command:
+        return _probe_program(
+            job,
+            command,
+            strategies=strategies,
+            steps=steps,
+            timeout=timeout,
+            device=device,
+            json_out=json_out,
+            db=db,
+            calibration=calibration,
+        )
     from planner.api import probe
 
     options: dict[str, Any] = {
@@ -106,4 +131,47 @@ def probe_command(
 
         report = probe(job, on_progress=show, on_note=note, **options)
     render_probe_report(report)
+    return 0
+
+
+def _probe_program(
+    job: JobSpec,
+    command: list[str],
+    *,
+    strategies: str,
+    steps: int,
+    timeout: float,
+    device: str,
+    json_out: bool,
+    db: str | None,
+    calibration: str,
+) -> int:
+    """``planner probe ... -- CMD``: the user's program under each strategy (planner.probing.program)."""
+    import json
+
+    from planner.probing.program import probe_program
+    from planner.report.text import render_program_report
+
+    with ProbeLines(sys.stderr, timeout, interval_s()) as lines:
+
+        def started(label: str, index: int, total: int) -> None:
+            lines.start(f"program run {index + 1}/{total}: {label}")
+
+        report = probe_program(
+            job,
+            command,
+            strategies=strategies,
+            steps=steps,
+            timeout_s=timeout,
+            device=device,
+            db=db,
+            calibration=calibration,
+            on_progress=started,
+            on_note=lines.note,
+        )
+    document = report.to_dict()
+    if json_out:
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        render_program_report(document)
     return 0

@@ -441,3 +441,55 @@ def render_coefficients(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         table.add_row(row["name"], f"{row['default']:g}", row["unit"], row["reason"])
     console.print(table)
+
+
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps a whole number before the point."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render_program_report(document: dict[str, Any]) -> None:
+    """``planner probe ... -- CMD``: each strategy run in the user's program, its phases measured against
+    predicted (the document of ``ProgramProbeReport.to_dict``)."""
+    console.print(f"[bold]Your program[/bold]: {' '.join(document['command'])}  (device {document['device']})")
+    for line in document.get("readings", ()):
+        console.print(f"  [dim]{line}[/dim]")
+    # on the CPU backend the predicted time is the GPU model's until a calibration of this CPU is in force
+    cpu_time = " (the GPU time model: on the CPU it means nothing until planner calibrate)" * (
+        document["device"] == "cpu"
+    )
+    for run in document["runs"]:
+        ran = run["ran_with"]
+        console.print(
+            f"\n[bold]{run['label']}[/bold]: {run['outcome']}" + (f" ({run['reason']})" if run["reason"] else "")
+        )
+        if ran:
+            shown = ", ".join(f"{k} {ran[k]}" for k in ("zero_stage", "micro_batch", "grad_accum", "dtype") if k in ran)
+            console.print(f"  the program ran with: {shown}")
+        for line in (*run["not_applied"], *run["contradictions"]):
+            console.print(f"  [yellow]{line}[/yellow]")
+        if run["message"]:
+            console.print(f"  {run['message']}")
+        if run["phases"]:
+            table = Table(show_header=True, header_style="bold")
+            for column in ("phase", "measured allocated", "predicted allocated", "error", "measured reserved"):
+                table.add_column(column, justify="left" if column == "phase" else "right")
+            for phase in run["phases"]:
+                predicted = phase["predicted_allocated_bytes"]
+                table.add_row(
+                    phase["name"],
+                    _size(phase["measured_allocated_bytes"]),
+                    "-" if predicted is None else _size(predicted),
+                    _pct(phase["allocated_error"]),
+                    _size(phase["measured_reserved_bytes"]),
+                )
+            console.print(table)
+        measured = run["measured_step_s"]
+        step = "-" if measured is None else f"{measured:.3f} s"
+        console.print(f"  step time: measured {step}, predicted {run['predicted_step_s']:.3f} s{cpu_time}")
+        if run["outcome"] not in ("ok", "contradicts_plan") and run["log_tail"]:
+            tail = run["log_tail"].strip().splitlines()[-5:]
+            console.print("  " + "\n  ".join(tail), markup=False, style="dim")
