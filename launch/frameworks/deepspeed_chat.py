@@ -7,6 +7,7 @@ from __future__ import annotations
 from launch.common import check_rlhf
 from launch.rlhf_config import HYBRID_ENGINE_SETTINGS
 from store.records import Hardware, RLHFStrategy, Workload
+from store.workload_kinds import traits
 
 # DeepSpeed-Chat's LoRA target: a substring of module names; "layers." matches OPT's
 # "model.decoder.layers.N" and Llama-style "model.layers.N" (its default "decoder.layers." fits OPT only).
@@ -39,7 +40,7 @@ def deepspeed_chat_flags(strategy: RLHFStrategy, workload: Workload, hardware: H
     only; without the flag DeepSpeed-Chat trains the base weights too).
     """
     check_rlhf(strategy, workload)
-    if workload.kind != "ppo":
+    if not traits(workload.kind).trains_critic:  # step 3 trains PPO only
         return []
     actor, critic = strategy.actor, strategy.critic
     assert critic is not None  # check_rlhf: ppo has a critic block
@@ -85,7 +86,7 @@ def deepspeed_chat_flags(strategy: RLHFStrategy, workload: Workload, hardware: H
 def deepspeed_chat_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> list[str]:
     """What of this strategy :func:`deepspeed_chat_flags` cannot express, one sentence each (empty: nothing)."""
     check_rlhf(strategy, workload)
-    if workload.kind != "ppo":
+    if not traits(workload.kind).trains_critic:
         return [f"DeepSpeed-Chat's step 3 trains PPO only; it has no {workload.kind} trainer"]
     actor, critic = strategy.actor, strategy.critic
     assert critic is not None

@@ -29,6 +29,7 @@ from launch.common import (
 from launch.ds_config import ADAM_BETAS, ADAM_EPS, render_ds_config
 from store.ds_defaults import GRADIENT_CLIPPING, LEARNING_RATE, WEIGHT_DECAY
 from store.records import Hardware, Strategy, Workload
+from store.workload_kinds import traits
 
 # The config keys HfTrainerDeepSpeedConfig.trainer_config_process fills from TrainingArguments (dotted paths).
 AUTO_KEYS: tuple[str, ...] = (
@@ -119,7 +120,7 @@ def render(strategy: Strategy, workload: Workload, hardware: Hardware, paths: di
     """The ``"auto"`` DeepSpeed config and a ``TrainingArguments`` snippet that points at it."""
     single_model_only("hf", workload)
     gaps = single_model_gaps(strategy, "transformers' Trainer")
-    if workload.kind == "dpo":
+    if traits(workload.kind).reference_forward:
         gaps.append("transformers' Trainer has no DPO loss: run these arguments through TRL (--format trl, DPOConfig)")
     notes = setup_notes(strategy, hardware)
     kwargs = training_kwargs(strategy, workload, paths["ds_config"])

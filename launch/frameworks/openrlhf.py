@@ -49,6 +49,7 @@ from store.ds_defaults import buckets_of
 from store.errors import InputError
 from store.frameworks import openrlhf_buckets  # one source: the cost model runs these too
 from store.records import Hardware, RLHFStrategy, Workload
+from store.workload_kinds import traits
 
 STYLES: tuple[str, ...] = ("classic", "dotted")
 DOTTED_VERSION = "0.11.2"
@@ -142,7 +143,7 @@ def flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style:
     out += [name("ema")] if strategy.ema else []
     estimator = ESTIMATORS[workload.kind]
     out += [name("estimator"), estimator] if estimator else []
-    if workload.kind == "grpo" or workload.samples_per_prompt > 1:
+    if traits(workload.kind).group_samples or workload.samples_per_prompt > 1:
         out += [name("n_samples"), str(workload.samples_per_prompt)]
     return out + _placement(strategy, workload, hardware, dotted)
 
@@ -241,7 +242,7 @@ def gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: 
             "OpenRLHF has no DeepSpeed hybrid engine: it generates with the actor's own generate() "
             "(classic) or with vLLM engines (Ray)"
         )
-    if workload.kind == "remax":
+    if traits(workload.kind).greedy_baseline:
         out.append(
             "OpenRLHF has no ReMax estimator; --advantage_estimator reinforce runs the same models without "
             "ReMax's greedy-baseline generation (one rollout per prompt, not two)"

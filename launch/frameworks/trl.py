@@ -37,6 +37,7 @@ from launch.common import (
 from launch.frameworks.hf import auto_ds_config, setup_notes, single_model_gaps, training_kwargs
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.workload_kinds import traits
 
 VERSION = "1.16.0"
 CONFIG_CLASSES = {"grpo": "GRPOConfig", "sft": "SFTConfig", "reward": "RewardConfig", "dpo": "DPOConfig"}
@@ -88,7 +89,7 @@ def model_config(strategy: Strategy | RLHFStrategy, workload: Workload) -> dict[
         "use_peft": True,
         "lora_r": rank,
         "lora_target_modules": ["all-linear"],
-        "lora_task_type": "SEQ_CLS" if workload.kind == "reward" else "CAUSAL_LM",
+        "lora_task_type": "SEQ_CLS" if traits(workload.kind).scalar_head else "CAUSAL_LM",
     }
 
 
@@ -171,7 +172,7 @@ def gaps(strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardwa
 def _loss_gaps(strategy: Strategy, workload: Workload) -> list[str]:
     """TRL 1.16's SFT, DPO and GRPO trainers never hold the (batch, seq, vocab) logits (``add_fused_lm_head``):
     a plan that counts them (``loss="hf"``) holds memory TRL does not spend."""
-    if strategy.loss != "hf" or workload.kind == "reward":
+    if strategy.loss != "hf" or traits(workload.kind).scalar_head:
         return []
     return [
         f"TRL {VERSION}'s {CONFIG_CLASSES[workload.kind][:-6]} trainer computes the per-token log-probs in chunks "
@@ -269,7 +270,7 @@ def render(
 
 def launch(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, Any]:
     """``trl grpo`` options for the JSON document's ``launch`` (GRPO only; add --deepspeed FILE)."""
-    if workload.kind != "grpo":
+    if workload.kind not in CONFIG_CLASSES or not traits(workload.kind).rlhf:  # TRL: GRPO is its RLHF trainer
         return {"flags": [], "gaps": [f"TRL {VERSION} has no {workload.kind} trainer"]}
     kwargs = {**config_kwargs(strategy, workload, hardware, None), **model_config(strategy, workload)}
     kwargs.pop("output_dir")

@@ -37,6 +37,7 @@ from launch.common import (
     trainer_gpus_per_node,
 )
 from store.records import DTYPE_BYTES, FrozenModelStrategy, Hardware, RLHFStrategy, TrainedModelStrategy, Workload
+from store.workload_kinds import traits
 
 VERSION = "0.9.1"
 ESTIMATORS = {"ppo": "gae", "remax": "remax", "grpo": "grpo"}
@@ -115,7 +116,7 @@ def _build(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> tu
         "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.model", "actor", strategy.actor, offload_training
     )
     out += layout
-    kl = "actor_rollout_ref.actor.use_kl_loss" if workload.kind == "grpo" else "algorithm.use_kl_in_reward"
+    kl = "actor_rollout_ref.actor.use_kl_loss" if traits(workload.kind).kl_in_loss else "algorithm.use_kl_in_reward"
     out.append(f"{kl}=True")  # keeps the reference model the plan holds
     out += _reference(strategy.reference)
     scoring = strategy.generation_batch * k

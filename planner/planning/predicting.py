@@ -32,6 +32,7 @@ from search.batches import per_gpu_batch
 from search.choose.rlhf_search import ROLLOUT_FAMILIES
 from store.errors import InputError
 from store.records import MAX_COUNT, Hardware, RLHFStrategy, Strategy, Workload
+from store.workload_kinds import traits
 
 DEFAULT_LORA_RANK = 16
 JOB_FIELDS = tuple(f.name for f in fields(JobSpec))
@@ -174,7 +175,11 @@ def empty_cache_effect(
         policy, placed = strategy.empty_cache, prediction
         never = predict_strategy(workload, strategy.with_(empty_cache="never"), hardware, coefficients)
     else:
-        policy = "after-inference" if workload.is_rlhf or workload.kind == "dpo" else "every-step"
+        policy = (
+            "after-inference"
+            if traits(workload.kind).generates or traits(workload.kind).reference_forward
+            else "every-step"
+        )
         placed = predict_strategy(workload, strategy.with_(empty_cache=policy), hardware, coefficients)
         never = prediction
     saved = never.peak_reserved_bytes - placed.peak_reserved_bytes

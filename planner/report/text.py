@@ -11,7 +11,7 @@ from rich.table import Table
 
 from planner.job.calibrated import calibration_line
 from planner.report.results import CheckResult, Plan, Predicted, PredictionReport, ProbeReport
-from store.records import RLHFStrategy, Strategy
+from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
 from store.sizes import format_bytes
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
@@ -39,7 +39,7 @@ def _header(report: PredictionReport) -> None:
     actor = w.get("shapes", {}).get("actor", {})
     active = f", {actor['active_params'] / 1e9:.2f} B active" if "active_params" in actor else ""
     size = f"{params:.2f} B params{active}"
-    if "prompt_len" in w and w["kind"] in ("ppo", "remax", "grpo"):
+    if "prompt_len" in w and w["kind"] in RLHF_WORKLOADS:
         roles = [f"{role} {name}" for role, name in w.get("roles", {}).items() if role != "actor"]
         per = f" x {w['samples_per_prompt']} samples" if w.get("samples_per_prompt", 1) > 1 else ""
         console.print(
@@ -70,8 +70,11 @@ def _header(report: PredictionReport) -> None:
     elif "formula" in sources:
         console.print("activation and loss bytes from formulas (no trace of this model for this dtype and attention)")
     console.print(
-        f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s) · GPU {format_bytes(h['gpu_memory_bytes'])}, "
-        f"usable {format_bytes(report.predicted.gpu_budget_bytes)} · host {format_bytes(h['cpu_memory_bytes'])}"
+        f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s)"
+        + (f" ({h['node']})" if h.get("node") else "")
+        + f" · GPU {format_bytes(h['gpu_memory_bytes'])}, usable {format_bytes(report.predicted.gpu_budget_bytes)}"
+        f" · host {format_bytes(h['cpu_memory_bytes'])}"
+        + (f" · {h['inter_node_gbps']:g} GB/s between nodes" if h.get("inter_node_gbps") is not None else "")
     )
     p = report.predicted
     if p.reserved_uncertainty:

@@ -26,7 +26,6 @@ from store.gpus import generic_gpu, get_gpu
 from store.measurements import ProbeRequest
 from store.models import get_model, with_layers
 from store.records import (
-    RLHF_WORKLOADS,
     WORKLOAD_KINDS,
     Hardware,
     ModelSpec,
@@ -34,6 +33,7 @@ from store.records import (
     Strategy,
     Workload,
 )
+from store.workload_kinds import traits
 
 __all__ = [
     "MAX_CPU_RANKS",
@@ -120,12 +120,12 @@ def workload_from_dict(data: dict[str, Any]) -> Workload:
     known = {"seq_len", "global_batch", "dtype", "attn_impl", "prompt_len", "gen_len"}
     known |= {"ppo_epochs", "samples_per_prompt"}
     values = {key: data[key] for key in known if data.get(key) is not None}
-    if "seq_len" not in values and kind in RLHF_WORKLOADS and "prompt_len" in values and "gen_len" in values:
+    if "seq_len" not in values and traits(kind).rlhf and "prompt_len" in values and "gen_len" in values:
         values["seq_len"] = values["prompt_len"] + values["gen_len"]
     for key in ("seq_len", "global_batch"):
         if key not in values:
             raise InputError(f"probe request: workload.{key} is missing")
-    if kind in RLHF_WORKLOADS and ("prompt_len" not in values or "gen_len" not in values):
+    if traits(kind).rlhf and ("prompt_len" not in values or "gen_len" not in values):
         raise InputError(f"probe request: a {kind} workload needs prompt_len and gen_len")
     return Workload(kind=kind, model=specs["model"], **{r: specs[r] for r in ROLES[1:]}, **values)
 
@@ -179,7 +179,7 @@ def plan_from_request(request: ProbeRequest) -> ProbePlan:
         workload = replace(workload, **cut)
     parse = RLHFStrategy.from_dict if workload.is_rlhf else Strategy.from_dict
     strategy = parse(dict(request.strategy))
-    if workload.kind == "ppo" and isinstance(strategy, RLHFStrategy) and strategy.critic is None:
+    if traits(workload.kind).trains_critic and isinstance(strategy, RLHFStrategy) and strategy.critic is None:
         raise InputError("probe request: a ppo strategy needs a critic block")
     if workload.is_rlhf:
         for role in ROLES[1:]:

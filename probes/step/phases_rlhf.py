@@ -37,6 +37,7 @@ from probes.model.logprobs import token_logprobs
 from probes.step.phases import PhaseClock
 from probes.step.phases_sft import build_device
 from store.records import RLHFStrategy
+from store.workload_kinds import traits
 
 CPU_HYBRID_ERROR = "not been implemented on CPU backend"
 KL_COEF = 0.1
@@ -87,7 +88,7 @@ class RLHFRun:
         engines = {"actor": self.actor, "critic": self.critic, "reference": self.reference, "reward": self.reward}
         extra["engines"] = {role: type(engine).__name__ for role, engine in engines.items() if engine is not None}
         self.generator = torch.Generator(device=self.device).manual_seed(1234)
-        samples = workload.samples_per_prompt if workload.kind == "grpo" else 1
+        samples = workload.samples_per_prompt if traits(workload.kind).group_samples else 1
         self.experience = strategy.generation_batch * samples
         passes = workload.ppo_epochs * math.ceil(self.experience / strategy.micro_batch)
         self.micro_steps = math.ceil(passes / strategy.grad_accum) * strategy.grad_accum
@@ -143,13 +144,13 @@ class RLHFRun:
         if self.critic is not None:
             self.critic.eval()
         kwargs = generate_kwargs(prompts, w.gen_len, self.pad)  # what probes.trace.generation traces
-        samples = w.samples_per_prompt if w.kind == "grpo" else 1
+        samples = w.samples_per_prompt if traits(w.kind).group_samples else 1
         with torch.no_grad():
             sequences = self.actor.module.generate(
                 input_ids=prompts, do_sample=True, num_return_sequences=samples, **kwargs
             )
             baseline = None
-            if w.kind == "remax":
+            if traits(w.kind).greedy_baseline:
                 baseline = self.actor.module.generate(input_ids=prompts, do_sample=False, **kwargs)
         return sequences, baseline
 
@@ -164,7 +165,7 @@ class RLHFRun:
         score = self.reward(sequences).float()[:, -1]
         kl = (old_logp - ref_logp) * mask
         out = {"sequences": sequences, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
-        if w.kind == "ppo":
+        if traits(w.kind).gae_advantages:
             values = self.critic(sequences).float()[:, :-1]
             rewards = -KL_COEF * kl
             rewards[:, -1] += score
@@ -175,7 +176,7 @@ class RLHFRun:
                 last = rewards[:, t] + next_value - values[:, t] + GAE_LAMBDA * last
                 advantages[:, t] = last
             out.update(advantages=advantages, old_values=values, returns=advantages + values)
-        elif w.kind == "remax":
+        elif traits(w.kind).greedy_baseline:
             base = self.reward(baseline).float()[:, -1]
             advantage = (score - base) - KL_COEF * kl.sum(-1)
             out["advantages"] = advantage.unsqueeze(-1) * mask
@@ -195,12 +196,12 @@ class RLHFRun:
         seqs, mask = exp["sequences"][index], exp["mask"][index]
         old, adv = exp["old_logp"][index], exp["advantages"][index]
         logp = token_logprobs(self.actor(input_ids=seqs, use_cache=False).logits, seqs)
-        if self.workload.kind == "remax":
+        if not traits(self.workload.kind).clipped_ratio:
             per_token = -adv * logp
         else:
             ratio = torch.exp(logp - old)
             per_token = torch.max(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP))
-            if self.workload.kind == "grpo":
+            if traits(self.workload.kind).kl_in_loss:
                 delta = exp["ref_logp"][index] - logp
                 per_token = per_token + KL_COEF * (torch.exp(delta) - delta - 1)
         loss = (per_token * mask).sum() / mask.sum()

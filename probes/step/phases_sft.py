@@ -30,6 +30,7 @@ from probes.model.build import (
 from probes.model.logprobs import token_logprobs
 from probes.step.phases import PhaseClock
 from store.records import Strategy
+from store.workload_kinds import traits
 
 DPO_BETA = 0.1
 
@@ -54,7 +55,7 @@ class SingleModelRun:
         where = build_device(plan.device, strategy.offload_param)
         self.config = render_ds_config(strategy, workload, plan.hardware)
         torch.manual_seed(0)
-        if workload.kind == "reward":
+        if traits(workload.kind).scalar_head:
             model = build_value_model(workload.model, workload.dtype, self.attn_impl, where)
         else:
             model = build_causal_lm(workload.model, workload.dtype, self.attn_impl, where)
@@ -62,14 +63,16 @@ class SingleModelRun:
         self.engine = init_engine(model, self.config, trained=True)
         self.engine.train()
         self.reference = None
-        if workload.kind == "dpo" and strategy.lora_rank == 0:
+        if traits(workload.kind).reference_forward and strategy.lora_rank == 0:
             torch.manual_seed(1)
             ref = build_causal_lm(workload.model_for("reference"), workload.dtype, self.attn_impl, where)
             ref.requires_grad_(False)
             self.reference = init_engine(ref, frozen_config_like(self.config), trained=False)
             self.reference.eval()
         extra["dpo_reference"] = (
-            None if workload.kind != "dpo" else ("own engine" if self.reference is not None else "policy without LoRA")
+            None
+            if not traits(workload.kind).reference_forward
+            else ("own engine" if self.reference is not None else "policy without LoRA")
         )
         extra["engines"] = {"model": type(self.engine).__name__}
         if self.reference is not None:
@@ -90,7 +93,7 @@ class SingleModelRun:
         accum = self.strategy.grad_accum
         for micro in range(accum):
             ids = self._batch()
-            ref_logp = self._reference_forward(clock, ids) if self.workload.kind == "dpo" else None
+            ref_logp = self._reference_forward(clock, ids) if traits(self.workload.kind).reference_forward else None
             with clock.phase("forward"):
                 outputs, loss = self._forward(ids, ref_logp)
             with clock.phase("backward"):
@@ -118,18 +121,18 @@ class SingleModelRun:
         """(the outputs kept alive through the backward, the loss)."""
         import torch.nn.functional as F
 
-        kind, pairs = self.workload.kind, self.strategy.micro_batch
-        if kind == "sft" and self.strategy.loss == "chunked":
+        kind, pairs = traits(self.workload.kind), self.strategy.micro_batch
+        if kind.causal_lm_loss and self.strategy.loss == "chunked":
             from probes.model.chunked_loss import causal_lm_hidden_states, chunked_causal_lm_loss, output_head
 
             module = self.engine.module
             hidden = causal_lm_hidden_states(module, ids)
             return None, chunked_causal_lm_loss(hidden, output_head(module), ids, self.workload.model.vocab_size)
-        if kind == "sft":
+        if kind.causal_lm_loss:
             # as HF Trainer's training_step and TRL's SFTTrainer: only the loss outlives the forward
             loss = self.engine(input_ids=ids, labels=ids, use_cache=False).loss
             return None, loss
-        if kind == "reward":
+        if kind.scalar_head:
             values = self.engine(ids).float()[:, -1]
             loss = -F.logsigmoid(values[:pairs] - values[pairs:]).mean()
             return values, loss
