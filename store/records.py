@@ -1,7 +1,7 @@
 """Frozen value records shared by every package: models, GPUs, hardware, workloads and strategies.
 
 These are plain data (no torch, no ORM rows). Each record converts to and from the JSON shapes of
-../shared/DESIGN.md with ``to_dict`` / ``from_dict``; the database stores exactly those dictionaries.
+docs/contracts.md with ``to_dict`` / ``from_dict``; the database stores exactly those dictionaries.
 """
 
 from __future__ import annotations
@@ -167,15 +167,20 @@ class Hardware:
     nodes: int = 1
     cpu_memory_bytes: int = 64 * 2**30  # host memory per node
     nvme_path: str | None = None
-    inter_node_gbps: float = 25.0  # per node, one direction (200 Gb/s InfiniBand / RoCE)
+    # per node, one direction, GB/s; 25: one 200 Gb/s InfiniBand or RoCE link (planner.job.inputs fills it from
+    # --inter-node-gbps, --node or the GPU's typical node, store.nodes)
+    inter_node_gbps: float = 25.0
     safety_margin: float = 0.05  # fraction of GPU memory kept free on top of the CUDA context
+    node: str | None = None  # the node catalog entry (store.nodes) the job was planned for, if any
 
     @property
     def world_size(self) -> int:
         return self.gpus * self.nodes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The JSON shape; ``inter_node_gbps`` only where there are several nodes to link (a probe's one node
+        hashes as before), ``node`` only when one was named."""
+        out: dict[str, Any] = {
             "gpu": self.gpu.name,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "gpus": self.gpus,
@@ -184,6 +189,11 @@ class Hardware:
             "nvme_path": self.nvme_path,
             "safety_margin": self.safety_margin,
         }
+        if self.nodes > 1:
+            out["inter_node_gbps"] = self.inter_node_gbps
+        if self.node is not None:
+            out["node"] = self.node
+        return out
 
 
 MODEL_ROLES: tuple[str, ...] = ("actor", "critic", "reference", "reward")
@@ -280,7 +290,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Strategy:
-    """Memory strategy for one trainable model: the DESIGN.md single-model shape."""
+    """Memory strategy for one trainable model: the docs/contracts.md single-model shape."""
 
     zero_stage: int = 0
     offload_optimizer: str = "none"
@@ -403,7 +413,7 @@ def strategy_problems(strategy: Strategy) -> list[str]:
     return problems
 
 
-# --- RLHF: per-model blocks plus the step-wide knobs (DESIGN.md's RLHF strategy shape) ----------------
+# --- RLHF: per-model blocks plus the step-wide knobs (docs/contracts.md's RLHF strategy shape) ----------------
 
 
 @dataclass(frozen=True)
@@ -528,7 +538,7 @@ class RLHFStrategy:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RLHFStrategy:
-        """Build from the DESIGN.md RLHF shape; unknown keys are an InputError naming them."""
+        """Build from the docs/contracts.md RLHF shape; unknown keys are an InputError naming them."""
         if not isinstance(data, dict):
             raise InputError("strategy: expected a JSON object")
         refuse_unknown_keys(data, (f.name for f in fields(cls)), "strategy")

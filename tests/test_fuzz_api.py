@@ -50,6 +50,8 @@ JOB = st.fixed_dictionaries(
         "prompt_len": ODD_INTS,
         "gen_len": ODD_INTS,
         "gpu": ODD_TEXT,
+        "node": st.sampled_from(["dgx-h100", "p4d.24xlarge", "workstation-4090", "dgx"]) | ODD_TEXT,
+        "inter_node_gbps": st.floats() | ODD_INTS,
         "attn_impl": st.sampled_from(["eager", "sdpa", "flash_attention_2"]) | ODD_TEXT,
         "safety_margin": st.floats(),
     },

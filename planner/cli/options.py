@@ -22,6 +22,7 @@ import typer
 from planner.job.inputs import (
     DEFAULT_BATCH_PER_GPU,
     DEFAULT_GEN_LEN,
+    DEFAULT_GPUS,
     DEFAULT_GRPO_SAMPLES,
     DEFAULT_PROMPT_LEN,
     DEFAULT_SEQ_LEN,
@@ -64,11 +65,37 @@ Gpu = Annotated[
     str | None,
     typer.Option("--gpu", help="GPU from the catalog (A100-80G, H100-80G, RTX-4090, ...).", rich_help_panel=HARDWARE),
 ]
-Gpus = Annotated[int, typer.Option("--gpus", help="GPUs per node.", rich_help_panel=HARDWARE)]
+Node = Annotated[
+    str | None,
+    typer.Option(
+        "--node",
+        help="A node from the catalog (dgx-h100, dgx-a100, p5.48xlarge, p4d.24xlarge, workstation-4090, ...): its "
+        "GPU, GPUs per node, host memory and network, each unless given on its own.",
+        rich_help_panel=HARDWARE,
+    ),
+]
+Gpus = Annotated[
+    int | None,
+    typer.Option("--gpus", help=f"GPUs per node (default {DEFAULT_GPUS}, or the node's).", rich_help_panel=HARDWARE),
+]
 Nodes = Annotated[int, typer.Option("--nodes", help="Number of nodes.", rich_help_panel=HARDWARE)]
 CpuMem = Annotated[
     str | None,
-    typer.Option("--cpu-mem", help="Host memory per node (default: this machine's).", rich_help_panel=HARDWARE),
+    typer.Option(
+        "--cpu-mem",
+        help="Host memory per node (default: the node's; for a probe, this machine's; else assumed from the GPU's "
+        "typical node, never the planning machine's).",
+        rich_help_panel=HARDWARE,
+    ),
+]
+InterNodeGbps = Annotated[
+    float | None,
+    typer.Option(
+        "--inter-node-gbps",
+        help="Network between nodes, GB/s per node in one direction (default: the node's, else the GPU's typical "
+        "node's: 400 for H100/H200, 200 for A100; 25 when none is known).",
+        rich_help_panel=HARDWARE,
+    ),
 ]
 NvmePath = Annotated[
     str | None,
@@ -148,9 +175,11 @@ JOB_OPTIONS: dict[str, Any] = {
     "workload": WorkloadKind,
     "gpu_mem": GpuMem,
     "gpu": Gpu,
+    "node": Node,
     "gpus": Gpus,
     "nodes": Nodes,
     "cpu_mem": CpuMem,
+    "inter_node_gbps": InterNodeGbps,
     "batch": Batch,
     "seq_len": SeqLen,
     "prompt_len": PromptLen,

@@ -11,7 +11,7 @@ from planner.cli.options import Calibration, Db, Json, job_options
 from planner.cli.progress import ProbeLines, interval_s
 from planner.job.inputs import JobSpec
 
-NOT_TUNED = ("nodes", "nvme_path")  # a tune probes the plan on this node's --gpus
+NOT_TUNED = ("nodes", "nvme_path", "node", "inter_node_gbps")  # a tune probes the plan on this node's --gpus
 TUNE = "Tune"
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from planner.job.inputs import ResolvedJob
-from search import Coefficients, SearchResult
+from search import Candidate, Coefficients, SearchResult
 from search import search as run_search
 from store.records import Hardware, Workload
 from store.sizes import format_bytes
@@ -32,12 +32,15 @@ def what_would_fit(
     workload, hardware = job.workload, job.hardware
     lines: list[str] = []
 
-    def fits(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> str | None:
+    def best_fit(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> Candidate | None:
         try:
             hybrid = ("hybrid-engine",)
-            best = run_search(w, h, coef, lora_ranks=ranks, rollouts=hybrid, closest=False, alternatives=0).best
+            return run_search(w, h, coef, lora_ranks=ranks, rollouts=hybrid, closest=False, alternatives=0).best
         except ValueError:  # the batch does not split over the new GPU count
             return None
+
+    def fits(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> str | None:
+        best = best_fit(w, h, ranks)
         return None if best is None else best.strategy.describe()
 
     for rank in LORA_RANKS if include_lora else ():
@@ -57,10 +60,13 @@ def what_would_fit(
         if found:
             lines.append(f"{gpus} GPUs per node fit: {found} (--gpus {gpus} --batch {batch})")
             break
-    bigger_host = replace(hardware, cpu_memory_bytes=hardware.cpu_memory_bytes * 4)
-    found = fits(h=bigger_host)
-    if found:
-        lines.append(f"{format_bytes(bigger_host.cpu_memory_bytes)} of host memory fits: {found} (--cpu-mem)")
+    roomy = best_fit(h=replace(hardware, cpu_memory_bytes=hardware.cpu_memory_bytes * 4))
+    if roomy is not None:  # said with what it needs, not the 4x searched: the job's host memory may be assumed
+        needed, has = roomy.prediction.host_bytes, format_bytes(hardware.cpu_memory_bytes)
+        lines.append(
+            f"{format_bytes(needed)} of host memory per node fits (the job has {has}): "
+            f"{roomy.strategy.describe()} (--cpu-mem {-(-needed // 2**30)}G)"
+        )
     if workload.seq_len >= 256:
         shorter, flags = _half_length(workload)
         found = fits(w=shorter)

@@ -138,7 +138,7 @@ def probe_program(
     spec = cpu_probe_dtype(spec, device, readings.append)
     if spec.gpu_mem is None and spec.gpu is None:  # as planner probe: the GPU memory the probe plans for
         spec = replace(spec, gpu_mem=PROBE_GPU_MEM.get(device, PROBE_GPU_MEM["cuda"]))
-    resolved: ResolvedJob = resolve(spec, db)
+    resolved: ResolvedJob = resolve(spec, db, local=True)  # the program runs here: this machine's host memory
     if resolved.workload.is_rlhf:
         raise InputError("planner probe -- CMD measures single-model programs (sft, reward, dpo); not RLHF yet")
     check_ranks(resolved, device)

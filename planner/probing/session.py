@@ -66,7 +66,8 @@ def probe(
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     readings: list[str] = []  # said once the whole input is checked: a refused probe prints one line
     spec = cpu_probe_dtype(spec, device, readings.append)
-    resolved = resolve(spec, db)  # a traced model's shape is cached in the probe's own database
+    # a traced model's shape is cached in the probe's own database; the probes run here: this machine's host memory
+    resolved = resolve(spec, db, local=True)
     check_ranks(resolved, device)
     if device == "cpu":
         from probes.measure.cpu_support import cpu_dtype_unsupported_reason  # lazy on purpose: probes loads torch

@@ -72,7 +72,7 @@ def tune(
     spec = cpu_probe_dtype(spec, device, readings.append)
     if spec.gpu_mem is None and spec.gpu is None:
         spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
-    resolved = resolve(spec, db)
+    resolved = resolve(spec, db, local=True)  # the probes run here: this machine's host memory
     if resolved.workload.framework != DEFAULT_FRAMEWORK:
         readings.append(
             f"--framework {resolved.workload.framework}: candidates are ranked for its program, but each probe runs "

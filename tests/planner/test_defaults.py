@@ -20,6 +20,7 @@ from planner.job.inputs import (
     DEFAULT_ATTN_IMPL,
     DEFAULT_BATCH_PER_GPU,
     DEFAULT_GEN_LEN,
+    DEFAULT_GPUS,
     DEFAULT_GRPO_SAMPLES,
     DEFAULT_PROMPT_LEN,
     DEFAULT_SEQ_LEN,
@@ -75,7 +76,7 @@ def test_the_readme_states_the_same_defaults() -> None:
         "samples-per-prompt": str(DEFAULT_GRPO_SAMPLES),
         "dtype": "bf16",
         "attn-impl": SPEC_DEFAULTS["attn_impl"] or DEFAULT_ATTN_IMPL,  # None: the framework's, else sdpa
-        "gpus": str(SPEC_DEFAULTS["gpus"]),
+        "gpus": str(DEFAULT_GPUS),  # JobSpec's None: the node's GPUs per node with --node, else DEFAULT_GPUS
         "nodes": str(SPEC_DEFAULTS["nodes"]),
         "ppo-epochs": str(SPEC_DEFAULTS["ppo_epochs"]),
         "safety-margin": str(SPEC_DEFAULTS["safety_margin"]),

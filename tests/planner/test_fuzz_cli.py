@@ -453,6 +453,7 @@ FLOAT_SLOTS = [
     ("probe", "--timeout", 0.0, 86_400.0, True),
     ("tune", "--timeout", 0.0, 86_400.0, True),
     *((c, "--safety-margin", 0.0, 0.4999, False) for c in ("recommend", "predict", "check", "tune")),
+    *((c, "--inter-node-gbps", 0.0, 100_000.0, True) for c in ("recommend", "predict", "check")),
 ]
 
 BAD_COUNTS_OF_A_MODEL = st.one_of(
@@ -784,6 +785,9 @@ LISTED: list[tuple[str, Case, str]] = [
     ("export-into-a-missing-folder", _case("export", options={"-o": "@missing/ds.json"}), "missing"),
     ("plot-into-a-missing-folder", _case("explain", options={"--plot": "@missing/m.html"}, positionals=["@id"]), ""),
     ("unknown-gpu", _case("recommend", options={"--gpu": "H900"}), "H900"),
+    ("unknown-node", _case("recommend", options={"--node": "dgx-h900"}), "dgx-h900"),
+    ("node-without-network", _case("predict", options={"--node": "workstation-4090", "--nodes": "2"}), "--inter"),
+    ("node-with-more-gpus", _case("check", options={"--node": "dgx-h100", "--gpus": "9"}), "--gpus 9"),
     ("unknown-workload", _case("recommend", options={"--workload": "pretrain"}), "pretrain"),
     ("unknown-device", _case("probe", options={"--device": "tpu"}), "--device"),
     ("tune-unknown-device", _case("tune", options={"--device": "tpu"}), "--device"),

@@ -31,7 +31,8 @@ NOT_OFFERED = {
     "predict": set(),
     # check's --batch fills a transformers config's "auto" batch keys
     "check": {"prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt"},
-    "probe": {"nvme_path", "safety_margin", "framework"},
+    # a probe runs on this machine, one node of a plan: no catalog node, no network between nodes
+    "probe": {"nvme_path", "safety_margin", "framework", "node", "inter_node_gbps"},
 }
 # Where a command may reach data: the public API (``planner``), its typed inputs and the CLI's own helpers.
 CLI_MAY_IMPORT = {
