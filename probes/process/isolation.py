@@ -59,7 +59,7 @@ __all__ = [
     "wait_group_gone",
 ]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # probes/process/isolation.py -> the checkout
 CHILD_MODULE = "probes.step.child"
 REQUEST_FILE, EVENTS_FILE, RESULT_FILE, LOG_FILE = "request.json", "events.jsonl", "result.json", "child.log"
 LOG_TAIL_CHARS = 4000
