@@ -15,8 +15,9 @@ from store.frameworks import DEFAULT_FRAMEWORK, VERSIONS, check_framework, defau
 from store.frameworks import FRAMEWORKS as FRAMEWORKS  # for the CLI, which reaches data through planner.job.inputs
 from store.gpus import GENERIC_PREFIX, generic_gpu, get_gpu
 from store.nodes import NodeSpec, get_node, least_host_memory_ratio, reference_node
-from store.records import ATTN_IMPLS, DTYPES, RLHF_WORKLOADS, WORKLOAD_KINDS, Hardware, Strategy, Workload
+from store.records import ATTN_IMPLS, DTYPES, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, format_bytes, parse_size
+from store.workload_kinds import traits
 
 DEFAULT_SEQ_LEN = 512
 DEFAULT_PROMPT_LEN = 256  # DeepSpeed-Chat step 3's --max_prompt_seq_len
@@ -361,7 +362,8 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             readings.append(f"attention: {requested} ({VERSIONS[framework]}'s default; pass --attn-impl)")
     if requested not in ATTN_IMPLS:
         raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {requested!r}")
-    rlhf = spec.workload in RLHF_WORKLOADS
+    kind = traits(spec.workload)
+    rlhf = kind.rlhf
     dtype = spec.dtype
     if dtype is None:
         dtype = "fp16" if hardware.gpu.name in NO_BF16_GPUS else "bf16"
@@ -387,9 +389,9 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
     others = {role: getattr(spec, role) for role in ("ref_model", "critic_model", "reward_model")}
     if not rlhf:
         extra = [f"--{role.replace('_', '-')}" for role, name in others.items() if name and role != "ref_model"]
-        if extra or (others["ref_model"] and spec.workload != "dpo"):
+        if extra or (others["ref_model"] and not kind.reference_model):
             raise InputError(f"{', '.join(extra) or '--ref-model'} only applies to RLHF workloads (ppo, remax, grpo)")
-    if spec.workload in ("remax", "grpo") and others["critic_model"]:
+    if rlhf and not kind.trains_critic and others["critic_model"]:
         raise InputError(f"--critic-model: {spec.workload} trains no critic (only ppo does)")
     specs = {role: resolve_model(name, readings, db, setting) if name else None for role, name in others.items()}
     for role, spec_model in [("--model", model)] + [(f"--{r.replace('_', '-')}", m) for r, m in specs.items() if m]:
@@ -408,7 +410,7 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             )
             attn_impl = "eager"
     samples = 1
-    if spec.workload == "grpo":
+    if kind.group_samples:
         samples = DEFAULT_GRPO_SAMPLES if spec.samples_per_prompt is None else spec.samples_per_prompt
         samples = _positive_int(samples, "--samples-per-prompt")
     elif spec.samples_per_prompt not in (None, 1):
