@@ -181,3 +181,53 @@ def test_the_public_names_are_the_api_functions_after_every_sub_package_is_loade
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+KIND_NAMES = frozenset({"sft", "reward", "dpo", "ppo", "remax", "grpo"})
+VARIADIC = ("add_row", "create_table")  # rich's table rows, alembic's columns: lists, not argument orders
+
+
+def _strings(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {text for element in node.elts for text in _strings(element)}
+    return set()
+
+
+def _project_trees() -> list[tuple[Path, ast.Module]]:
+    return [
+        (path, ast.parse(path.read_text(encoding="utf-8")))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    ]
+
+
+def test_what_a_workload_kind_implies_is_read_from_the_kind_table() -> None:
+    """No ``kind == "dpo"`` outside ``store/workload_kinds.py``: every implication is a field of its table."""
+    found = []
+    for path, tree in _project_trees():
+        if path.name == "workload_kinds.py":
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            named = {text for side in sides for text in _strings(side)} & KIND_NAMES
+            about_kind = any("kind" in ast.unparse(side) or "workload" in ast.unparse(side) for side in sides)
+            if named and about_kind:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_no_call_passes_eight_or_more_positional_arguments() -> None:
+    """Settings travel as records or keywords: a swapped pair of positional ints would pass mypy."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}"
+        for path, tree in _project_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and len([arg for arg in node.args if not isinstance(arg, ast.Starred)]) >= 8
+        and not ast.unparse(node.func).endswith(VARIADIC)
+    ]
+    assert found == []

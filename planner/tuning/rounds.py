@@ -136,6 +136,7 @@ def _outcome(result: ProbeResult, probe_id: str, budget: int) -> dict[str, Any]:
 def _announce(
     job: ResolvedJob,
     untested: list[str],
+    *,
     predicted: dict[str, Prediction],
     coef: Coefficients,
     settings: ProbeSettings,
@@ -261,11 +262,11 @@ def run_rounds(
                 _announce,
                 current,
                 untested,
-                predicted,
-                fitted,
-                settings,
-                max_probes - state.probes_run,
-                timed or bool(values),
+                predicted=predicted,
+                coef=fitted,
+                settings=settings,
+                budget=max_probes - state.probes_run,
+                timed=timed or bool(values),
             )
         starting = partial(_starting, announce, announced, on_note, on_progress, f"{state.probes_run + 1}/{max_probes}")
         try:
