@@ -60,10 +60,20 @@ def probe_cpu(db: str) -> None:
     strategies = folder / "strategies.json"
     strategies.write_text(json.dumps(CPU_STRATEGIES))
     probe(
-        str(folder), device="cpu", strategies=str(strategies), steps=4, layers="4", timeout_s=3600, db=db,
-        workload="sft", gpu_mem="24G", cpu_mem="64G", batch=8, seq_len=256,
+        str(folder),
+        device="cpu",
+        strategies=str(strategies),
+        steps=4,
+        layers="4",
+        timeout_s=3600,
+        db=db,
+        workload="sft",
+        gpu_mem="24G",
+        cpu_mem="64G",
+        batch=8,
+        seq_len=256,
         on_progress=lambda label, i, n: print(f"  probe {i + 1}/{n}: {label}", file=sys.stderr),
-    )  # fmt: skip
+    )
 
 
 def deepspeed_estimate(obs: Observation) -> float | None:
@@ -83,10 +93,14 @@ def deepspeed_estimate(obs: Observation) -> float | None:
         return float(estimate_zero2_model_states_mem_needs(model.total_params, gpus, 1, cpu_offload=offload)[1])
     return float(
         estimate_zero3_model_states_mem_needs(
-            model.total_params, largest_module_params(model), gpus, 1, cpu_offload=offload,
+            model.total_params,
+            largest_module_params(model),
+            gpus,
+            1,
+            cpu_offload=offload,
             cpu_offload_params=strategy.get("offload_param", "none") != "none",
         )[1]
-    )  # fmt: skip
+    )
 
 
 def _cell(stats: dict[str, Any] | None) -> str:

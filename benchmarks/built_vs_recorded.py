@@ -56,9 +56,15 @@ def main() -> int:
         strategies.write_text(json.dumps([strategy]))
         db = str(Path(folder) / "plans.db")
         report = probe(
-            args.model, device="cpu", strategies=str(strategies), steps=3, layers=str(args.layers),
-            timeout_s=3600.0, db=db, **job,
-        )  # fmt: skip
+            args.model,
+            device="cpu",
+            strategies=str(strategies),
+            steps=3,
+            layers=str(args.layers),
+            timeout_s=3600.0,
+            db=db,
+            **job,
+        )
         # a small model is probed whole too (planner.probing.plan.depths_for): take the cut one
         (row,) = [r for r in report.rows if r.layers == args.layers]
         if row.outcome != "ok":
@@ -72,8 +78,10 @@ def main() -> int:
     coef = cpu_backend_coefficients(DEFAULT_COEFFICIENTS)
     built_replay = replay_memory(workload, Strategy.from_dict(strategy), resolved.hardware, coef, streams=False)
     built = dict(zip(built_replay.phase_names, ((p.allocated, p.reserved) for p in built_replay.phases), strict=True))
-    print(f"{args.model}, {args.layers} layers, ZeRO-{args.zero}, {args.micro_batch} x {args.seq_len} tokens"
-          f"{', checkpointed' if args.grad_ckpt else ''} (GiB)")  # fmt: skip
+    print(
+        f"{args.model}, {args.layers} layers, ZeRO-{args.zero}, {args.micro_batch} x {args.seq_len} tokens"
+        f"{', checkpointed' if args.grad_ckpt else ''} (GiB)"
+    )
     print("| phase | recorded allocated | built allocated | recorded reserved | built reserved | reserved |")
     print("|---|---|---|---|---|---|")
     for name in PHASES:

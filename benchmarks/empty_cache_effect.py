@@ -24,18 +24,28 @@ def main() -> None:
     for gpus in (1, 8):
         hw = Hardware(gpu=gpu, gpu_memory_bytes=gpu.memory_bytes, gpus=gpus, cpu_memory_bytes=256 * GiB)
         w = Workload(
-            kind="ppo", model=get_model("opt-1.3b"), seq_len=512, global_batch=8 * gpus, prompt_len=256, gen_len=256,
-            critic_model=get_model("opt-350m"), reward_model=get_model("opt-350m"),
-        )  # fmt: skip
+            kind="ppo",
+            model=get_model("opt-1.3b"),
+            seq_len=512,
+            global_batch=8 * gpus,
+            prompt_len=256,
+            gen_len=256,
+            critic_model=get_model("opt-350m"),
+            reward_model=get_model("opt-350m"),
+        )
         for stage in (2, 3):
             for allocator in ("default", "expandable-segments"):
                 frozen = FrozenModelStrategy(3 if stage == 3 else 0)
                 strategy = RLHFStrategy(
                     actor=TrainedModelStrategy(stage, gradient_checkpointing=True),
                     critic=TrainedModelStrategy(stage, gradient_checkpointing=True),
-                    reference=frozen, reward=frozen, generation_batch=4, micro_batch=4, grad_accum=2,
+                    reference=frozen,
+                    reward=frozen,
+                    generation_batch=4,
+                    micro_batch=4,
+                    grad_accum=2,
                     allocator=allocator,
-                )  # fmt: skip
+                )
                 never = predict(w, strategy.with_(empty_cache="never"), hw, DEFAULT_COEFFICIENTS)
                 after = predict(w, strategy.with_(empty_cache="after-inference"), hw, DEFAULT_COEFFICIENTS)
                 saved = 1 - after.peak_reserved_bytes / never.peak_reserved_bytes

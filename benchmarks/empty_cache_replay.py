@@ -48,9 +48,15 @@ def main() -> None:
     for gpus in (1, 4):
         hw = Hardware(gpu=gpu, gpu_memory_bytes=gpu.memory_bytes, gpus=gpus, cpu_memory_bytes=256 * GiB)
         w = Workload(
-            kind="ppo", model=get_model("opt-1.3b"), seq_len=512, global_batch=8 * gpus, prompt_len=256, gen_len=256,
-            critic_model=get_model("opt-350m"), reward_model=get_model("opt-350m"),
-        )  # fmt: skip
+            kind="ppo",
+            model=get_model("opt-1.3b"),
+            seq_len=512,
+            global_batch=8 * gpus,
+            prompt_len=256,
+            gen_len=256,
+            critic_model=get_model("opt-350m"),
+            reward_model=get_model("opt-350m"),
+        )
         for stage in (1, 2, 3):
             for offload in ("none", "cpu"):
                 for ckpt in (False, True):
@@ -58,9 +64,15 @@ def main() -> None:
                         layout = TrainedModelStrategy(stage, offload_optimizer=offload, gradient_checkpointing=ckpt)
                         frozen = FrozenModelStrategy(3 if stage == 3 else 0)
                         strategy = RLHFStrategy(
-                            actor=layout, critic=layout, reference=frozen, reward=frozen, hybrid_engine=hybrid,
-                            generation_batch=4, micro_batch=4, grad_accum=2,
-                        )  # fmt: skip
+                            actor=layout,
+                            critic=layout,
+                            reference=frozen,
+                            reward=frozen,
+                            hybrid_engine=hybrid,
+                            generation_batch=4,
+                            micro_batch=4,
+                            grad_accum=2,
+                        )
                         never, never_s = _replayed(w, strategy, hw, "never")
                         after, after_s = _replayed(w, strategy, hw, "after-inference")
                         closed_never = screen(w, strategy.with_(empty_cache="never"), hw, COEF)

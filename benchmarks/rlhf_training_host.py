@@ -158,8 +158,10 @@ def main() -> int:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", mode, "--steps", str(args.steps)],
                 env={**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")},
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                check=False,
+            )
         finally:
             release_shared_memory(env["MASTER_PORT"])
         lines = [line for line in done.stdout.splitlines() if line.startswith("MEMPLAN_RESULT ")]

@@ -62,8 +62,9 @@ class SimulatedH100:
         prediction = prediction_under(obs, self.truth, DEFAULT_COEFFICIENTS)
         step = prediction.step_time_s
         if prediction.peak_reserved_bytes > request.hardware["gpu_memory_bytes"]:
-            return ProbeResult(outcome="oom", message="CUDA out of memory", fingerprint=self.fingerprint,
-                               wall_s=self.setup_s)  # fmt: skip
+            return ProbeResult(
+                outcome="oom", message="CUDA out of memory", fingerprint=self.fingerprint, wall_s=self.setup_s
+            )
         phases = tuple(
             PhaseMeasurement(p.name, p.peak_allocated_bytes, p.peak_reserved_bytes, p.time_s * p.count)
             for p in prediction.phases
@@ -84,7 +85,7 @@ def h100_truth() -> tuple[dict[str, float], float]:
     return dict(fit.values), statistics.median(setups)
 
 
-def tune_row(label: str, model: str, device: str, runner: Any, db: str, **job: Any) -> dict[str, Any]:
+def tune_row(label: str, model: str, *, device: str, runner: Any, db: str, **job: Any) -> dict[str, Any]:
     from planner import tune
 
     start = time.perf_counter()
@@ -110,26 +111,74 @@ def main() -> None:
     truth, setup_s = h100_truth()
     h100 = {"gpu": "H100", "cpu_mem": "128G"}
     rows = [
-        tune_row("OPT-1.3b sft, simulated H100", "opt-1.3b", "cuda", SimulatedH100(truth, setup_s),
-                 str(folder / "sft.db"), workload="sft", seq_len=512, batch=8, **h100),
-        tune_row("OPT-1.3b sft, simulated H100 held to 20 GiB", "opt-1.3b", "cuda", SimulatedH100(truth, setup_s),
-                 str(folder / "sft-20g.db"), workload="sft", seq_len=1024, batch=16, gpu="H100", gpu_mem="20G",
-                 cpu_mem="128G"),
-        tune_row("OPT-1.3b/350m ppo, simulated H100", "opt-1.3b", "cuda", SimulatedH100(truth, setup_s),
-                 str(folder / "ppo.db"), workload="ppo", critic_model="opt-350m", prompt_len=256, gen_len=256,
-                 batch=4, **h100),
-    ]  # fmt: skip
+        tune_row(
+            "OPT-1.3b sft, simulated H100",
+            "opt-1.3b",
+            device="cuda",
+            runner=SimulatedH100(truth, setup_s),
+            db=str(folder / "sft.db"),
+            workload="sft",
+            seq_len=512,
+            batch=8,
+            **h100,
+        ),
+        tune_row(
+            "OPT-1.3b sft, simulated H100 held to 20 GiB",
+            "opt-1.3b",
+            device="cuda",
+            runner=SimulatedH100(truth, setup_s),
+            db=str(folder / "sft-20g.db"),
+            workload="sft",
+            seq_len=1024,
+            batch=16,
+            gpu="H100",
+            gpu_mem="20G",
+            cpu_mem="128G",
+        ),
+        tune_row(
+            "OPT-1.3b/350m ppo, simulated H100",
+            "opt-1.3b",
+            device="cuda",
+            runner=SimulatedH100(truth, setup_s),
+            db=str(folder / "ppo.db"),
+            workload="ppo",
+            critic_model="opt-350m",
+            prompt_len=256,
+            gen_len=256,
+            batch=4,
+            **h100,
+        ),
+    ]
     if not args.skip_cpu:
         model = folder / "llama-small"
         model.mkdir()
         (model / "config.json").write_text(json.dumps(SMALL_LLAMA))
         cpu = {"gpu_mem": "2G", "cpu_mem": "64G"}
         rows += [
-            tune_row("small Llama sft, CPU backend", str(model), "cpu", None, str(folder / "cpu-sft.db"),
-                     workload="sft", seq_len=256, batch=8, **cpu),
-            tune_row("small Llama ppo, CPU backend", str(model), "cpu", None, str(folder / "cpu-ppo.db"),
-                     workload="ppo", prompt_len=64, gen_len=64, batch=2, **cpu),
-        ]  # fmt: skip
+            tune_row(
+                "small Llama sft, CPU backend",
+                str(model),
+                device="cpu",
+                runner=None,
+                db=str(folder / "cpu-sft.db"),
+                workload="sft",
+                seq_len=256,
+                batch=8,
+                **cpu,
+            ),
+            tune_row(
+                "small Llama ppo, CPU backend",
+                str(model),
+                device="cpu",
+                runner=None,
+                db=str(folder / "cpu-ppo.db"),
+                workload="ppo",
+                prompt_len=64,
+                gen_len=64,
+                batch=2,
+                **cpu,
+            ),
+        ]
     lo, hi = AUTOTUNER["experiments"]
     lines = [
         "# Cost of a confirmed plan: planner tune against the DeepSpeed autotuner",

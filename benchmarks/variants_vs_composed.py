@@ -43,8 +43,9 @@ def _rows(name: str, rank: int) -> list[tuple[str, ...]]:
     for knob, checkpointing, lora in KNOBS:
         r = rank if lora else 0
         for b, s in SHAPES:
-            traced = activations(spec, b, s, "bf16", "sdpa", checkpointing, DEFAULT_COEFFICIENTS, r)
-            old = activations(composed, b, s, "bf16", "sdpa", checkpointing, DEFAULT_COEFFICIENTS, r)
+            knobs = {"checkpointing": checkpointing, "coef": DEFAULT_COEFFICIENTS, "lora_rank": r}
+            traced = activations(spec, b, s, "bf16", "sdpa", **knobs)
+            old = activations(composed, b, s, "bf16", "sdpa", **knobs)
             bwd_traced = traced.backward_working + traced.recompute
             bwd_old = old.backward_working + old.recompute
             rows.append(
@@ -58,7 +59,7 @@ def _rows(name: str, rank: int) -> list[tuple[str, ...]]:
                     _mib(bwd_traced),
                     _mib(bwd_old),
                     _pct(bwd_old, bwd_traced),
-                )  # fmt: skip
+                )
             )
     return rows
 

@@ -1,4 +1,4 @@
-"""What the cost model returns: frozen records in the shape of DESIGN.md's ``predicted`` block."""
+"""What the cost model returns: frozen records in the shape of docs/contracts.md's ``predicted`` block."""
 
 from __future__ import annotations
 

@@ -62,7 +62,9 @@ def _gpt2(n_embd: int, n_layer: int, n_head: int) -> dict[str, Any]:
     }
 
 
-def _decoder(model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, **more: Any) -> dict[str, Any]:
+def _decoder(
+    model_type: str, *, hidden: int, inter: int, layers: int, heads: int, kv: int, **more: Any
+) -> dict[str, Any]:
     # The Llama-like families (llama, mistral, qwen2): RMSNorm, SwiGLU, rotary positions, GQA.
     return {
         "model_type": model_type,
@@ -81,11 +83,24 @@ def _decoder(model_type: str, hidden: int, inter: int, layers: int, heads: int, 
 def _llama2(hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[str, Any]:
     # meta-llama/Llama-2-*-hf: 32k vocab, 4k context, untied head; 70b uses GQA (8 kv heads).
     return _decoder(
-        "llama", hidden, inter, layers, heads, kv,
-        vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
-        rope_scaling=None, attention_bias=False, mlp_bias=False, pretraining_tp=1,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        "llama",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=kv,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        attention_bias=False,
+        mlp_bias=False,
+        pretraining_tp=1,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def _llama3(hidden: int, inter: int, layers: int, heads: int, factor: float, **more: Any) -> dict[str, Any]:
@@ -98,19 +113,43 @@ def _llama3(hidden: int, inter: int, layers: int, heads: int, factor: float, **m
         "original_max_position_embeddings": 8192,
     }
     return _decoder(
-        "llama", hidden, inter, layers, heads, 8,
-        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling=rope, attention_bias=False, mlp_bias=False, pretraining_tp=1,
-        bos_token_id=128000, eos_token_id=128001, **more,
-    )  # fmt: skip
+        "llama",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=8,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=rope,
+        attention_bias=False,
+        mlp_bias=False,
+        pretraining_tp=1,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        **more,
+    )
 
 
 def _mistral(vocab: int, rope_theta: float, sliding_window: int | None) -> dict[str, Any]:
     return _decoder(
-        "mistral", 4096, 14336, 32, 32, 8,
-        vocab_size=vocab, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=rope_theta,
-        sliding_window=sliding_window, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        "mistral",
+        hidden=4096,
+        inter=14336,
+        layers=32,
+        heads=32,
+        kv=8,
+        vocab_size=vocab,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        rope_theta=rope_theta,
+        sliding_window=sliding_window,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def _qwen25(
@@ -120,67 +159,147 @@ def _qwen25(
     # 7B and up have an untied head over 152064 rows. Sliding window is off.
     small = hidden <= 2048
     return _decoder(
-        "qwen2", hidden, inter, layers, heads, kv,
-        vocab_size=151936 if small else 152064, max_position_embeddings=positions,
-        rms_norm_eps=1e-6 if hidden <= 3584 else 1e-5, rope_theta=1000000.0,
-        use_sliding_window=False, sliding_window=positions, max_window_layers=window_layers or layers,
-        tie_word_embeddings=small, bos_token_id=151643, eos_token_id=151643,
-    )  # fmt: skip
+        "qwen2",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=kv,
+        vocab_size=151936 if small else 152064,
+        max_position_embeddings=positions,
+        rms_norm_eps=1e-6 if hidden <= 3584 else 1e-5,
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        sliding_window=positions,
+        max_window_layers=window_layers or layers,
+        tie_word_embeddings=small,
+        bos_token_id=151643,
+        eos_token_id=151643,
+    )
 
 
 def _qwen3(hidden: int, inter: int, layers: int, heads: int, tie: bool) -> dict[str, Any]:
     # Qwen/Qwen3-* dense: q/k RMSNorm, 128-wide heads, 8 kv heads, 40960 positions; <= 4B tie the head.
     return _decoder(
-        "qwen3", hidden, inter, layers, heads, 8,
-        head_dim=128, vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        rope_theta=1000000.0, attention_bias=False, tie_word_embeddings=tie,
-        bos_token_id=151643, eos_token_id=151645,
-    )  # fmt: skip
+        "qwen3",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        attention_bias=False,
+        tie_word_embeddings=tie,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
 
 
 def _qwen3_moe(hidden: int, expert_inter: int, layers: int, heads: int) -> dict[str, Any]:
     # Qwen/Qwen3-*-A*B: every layer is sparse, 128 routed experts, 8 per token, 4 kv heads, no shared expert.
     return _decoder(
-        "qwen3_moe", hidden, 3 * expert_inter * 2, layers, heads, 4,
-        head_dim=128, moe_intermediate_size=expert_inter, num_experts=128, num_experts_per_tok=8,
-        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, vocab_size=151936,
-        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
-        bos_token_id=151643, eos_token_id=151645,
-    )  # fmt: skip
+        "qwen3_moe",
+        hidden=hidden,
+        inter=3 * expert_inter * 2,
+        layers=layers,
+        heads=heads,
+        kv=4,
+        head_dim=128,
+        moe_intermediate_size=expert_inter,
+        num_experts=128,
+        num_experts_per_tok=8,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
 
 
-def _gemma(model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int,
-           **more: Any) -> dict[str, Any]:  # fmt: skip
+def _gemma(
+    model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int, **more: Any
+) -> dict[str, Any]:
     # google/gemma-2-* and the text models of gemma-3-*: tied head, GeGLU (tanh GELU), sandwich norms.
     return _decoder(
-        model_type, hidden, inter, layers, heads, kv, head_dim=head_dim, hidden_activation="gelu_pytorch_tanh",
-        tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1, pad_token_id=0, **more,
-    )  # fmt: skip
+        model_type,
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        **more,
+    )
 
 
 def _gemma3(hidden: int, inter: int, layers: int, heads: int, kv: int, head_dim: int) -> dict[str, Any]:
     return _gemma(
-        "gemma3_text", hidden, inter, layers, heads, kv, head_dim,
-        vocab_size=262144 if hidden <= 1152 else 262208, max_position_embeddings=131072 if hidden > 1152 else 32768,
-        sliding_window=512 if hidden <= 1152 else 1024, query_pre_attn_scalar=256 if head_dim == 256 else 168,
-    )  # fmt: skip
+        "gemma3_text",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        vocab_size=262144 if hidden <= 1152 else 262208,
+        max_position_embeddings=131072 if hidden > 1152 else 32768,
+        sliding_window=512 if hidden <= 1152 else 1024,
+        query_pre_attn_scalar=256 if head_dim == 256 else 168,
+    )
 
 
-def _phi3(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, positions: int,
-          **more: Any) -> dict[str, Any]:  # fmt: skip
+def _phi3(
+    hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, positions: int, **more: Any
+) -> dict[str, Any]:
     # microsoft/Phi-3.5 and Phi-4: fused qkv_proj and gate_up_proj linears, untied head unless said.
     return _decoder(
-        "phi3", hidden, inter, layers, heads, kv, vocab_size=vocab, max_position_embeddings=positions,
-        rms_norm_eps=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, **more,
-    )  # fmt: skip
+        "phi3",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=kv,
+        vocab_size=vocab,
+        max_position_embeddings=positions,
+        rms_norm_eps=1e-5,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        **more,
+    )
 
 
 def _smollm2(hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[str, Any]:
     # HuggingFaceTB/SmolLM2-*: Llama blocks, 49152 vocab, tied head, 8k context.
     return _decoder(
-        "llama", hidden, inter, layers, heads, kv, vocab_size=49152, max_position_embeddings=8192,
-        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        "llama",
+        hidden=hidden,
+        inter=inter,
+        layers=layers,
+        heads=heads,
+        kv=kv,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 CATALOG: tuple[Entry, ...] = (
@@ -239,7 +358,7 @@ CATALOG: tuple[Entry, ...] = (
             "meta-llama/Meta-Llama-3-8B",
         ),
         _llama3(4096, 14336, 32, 32, 8.0, tie_word_embeddings=False),
-    ),  # fmt: skip
+    ),
     (
         "llama-3.1-70b",
         (
@@ -251,7 +370,7 @@ CATALOG: tuple[Entry, ...] = (
             "meta-llama/Meta-Llama-3-70B",
         ),
         _llama3(8192, 28672, 80, 64, 8.0, tie_word_embeddings=False),
-    ),  # fmt: skip
+    ),
     # "mistral-7b" is v0.1 (32000 vocab, 4096 sliding window); v0.3 (32768 vocab, no window) is separate.
     ("mistral-7b", ("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1"), _mistral(32000, 10000.0, 4096)),
     ("mistral-7b-v0.3", ("mistralai/Mistral-7B-v0.3",), _mistral(32768, 1000000.0, None)),
@@ -312,11 +431,11 @@ CATALOG: tuple[Entry, ...] = (
         ("mistralai/Mixtral-8x7B-v0.1",),
         _decoder(
             "mixtral",
-            4096,
-            14336,
-            32,
-            32,
-            8,
+            hidden=4096,
+            inter=14336,
+            layers=32,
+            heads=32,
+            kv=8,
             num_local_experts=8,
             num_experts_per_tok=2,
             vocab_size=32000,
@@ -328,7 +447,7 @@ CATALOG: tuple[Entry, ...] = (
             bos_token_id=1,
             eos_token_id=2,
         ),
-    ),  # fmt: skip
+    ),
     # DeepSeek-R1 distills: Qwen2.5-Math / Qwen2.5 and Llama 3.1 / 3.3 shapes.
     (
         "deepseek-r1-distill-qwen-1.5b",
@@ -368,11 +487,11 @@ CATALOG: tuple[Entry, ...] = (
         ("HuggingFaceTB/SmolLM3-3B",),
         _decoder(
             "smollm3",
-            2048,
-            11008,
-            36,
-            16,
-            4,
+            hidden=2048,
+            inter=11008,
+            layers=36,
+            heads=16,
+            kv=4,
             vocab_size=128256,
             max_position_embeddings=65536,
             rms_norm_eps=1e-6,
@@ -382,5 +501,5 @@ CATALOG: tuple[Entry, ...] = (
             bos_token_id=128000,
             eos_token_id=128012,
         ),
-    ),  # fmt: skip
+    ),
 )

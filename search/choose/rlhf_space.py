@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 from search.batches import divisors as increasing_divisors
 from search.choose.single_space import outer_points
-from search.model.fused_head import workload_head
 from search.model.host import trained_host_bytes
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
-from search.rlhf.models import frozen_model, trained_model
-from search.rlhf.step import generation_phase, scoring_forward, trained_init_cached
+from search.rlhf.models import frozen_model, role_micro_batch, trained_init_cached, trained_model
+from search.rlhf.step import generation_phase, scoring_forward
 from search.rlhf.timing import ema_time, gae_seconds
 from search.step.phases import LIVE_PARTS, Live, trained_factor
 from store.records import (
@@ -180,7 +179,15 @@ def role_seconds(
         seconds = generation_phase(ctx, placed, hybrid_engine, generation_batch).time_s + seconds
     w, job = ctx.workload, ctx.job
     trained = trained_model(ctx, role, block, grad_accum)
-    trained_seconds = training_time(trained, micro_batch, grad_accum, job.seq_len, w.dtype, ctx.hardware, ctx.coef)
+    trained_seconds = training_time(
+        trained,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        seq_len=job.seq_len,
+        dtype=w.dtype,
+        hardware=ctx.hardware,
+        coef=ctx.coef,
+    )
     extra = ema_time(trained, w.dtype, ctx.hardware, ctx.coef) if (role == "actor" and ema) else 0.0
     return seconds + w.ppo_epochs * (trained_seconds.total + extra)
 
@@ -207,7 +214,7 @@ def role_live_floor(
     """The least a model's own moments (its generation, scoring forward, training) add to the resident bytes
     under a split, fragments included: live bytes plus within-phase fragments with expandable segments and
     nothing carried (``after-phase``); the other model's gradients and a larger scoring factor only add."""
-    w, coef = ctx.workload, ctx.coef
+    coef = ctx.coef
     generation_batch, micro_batch, grad_accum = batches
     moments: list[tuple[Live, float]] = []
     if role in ("reference", "reward"):
@@ -222,9 +229,8 @@ def role_live_floor(
             moments += [(m, generation.factor) for m in generation.moments]
         trained = trained_model(ctx, role, block, grad_accum)
         factor = trained_factor(trained, coef, training=True)
-        seq_len = ctx.job.seq_len
-        head = workload_head(w, trained.layout.lora_rank, micro_batch, seq_len) if role == "actor" else None
-        trained_moments = training_live(trained, None, micro_batch, seq_len, w.dtype, w.attn_impl, coef, head)
+        batch = role_micro_batch(ctx, role, trained.layout.lora_rank, micro_batch)
+        trained_moments = training_live(trained, None, batch)
         moments += [(m, factor) for m in trained_moments]
     share = coef.frag_expandable_factor * coef.frag_within_step
     # what this model's own engine init left cached: the step keeps at least that much (the larger model's)

@@ -83,13 +83,35 @@ def rollout_options(workload: Workload, hardware: Hardware) -> tuple[RolloutStra
     options = []
     for engine in SEARCHED_ENGINES:
         for tp in tensor_parallel_choices(hardware):
-            options.append(RolloutStrategy(engine, "colocate", 0, tp, None, 2, True, False))
+            options.append(
+                RolloutStrategy(
+                    engine=engine,
+                    placement="colocate",
+                    engine_gpus=0,
+                    tensor_parallel=tp,
+                    gpu_memory_utilization=None,
+                    sleep_level=2,
+                    offload_training=True,
+                    enforce_eager=False,
+                )
+            )
         engine_gpus = max(1, hardware.gpus // 4)
         trainer_gpus = hardware.gpus - engine_gpus
         if trainer_gpus >= 1 and workload.global_batch % (trainer_gpus * hardware.nodes) == 0:
             for tp in tensor_parallel_choices(hardware):
                 if engine_gpus % tp == 0:
-                    options.append(RolloutStrategy(engine, "separate", engine_gpus, tp, None, 0, False, False))
+                    options.append(
+                        RolloutStrategy(
+                            engine=engine,
+                            placement="separate",
+                            engine_gpus=engine_gpus,
+                            tensor_parallel=tp,
+                            gpu_memory_utilization=None,
+                            sleep_level=0,
+                            offload_training=False,
+                            enforce_eager=False,
+                        )
+                    )
     return tuple(options)
 
 
@@ -134,12 +156,30 @@ def engine_seconds(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> f
     sequences = replica_sequences(ctx, rollout)
     running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
     generate = job.generate_passes * rollout_seconds(
-        w.model, sequences, job.prompt_len, job.gen_len, running, w.dtype, tp, rollout.enforce_eager, hw, coef
+        w.model,
+        sequences=sequences,
+        prompt_len=job.prompt_len,
+        gen_len=job.gen_len,
+        max_running=running,
+        dtype=w.dtype,
+        tensor_parallel=tp,
+        enforce_eager=rollout.enforce_eager,
+        hardware=hw,
+        coef=coef,
     )
     weights = int(engine_weight_bytes(w.model, w.dtype, tp))
     sleep = sleep_wake_seconds(weights, rollout.sleep_level, hw, coef) if rollout.colocated else 0.0
     tensors = len(weight_tensors(w.model, w.dtype))
-    sync = weight_sync_seconds(w.model, w.dtype, zero3, rollout.colocated, tp, tensors, hw, coef)
+    sync = weight_sync_seconds(
+        w.model,
+        dtype=w.dtype,
+        zero3=zero3,
+        colocated=rollout.colocated,
+        tensor_parallel=tp,
+        tensors=tensors,
+        trainer=hw,
+        coef=coef,
+    )
     return generate + sleep + sync
 
 
@@ -176,14 +216,14 @@ def _engine_floor(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
         return 2**62  # it cannot hold the rollout on this GPU at all
     memory = engine_memory_at(
         rollout,
-        w.model,
-        w.dtype,
-        hw.gpu_memory_bytes,
-        fitting[0],
-        limits,
-        ctx.job.seq_len,
-        hw.gpu_memory_bytes,
-        ctx.coef,
+        model=w.model,
+        dtype=w.dtype,
+        gpu_memory_bytes=hw.gpu_memory_bytes,
+        utilization=fitting[0],
+        limits=limits,
+        max_model_len=ctx.job.seq_len,
+        free_bytes_at_start=hw.gpu_memory_bytes,
+        coef=ctx.coef,
     )
     return memory.awake if memory is not None else 2**62
 

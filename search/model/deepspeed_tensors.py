@@ -101,6 +101,7 @@ def first_flush_layers(model: ModelSpec, lm_head: bool, lora_rank: int, bucket_e
 
 
 def zero0_moments(
+    *,
     states: ModelStates,
     work: ZeroWorkspace,
     logits: LossLogits,
@@ -139,6 +140,7 @@ def zero0_moments(
 
 
 def zero2_moments(
+    *,
     model: ModelSpec,
     lm_head: bool,
     lora_rank: int,

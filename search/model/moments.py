@@ -120,7 +120,16 @@ def training_moments(
     ]
     named: dict[str, list[NamedTensors]] | None = None
     if zero_stage == 0:
-        moments = zero0_moments(states, work, logits, base, gathered_params, forward, backward, inflight)
+        moments = zero0_moments(
+            states=states,
+            work=work,
+            logits=logits,
+            base=base,
+            gathered_params=gathered_params,
+            forward=forward,
+            backward=backward,
+            inflight=inflight,
+        )
         return with_loss_tensors(moments, logits, d)
     elif not work.norm_in_backward and (
         zero_stage == 2 or (zero_stage == 1 and work.comm_overlapped and not accumulating)
@@ -128,9 +137,21 @@ def training_moments(
         # ZeRO-1 takes ZeRO-2's path where its gradient hooks reduce as they fire (overlap_comm; every micro-step
         # an accumulation boundary): reduce_ipg_grads copies its partition's gradients into grads_in_partition
         moments = zero2_moments(
-            model, lm_head, lora_rank, accumulating, states, work, acts, logits, base, gathered_params, forward,
-            backward, inflight, d,
-        )  # fmt: skip
+            model=model,
+            lm_head=lm_head,
+            lora_rank=lora_rank,
+            accumulating=accumulating,
+            states=states,
+            work=work,
+            acts=acts,
+            logits=logits,
+            base=base,
+            gathered_params=gathered_params,
+            forward=forward,
+            backward=backward,
+            inflight=inflight,
+            d=d,
+        )
         return with_loss_tensors(moments, logits, d)
     elif zero_stage in (1, 2):
         at_end = work.carried_grads if zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition

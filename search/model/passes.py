@@ -38,9 +38,9 @@ def _pass(
     dtype: str,
     gpu: GPUSpec,
     coef: Coefficients,
+    *,
     lora_rank: int,
     lm_head: bool,
-    *,
     backward: bool,
     loss: bool,
 ) -> PassSeconds:
@@ -86,7 +86,9 @@ def forward_pass(
 ) -> PassSeconds:
     """One forward over ``sequences`` x ``seq_len`` tokens: the layers, the head and (``loss``) HF's loss
     or an RLHF log-softmax over the logits."""
-    return _pass(model, sequences, seq_len, dtype, gpu, coef, lora_rank, lm_head, backward=False, loss=loss)
+    return _pass(
+        model, sequences, seq_len, dtype, gpu, coef, lora_rank=lora_rank, lm_head=lm_head, backward=False, loss=loss
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -130,7 +132,9 @@ def backward_pass(
     lm_head: bool = True,
 ) -> PassSeconds:
     """One backward with the loss's, without the recompute of checkpointed layers and DeepSpeed's hooks."""
-    return _pass(model, sequences, seq_len, dtype, gpu, coef, lora_rank, lm_head, backward=True, loss=True)
+    return _pass(
+        model, sequences, seq_len, dtype, gpu, coef, lora_rank=lora_rank, lm_head=lm_head, backward=True, loss=True
+    )
 
 
 def trainable_tensors(model: ModelSpec, lora_rank: int, *, lm_head: bool = True) -> int:

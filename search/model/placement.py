@@ -14,7 +14,8 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.activations import Activations, LossLogits, activations, loss_logits
-from search.model.fused_head import FusedHead, trl_loss_logits
+from search.model.fused_head import trl_loss_logits
+from search.model.micro_batch import MicroBatchContext
 from search.model.moments import Moment, TrainingMoments, between_micro_steps, training_moments
 from search.model.shapes import largest_module_params, resident_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
@@ -93,7 +94,18 @@ def trained_placement(
     )
     # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
     buffers = work.resident - int(coef.cublas_workspace_bytes)
-    return TrainedPlacement(model, lm_head, layout, trainable, resident, states, work, buffers, grad_accum, world_size)
+    return TrainedPlacement(
+        model=model,
+        lm_head=lm_head,
+        layout=layout,
+        trainable=trainable,
+        resident=resident,
+        states=states,
+        work=work,
+        buffers=buffers,
+        grad_accum=grad_accum,
+        world_size=world_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -106,41 +118,36 @@ class MicroStep:
 
 
 @lru_cache(maxsize=4096)
-def micro_step(
-    placed: TrainedPlacement,
-    sequences: int,
-    seq_len: int,
-    dtype: str,
-    attn_impl: str,
-    coef: Coefficients,
-    holds_output: bool = True,
-    loss: str = "hf",
-    policy: bool = False,
-    head: FusedHead | None = None,
-) -> MicroStep:
-    """Forward, backward and optimizer-step moments of ``sequences`` sequences through ``placed``
-    (:func:`search.model.moments.training_moments`); a model without an LM head has no logits.
-    ``holds_output``: the training loop keeps the model output (its logits) alive through the backward;
-    ``loss``: ``"hf"`` or ``"chunked"`` (the strategy's loss knob); ``policy``: an RLHF actor, whose loss is
-    built on the token log-probs of the model output instead of transformers' loss; ``head``: TRL's fused
-    log-prob head in place of the logits (:mod:`search.model.fused_head`)."""
-    s, model = placed.layout, placed.model
-    acts = activations(model, sequences, seq_len, dtype, attn_impl, s.gradient_checkpointing, coef, s.lora_rank)
+def micro_step(placed: TrainedPlacement, batch: MicroBatchContext) -> MicroStep:
+    """Forward, backward and optimizer-step moments of one micro-batch through ``placed``
+    (:func:`search.model.moments.training_moments`); a model without an LM head has no logits; with TRL's fused
+    log-prob head (``batch.head``, :mod:`search.model.fused_head`) the head's tensors stand for the logits."""
+    s, model, b = placed.layout, placed.model, batch
+    acts = activations(
+        model,
+        b.sequences,
+        b.seq_len,
+        b.dtype,
+        b.attn_impl,
+        checkpointing=s.gradient_checkpointing,
+        coef=b.coef,
+        lora_rank=s.lora_rank,
+    )
     logits = (
-        trl_loss_logits(head)
-        if head is not None and placed.lm_head
+        trl_loss_logits(b.head)
+        if b.head is not None and placed.lm_head
         else loss_logits(
             model,
-            sequences,
-            seq_len,
-            dtype,
-            coef,
-            holds_output=holds_output,
-            attn_impl=attn_impl,
-            loss=loss,
+            b.sequences,
+            b.seq_len,
+            b.dtype,
+            b.coef,
+            holds_output=b.holds_output,
+            attn_impl=b.attn_impl,
+            loss=b.loss,
             checkpointing=s.gradient_checkpointing,
             lora_rank=s.lora_rank,
-            policy=policy,
+            policy=b.policy,
         )
         if placed.lm_head
         else LossLogits(0, 0, 0)
@@ -148,7 +155,7 @@ def micro_step(
     moments = training_moments(
         model=model,
         lm_head=placed.lm_head,
-        dtype=dtype,
+        dtype=b.dtype,
         zero_stage=s.zero_stage,
         lora_rank=s.lora_rank,
         gradient_checkpointing=s.gradient_checkpointing,

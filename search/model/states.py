@@ -73,7 +73,14 @@ def model_states(
         full_lp_grads = zero_stage == 1 and grad_accum > 1
         lp_grads = d * t if full_lp_grads else d * t // n
         if offload_opt:
-            return ModelStates(d * (t + f), d * t if full_lp_grads else 0, 0, 0, 0, fp32_partition)
+            return ModelStates(
+                parameters=d * (t + f),
+                gradients=d * t if full_lp_grads else 0,
+                optimizer_states=0,
+                zero3_gathered=0,
+                step_transient=0,
+                host=fp32_partition,
+            )
         # The reduced 16-bit partition (grads_in_partition) persists; its fp32 copy exists during step().
         return ModelStates(
             parameters=d * (t + f),
@@ -93,9 +100,27 @@ def model_states(
     nvme = (host_optimizer if offload_optimizer == "nvme" else 0) + (host_params if offload_param == "nvme" else 0)
     if offload_param != "none":
         on_cpu = host_params if offload_param == "cpu" else 0
-        return ModelStates(0, 0, 0, gathered, 0, host_optimizer + host_params, on_cpu, nvme)
+        return ModelStates(
+            parameters=0,
+            gradients=0,
+            optimizer_states=0,
+            zero3_gathered=gathered,
+            step_transient=0,
+            host=host_optimizer + host_params,
+            host_parameters=on_cpu,
+            host_nvme=nvme,
+        )
     if offload_opt:
-        return ModelStates(lp_params, 0, 0, gathered, 0, host_optimizer, 0, nvme)
+        return ModelStates(
+            parameters=lp_params,
+            gradients=0,
+            optimizer_states=0,
+            zero3_gathered=gathered,
+            step_transient=0,
+            host=host_optimizer,
+            host_parameters=0,
+            host_nvme=nvme,
+        )
     # The fp32 gradient exists only while its sub-group steps (stage3.py _prepare_fp32_grad_for_sub_group):
     # a flattened 16-bit copy and its fp32 upcast of at most sub_group_size elements.
     step_elements = min(t // n, sub_group_size)

@@ -13,7 +13,7 @@ from typing import Any
 
 from search.coefficients import Coefficients
 from search.model.activations import activations, logits_bytes, traced_terms
-from search.model.fused_head import FusedHead
+from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import TRAINING_PHASES, NamedTensors
 from search.model.placement import TrainedPlacement, micro_step
 from search.model.shapes import kv_tokens_held
@@ -168,26 +168,17 @@ def forward_live(
 
 @lru_cache(maxsize=4096)
 def training_live(
-    trained: TrainedPlacement,
-    other: TrainedPlacement | None,
-    micro_batch: int,
-    seq_len: int,
-    dtype: str,
-    attn_impl: str,
-    coef: Coefficients,
-    head: FusedHead | None = None,
+    trained: TrainedPlacement, other: TrainedPlacement | None, batch: MicroBatchContext
 ) -> tuple[Live, ...]:
-    """Every moment of one trained model's forward, backward and optimizer step, as single-model training
-    counts them (:func:`search.model.placement.micro_step`; ``head``: TRL's fused log-prob head in place of the
-    logits, :func:`search.model.fused_head.workload_head`).
+    """Every moment of one trained model's forward, backward and optimizer step over ``batch``, as single-model
+    training counts them (:func:`search.model.placement.micro_step`; ``batch.head``: TRL's fused log-prob head
+    in place of the logits, :func:`search.rlhf.models.role_micro_batch`).
 
     ``other`` is the other trained model at the same accumulation: DeepSpeed-Chat and OpenRLHF interleave
     actor and critic micro-steps, so its gradients (and ZeRO-1 buckets) carried between micro-steps are
     live too. ZeRO-3 gradient partitions are resident bytes here (``Models.resident``), not moments.
     """
-    moments = micro_step(
-        trained, micro_batch, seq_len, dtype, attn_impl, coef, loss=_loss(head), policy=trained.lm_head, head=head
-    ).moments
+    moments = micro_step(trained, batch).moments
     kept = trained.persistent_gradients
     others = other.carried if other is not None else {}
     steady = moments.steady - kept + sum(others.values())
@@ -201,22 +192,8 @@ def training_live(
     return tuple(lives)
 
 
-def _loss(head: FusedHead | None) -> str:
-    return "hf" if head is None else "trl"
-
-
-def training_named(
-    trained: TrainedPlacement,
-    micro_batch: int,
-    seq_len: int,
-    dtype: str,
-    attn_impl: str,
-    coef: Coefficients,
-    head: FusedHead | None = None,
-) -> tuple[NamedTensors, ...]:
+def training_named(trained: TrainedPlacement, batch: MicroBatchContext) -> tuple[NamedTensors, ...]:
     """The tensors each moment of :func:`training_live` holds by name (DeepSpeed's gradient partition and
     the optimizer step's copies, :class:`search.model.moment_parts.Named`), in the same order."""
-    moments = micro_step(
-        trained, micro_batch, seq_len, dtype, attn_impl, coef, loss=_loss(head), policy=trained.lm_head, head=head
-    ).moments
+    moments = micro_step(trained, batch).moments
     return tuple(named for name in TRAINING_PHASES for named in moments.named_of(name))

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from search.model.fused_head import workload_head
 from search.model.host import LOADING, STEADY, HostMemory, add_parts, per_node, trained_host
+from search.model.micro_batch import MicroBatchContext
 from search.model.placement import (
     FrozenPlacement,
     TrainedPlacement,
@@ -17,8 +19,10 @@ from search.model.placement import (
     frozen_placement,
     trained_placement,
 )
+from search.model.states import init_cached_bytes
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import experience_bytes
+from search.streams.sizes import Sizes, resident_sizes, sizes_of, weight_tensors
 from store.ds_defaults import OVERLAP_COMM
 from store.frameworks import framework_buckets
 from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy
@@ -56,7 +60,32 @@ def trained_model(ctx: RLHFContext, role: str, layout: TrainedModelStrategy, gra
     # plan's overlap_comm reaches it (--ds.overlap_comm, launch.frameworks.openrlhf)
     buckets = framework_buckets(w.framework, layout.zero_stage, model.hidden_size, OVERLAP_COMM)
     return trained_placement(
-        model, role == "actor", layout, w.dtype, ctx.hardware.world_size, grad_accum, ctx.coef, buckets
+        model,
+        role == "actor",
+        layout,
+        w.dtype,
+        world_size=ctx.hardware.world_size,
+        grad_accum=grad_accum,
+        coef=ctx.coef,
+        ds_buckets=buckets,
+    )
+
+
+def role_micro_batch(ctx: RLHFContext, role: str, lora_rank: int, micro_batch: int) -> MicroBatchContext:
+    """One training micro-batch of the actor (its loss built on the token log-probs: ``policy``) or the critic:
+    ``micro_batch`` sequences of the step's length; TRL's GRPOTrainer scores the actor's tokens through its
+    fused log-prob head (:func:`search.model.fused_head.workload_head`)."""
+    w, actor = ctx.workload, role == "actor"
+    head = workload_head(w, lora_rank, micro_batch, ctx.job.seq_len) if actor else None
+    return MicroBatchContext(
+        sequences=micro_batch,
+        seq_len=ctx.job.seq_len,
+        dtype=w.dtype,
+        attn_impl=w.attn_impl,
+        coef=ctx.coef,
+        loss="hf" if head is None else "trl",
+        head=head,
+        policy=actor,
     )
 
 
@@ -108,3 +137,36 @@ def place_models(
     host = HostMemory({STEADY: per_node(steady, g), LOADING: {"model_loading": loading * g}})
     host_states = sum(p.states.host + p.work.host for p in trained) + reference.host + reward.host + ema_host
     return Models(actor, critic, reference, reward, resident, host, host_states)
+
+
+@lru_cache(maxsize=4096)
+def models_resident_sizes(ctx: RLHFContext, models: Models) -> Sizes:
+    """The tensor sizes of the step's resident parts: the trained models' weights (flat under ZeRO-1/2
+    without LoRA), their fp32 states as flat partitions, the frozen models' weights tensor by tensor."""
+    dtype = ctx.workload.dtype
+    weights: tuple[int, ...] = ()
+    states: tuple[int, ...] = ()
+    for p in models.trained:
+        s = p.layout
+        weights += resident_sizes(p.model, dtype, s.lora_rank, flat=s.zero_stage in (1, 2) and not s.lora_rank)
+        states += (p.states.optimizer_states // 3,) * 3
+    return sizes_of(
+        parameters=weights,
+        optimizer_states=states,
+        reference_model=weight_tensors(models.reference.model, dtype),
+        reward_model=weight_tensors(models.reward.model, dtype),
+    )
+
+
+def trained_init_cached(p: TrainedPlacement, dtype: str) -> int:
+    """What one trained model's engine init leaves cached (:func:`search.model.states.init_cached_bytes`)."""
+    s = p.layout
+    return init_cached_bytes(
+        trainable=p.trainable, resident=p.resident, dtype=dtype, zero_stage=s.zero_stage, offload_param=s.offload_param
+    )
+
+
+def models_init_cached(models: Models, dtype: str) -> int:
+    """The step's init-cached bytes: the second engine's init reuses the first's freed blocks of the same
+    sizes, so the larger of the trained models' stays."""
+    return max(trained_init_cached(p, dtype) for p in models.trained)

@@ -24,26 +24,24 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.model.fused_head import workload_head
 from search.model.placement import FrozenPlacement, TrainedPlacement
-from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import forward_live, generation_live, training_live, training_named
-from search.rlhf.models import Models, place_models, trained_model
+from search.rlhf.models import (
+    Models,
+    models_init_cached,
+    models_resident_sizes,
+    place_models,
+    role_micro_batch,
+    trained_model,
+)
 from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, generation_time, trained_forward_time
 from search.step.assemble import Step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
 from search.streams.init import engine_init
-from search.streams.sizes import (
-    Sizes,
-    inference_sizes,
-    resident_sizes,
-    sizes_of,
-    training_sizes,
-    weight_tensors,
-)
+from search.streams.sizes import inference_sizes, training_sizes, weight_tensors
 from store.records import RLHFStrategy, TrainedModelStrategy
 from store.workload_kinds import traits
 
@@ -67,14 +65,24 @@ def generation_phase(
     ctx: RLHFContext, actor: TrainedPlacement, hybrid_engine: bool, generation_batch: int
 ) -> StepPhase:
     """All generate calls of a step, ``generation_batch`` prompts each (ReMax: a greedy call beside each)."""
-    w, hw, coef, job = ctx.workload, ctx.hardware, ctx.coef, ctx.job
+    w, coef, job = ctx.workload, ctx.coef, ctx.job
     batch = generation_batch * job.samples_per_prompt
     calls = job.prompts_per_gpu // generation_batch * job.generate_passes
-    seconds = generation_time(actor, hybrid_engine, batch, job.prompt_len, job.gen_len, w.dtype, hw, coef)
+    seconds = generation_time(ctx, actor, hybrid_engine, batch)
+    moments = generation_live(
+        actor,
+        hybrid_engine=hybrid_engine,
+        sequences=batch,
+        prompt_len=job.prompt_len,
+        gen_len=job.gen_len,
+        dtype=w.dtype,
+        attn_impl=w.attn_impl,
+        coef=coef,
+    )
     return StepPhase(
         "generation",
         INFERENCE,
-        generation_live(actor, hybrid_engine, batch, job.prompt_len, job.gen_len, w.dtype, w.attn_impl, coef),
+        moments,
         trained_factor(actor, coef, training=False),
         coef.frag_inference_carried,
         calls * seconds,
@@ -99,7 +107,16 @@ def scoring_forward(
         gathered = model.gathered
         seconds = frozen_forward_time(model, batch, job.seq_len, w.dtype, hw, coef)
         factor = frozen_factor(model, coef)
-    live = forward_live(model.model, model.lm_head, gathered, batch, job.seq_len, w.dtype, w.attn_impl, coef)
+    live = forward_live(
+        model.model,
+        model.lm_head,
+        gathered=gathered,
+        sequences=batch,
+        seq_len=job.seq_len,
+        dtype=w.dtype,
+        attn_impl=w.attn_impl,
+        coef=coef,
+    )
     return live, calls * seconds, factor
 
 
@@ -170,7 +187,7 @@ def training_half(
 ) -> StepHalf:
     """``ppo_epochs`` optimizer steps of the actor and (PPO) the critic, micro-steps interleaved."""
     w, hw, coef, job = ctx.workload, ctx.hardware, ctx.coef, ctx.job
-    dtype, attn, seq_len, epochs = w.dtype, w.attn_impl, job.seq_len, w.ppo_epochs
+    dtype, seq_len, epochs = w.dtype, job.seq_len, w.ppo_epochs
     actor = trained_model(ctx, "actor", actor_layout, grad_accum)
     critic = trained_model(ctx, "critic", critic_layout, grad_accum) if critic_layout is not None else None
     time = dict.fromkeys(("training", "communication", "offload", "optimizer", "ema", "overhead"), 0.0)
@@ -181,9 +198,17 @@ def training_half(
             continue
         other = critic if role == "actor" else actor
         # TRL's GRPOTrainer scores the actor's tokens through its fused log-prob head (search.model.fused_head)
-        head = workload_head(w, p.layout.lora_rank, micro_batch, seq_len) if role == "actor" else None
-        loss = "hf" if head is None else "trl"
-        parts = training_time(p, micro_batch, grad_accum, seq_len, dtype, hw, coef, loss)
+        batch = role_micro_batch(ctx, role, p.layout.lora_rank, micro_batch)
+        parts = training_time(
+            p,
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            seq_len=seq_len,
+            dtype=dtype,
+            hardware=hw,
+            coef=coef,
+            loss=batch.loss,
+        )
         compute, comm, offload, optimizer = parts.compute, parts.communication, parts.offload, parts.optimizer
         extra = ema_time(p, dtype, hw, coef) if (role == "actor" and ema) else 0.0
         for key, seconds in (
@@ -196,12 +221,9 @@ def training_half(
             time[key] += epochs * seconds
         seconds = epochs * (compute + comm + offload + optimizer + extra)
         role_time[role] = seconds
-        live = training_live(p, other, micro_batch, seq_len, dtype, attn, coef, head)
+        live = training_live(p, other, batch)
         factor = trained_factor(p, coef, training=True)
-        sizes = training_sizes(
-            p.model, micro_batch, seq_len, dtype, attn, p.layout.lora_rank, p.lm_head, coef, loss, p.work.reduce_bucket,
-            p.layout.gradient_checkpointing, head.sizes() if head is not None else None,
-        )  # fmt: skip
+        sizes = training_sizes(p, batch)
         phases.append(
             StepPhase(
                 f"{role}_training",
@@ -212,8 +234,8 @@ def training_half(
                 seconds,
                 epochs * grad_accum,
                 sizes=sizes,
-                moment_named=training_named(p, micro_batch, seq_len, dtype, attn, coef, head),
-            )  # fmt: skip
+                moment_named=training_named(p, batch),
+            )
         )
     time["overhead"] = role_time["shared"] = coef.step_overhead_s * epochs * grad_accum * len(phases)
     return _half(phases, time, role_time)
@@ -280,39 +302,6 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
             if p is not None
         ),
     )
-
-
-@lru_cache(maxsize=4096)
-def models_resident_sizes(ctx: RLHFContext, models: Models) -> Sizes:
-    """The tensor sizes of the step's resident parts: the trained models' weights (flat under ZeRO-1/2
-    without LoRA), their fp32 states as flat partitions, the frozen models' weights tensor by tensor."""
-    dtype = ctx.workload.dtype
-    weights: tuple[int, ...] = ()
-    states: tuple[int, ...] = ()
-    for p in models.trained:
-        s = p.layout
-        weights += resident_sizes(p.model, dtype, s.lora_rank, flat=s.zero_stage in (1, 2) and not s.lora_rank)
-        states += (p.states.optimizer_states // 3,) * 3
-    return sizes_of(
-        parameters=weights,
-        optimizer_states=states,
-        reference_model=weight_tensors(models.reference.model, dtype),
-        reward_model=weight_tensors(models.reward.model, dtype),
-    )
-
-
-def trained_init_cached(p: TrainedPlacement, dtype: str) -> int:
-    """What one trained model's engine init leaves cached (:func:`search.model.states.init_cached_bytes`)."""
-    s = p.layout
-    return init_cached_bytes(
-        trainable=p.trainable, resident=p.resident, dtype=dtype, zero_stage=s.zero_stage, offload_param=s.offload_param
-    )
-
-
-def models_init_cached(models: Models, dtype: str) -> int:
-    """The step's init-cached bytes: the second engine's init reuses the first's freed blocks of the same
-    sizes, so the larger of the trained models' stays."""
-    return max(trained_init_cached(p, dtype) for p in models.trained)
 
 
 def reserved_floor(models: Models, halves: tuple[StepHalf, ...], coef: Coefficients, dtype: str) -> int:

@@ -19,6 +19,7 @@ from search.model.passes import decode_step, forward_pass
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.model.roofline import hbm_seconds
 from search.model.timing import collective_time, pcie_time, per_gpu_link_gbps, zero_comm_bytes
+from search.rlhf.job import RLHFContext
 from store.records import DTYPE_BYTES, Hardware, ModelSpec
 
 
@@ -36,17 +37,11 @@ def _gather_seconds(weight_bytes: float, offloaded: bool, hardware: Hardware, co
 
 
 @lru_cache(maxsize=4096)
-def generation_time(
-    actor: TrainedPlacement,
-    hybrid_engine: bool,
-    sequences: int,
-    prompt_len: int,
-    gen_len: int,
-    dtype: str,
-    hardware: Hardware,
-    coef: Coefficients,
-) -> float:
-    """Seconds of one generate call of ``sequences`` sequences: prefill, ``gen_len`` decoding steps, gathers."""
+def generation_time(ctx: RLHFContext, actor: TrainedPlacement, hybrid_engine: bool, sequences: int) -> float:
+    """Seconds of one generate call of ``sequences`` sequences of the step's prompts: prefill, a decoding step
+    per generated token, gathers."""
+    prompt_len, gen_len, dtype = ctx.job.prompt_len, ctx.job.gen_len, ctx.workload.dtype
+    hardware, coef = ctx.hardware, ctx.coef
     model, d = actor.model, DTYPE_BYTES[dtype]
     gpu = hardware.gpu
     # the prefill computes the logits of the last prompt token only (transformers' logits_to_keep=1)
@@ -67,6 +62,7 @@ def generation_time(
 @lru_cache(maxsize=4096)
 def forward_time(
     model: ModelSpec,
+    *,
     lm_head: bool,
     params: int,
     sequences: int,
@@ -104,15 +100,15 @@ def trained_forward_time(
     offloaded = trained.layout.offload_param != "none"
     return forward_time(
         trained.model,
-        trained.lm_head,
-        trained.resident,
-        sequences,
-        seq_len,
-        trained.layout.zero_stage,
-        offloaded,
-        dtype,
-        hardware,
-        coef,
+        lm_head=trained.lm_head,
+        params=trained.resident,
+        sequences=sequences,
+        seq_len=seq_len,
+        zero_stage=trained.layout.zero_stage,
+        offloaded=offloaded,
+        dtype=dtype,
+        hardware=hardware,
+        coef=coef,
     )
 
 
@@ -123,15 +119,15 @@ def frozen_forward_time(
     offloaded = frozen.block.offload != "none"
     return forward_time(
         frozen.model,
-        frozen.lm_head,
-        frozen.params,
-        sequences,
-        seq_len,
-        frozen.block.zero_stage,
-        offloaded,
-        dtype,
-        hardware,
-        coef,
+        lm_head=frozen.lm_head,
+        params=frozen.params,
+        sequences=sequences,
+        seq_len=seq_len,
+        zero_stage=frozen.block.zero_stage,
+        offloaded=offloaded,
+        dtype=dtype,
+        hardware=hardware,
+        coef=coef,
     )
 
 

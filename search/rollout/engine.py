@@ -52,6 +52,7 @@ def engine_limits(engine: str, gpu_memory_bytes: int, gpu_name: str) -> EngineLi
 
 def engine_memory_at(
     rollout: RolloutStrategy,
+    *,
     model: ModelSpec,
     dtype: str,
     gpu_memory_bytes: int,
@@ -229,16 +230,26 @@ def resolve_engine(
             f"no {rollout.engine} utilization both holds the rollout's KV cache ({running} sequences of {tokens} "
             "tokens at once) and fits beside the trainer"
         )
-    memory = engine_memory_at(
-        rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, limits, tokens, free_at_start, ctx.coef
-    )
+
+    def memory_at(gpu_memory_bytes: int, free_bytes_at_start: int) -> EngineMemory | None:
+        return engine_memory_at(
+            rollout,
+            model=w.model,
+            dtype=w.dtype,
+            gpu_memory_bytes=gpu_memory_bytes,
+            utilization=utilization,
+            limits=limits,
+            max_model_len=tokens,
+            free_bytes_at_start=free_bytes_at_start,
+            coef=ctx.coef,
+        )
+
+    memory = memory_at(hw.gpu_memory_bytes, free_at_start)
     if memory is None:  # it would not start here: count what it asks for, so the plan does not fit
         notes.append(f"{rollout.engine} would refuse to start at utilization {utilization:.2f} beside the trainer")
-        memory = engine_memory_at(
-            rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, limits, tokens, hw.gpu_memory_bytes, ctx.coef
-        )
+        memory = memory_at(hw.gpu_memory_bytes, hw.gpu_memory_bytes)
     if memory is None:
-        memory = engine_memory_at(rollout, w.model, w.dtype, 2**62, utilization, limits, tokens, 2**62, ctx.coef)
+        memory = memory_at(2**62, 2**62)
     assert memory is not None
     per_sequence = ceil(tokens / limits.block) * limits.block
     max_running = max(1, min(limits.max_num_seqs, memory.kv_tokens // per_sequence))

@@ -27,13 +27,8 @@ from functools import lru_cache
 from search.coefficients import Coefficients
 from search.model.host import STEADY
 from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
-from search.rlhf.models import Models, place_models
-from search.rlhf.step import (
-    models_init_cached,
-    models_resident_sizes,
-    scoring_half,
-    training_half,
-)
+from search.rlhf.models import Models, models_init_cached, models_resident_sizes, place_models
+from search.rlhf.step import scoring_half, training_half
 from search.rollout.engine import ResolvedEngine, resolve_engine
 from search.rollout.timing import (
     offload_states_seconds,
@@ -91,15 +86,15 @@ def engine_phases(
     generate_s = (
         rollout_seconds(
             w.model,
-            engine.sequences,
-            ctx.job.prompt_len,
-            ctx.job.gen_len,
-            engine.max_running,
-            w.dtype,
-            rollout.tensor_parallel,
-            rollout.enforce_eager,
-            trainer,
-            coef,
+            sequences=engine.sequences,
+            prompt_len=ctx.job.prompt_len,
+            gen_len=ctx.job.gen_len,
+            max_running=engine.max_running,
+            dtype=w.dtype,
+            tensor_parallel=rollout.tensor_parallel,
+            enforce_eager=rollout.enforce_eager,
+            hardware=trainer,
+            coef=coef,
         )
         * ctx.job.generate_passes
     )
@@ -108,13 +103,13 @@ def engine_phases(
     tensors = len(weight_tensors(w.model, w.dtype))
     sync_s = weight_sync_seconds(
         w.model,
-        w.dtype,
-        models.actor.layout.zero_stage == 3,
-        rollout.colocated,
-        rollout.tensor_parallel,
-        tensors,
-        trainer,
-        coef,
+        dtype=w.dtype,
+        zero3=models.actor.layout.zero_stage == 3,
+        colocated=rollout.colocated,
+        tensor_parallel=rollout.tensor_parallel,
+        tensors=tensors,
+        trainer=trainer,
+        coef=coef,
     )
     generation = StepPhase(
         "generation",

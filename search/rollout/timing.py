@@ -47,6 +47,7 @@ def engine_weight_bytes(model: ModelSpec, dtype: str, tensor_parallel: int) -> f
 @lru_cache(maxsize=4096)
 def engine_decode_seconds(
     model: ModelSpec,
+    *,
     running: int,
     context: float,
     dtype: str,
@@ -71,6 +72,7 @@ def engine_decode_seconds(
 @lru_cache(maxsize=4096)
 def rollout_seconds(
     model: ModelSpec,
+    *,
     sequences: int,
     prompt_len: int,
     gen_len: int,
@@ -90,12 +92,22 @@ def rollout_seconds(
     prefill = forward_pass(model, running, prompt_len, dtype, hardware.gpu, coef, lm_head=False, loss=False)
     prefill_s = sum(prefill.gpu.values()) / tensor_parallel
     context = prompt_len + (gen_len + 1) / 2
-    decode = engine_decode_seconds(model, running, context, dtype, tensor_parallel, enforce_eager, hardware, coef)
+    decode = engine_decode_seconds(
+        model,
+        running=running,
+        context=context,
+        dtype=dtype,
+        tensor_parallel=tensor_parallel,
+        enforce_eager=enforce_eager,
+        hardware=hardware,
+        coef=coef,
+    )
     return waves * (prefill_s + gen_len * decode)
 
 
 def weight_sync_seconds(
     model: ModelSpec,
+    *,
     dtype: str,
     zero3: bool,
     colocated: bool,

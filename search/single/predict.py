@@ -17,6 +17,7 @@ from functools import lru_cache
 from search.coefficients import Coefficients
 from search.model.fused_head import FusedHead, scored_tokens, trl_fused_head, workload_head
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
+from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
 from search.model.states import init_cached_bytes
@@ -46,9 +47,15 @@ def place(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coef
     lm_head = not traits(workload.kind).scalar_head
     world = hardware.world_size
     return trained_placement(
-        workload.model, lm_head, layout_of(strategy), workload.dtype, world, strategy.grad_accum, coef,
-        strategy.ds_buckets,
-    )  # fmt: skip
+        workload.model,
+        lm_head,
+        layout_of(strategy),
+        workload.dtype,
+        world_size=world,
+        grad_accum=strategy.grad_accum,
+        coef=coef,
+        ds_buckets=strategy.ds_buckets,
+    )
 
 
 def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) -> int:
@@ -88,21 +95,33 @@ def head_tokens(workload: Workload, strategy: Strategy) -> int:
     return scored_tokens(workload.kind, strategy.micro_batch * workload.sequences_per_sample, workload.seq_len)
 
 
-def phase_moments(
-    workload: Workload, strategy: Strategy, placed: TrainedPlacement, coef: Coefficients
-) -> tuple[dict[str, list[Moment]], int, dict[str, tuple[NamedTensors, ...]]]:
-    """The candidate peak moments of every phase, in step order, the bytes steady between micro-steps, and
-    the tensors each moment holds by name (:data:`search.model.moments.NamedTensors`)."""
-    sequences = strategy.micro_batch * workload.sequences_per_sample
+def micro_batch_of(workload: Workload, strategy: Strategy, coef: Coefficients) -> MicroBatchContext:
+    """One micro-batch of the trained model (:class:`search.model.micro_batch.MicroBatchContext`): what the
+    step's moments, tensor sizes and seconds are priced on."""
     # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
     # DPO and reward losses here keep it (their log-probs and values come from it)
+    holds_output = not traits(workload.kind).causal_lm_loss or sft_holds_output(workload.framework)
+    return MicroBatchContext(
+        sequences=strategy.micro_batch * workload.sequences_per_sample,
+        seq_len=workload.seq_len,
+        dtype=workload.dtype,
+        attn_impl=workload.attn_impl,
+        coef=coef,
+        loss=model_loss(workload, strategy),
+        head=fused_head(workload, strategy),
+        holds_output=holds_output,
+    )
+
+
+def phase_moments(
+    workload: Workload, strategy: Strategy, placed: TrainedPlacement, batch: MicroBatchContext
+) -> tuple[dict[str, list[Moment]], int, dict[str, tuple[NamedTensors, ...]]]:
+    """The candidate peak moments of every phase of ``batch`` (:func:`micro_batch_of`), in step order, the
+    bytes steady between micro-steps, and the tensors each moment holds by name
+    (:data:`search.model.moments.NamedTensors`)."""
     implies = traits(workload.kind)
-    holds_output = not implies.causal_lm_loss or sft_holds_output(workload.framework)
-    head = fused_head(workload, strategy)
-    micro = micro_step(
-        placed, sequences, workload.seq_len, workload.dtype, workload.attn_impl, coef, holds_output,
-        model_loss(workload, strategy), head=head,
-    )  # fmt: skip
+    head = batch.head
+    micro = micro_step(placed, batch)
     training = micro.moments
     moments: dict[str, list[Moment]] = {}
     if implies.reference_forward and head is not None:
@@ -112,9 +131,12 @@ def phase_moments(
         # the reference's head (add_fused_lm_head(self.ref_model): log_probs only; with LoRA the policy's own)
         outputs = TRL_HEAD_OUTPUTS[workload.kind] if strategy.lora_rank else ("log_probs",)
         reference_head = trl_fused_head(
-            workload.model_for("reference"), head_tokens(workload, strategy), workload.dtype, head_trainable=False,
+            workload.model_for("reference"),
+            head_tokens(workload, strategy),
+            workload.dtype,
+            head_trainable=False,
             outputs=outputs,
-        )  # fmt: skip
+        )
         reference = plus(
             training.base,
             activations=micro.acts.saved + micro.acts.forward_working,
@@ -150,22 +172,25 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         "buffers": work.resident,
     }
     # --- time --------------------------------------------------------------------------------------------
-    sequences = s.micro_batch * workload.sequences_per_sample
-    loss = model_loss(workload, s)
-    head = fused_head(workload, s)
-    seconds = training_time(placed, sequences, s.grad_accum, workload.seq_len, workload.dtype, hardware, coef, loss)
+    batch = micro_batch_of(workload, s, coef)
+    seconds = training_time(
+        placed,
+        micro_batch=batch.sequences,
+        grad_accum=s.grad_accum,
+        seq_len=batch.seq_len,
+        dtype=batch.dtype,
+        hardware=hardware,
+        coef=coef,
+        loss=batch.loss,
+    )
     per_micro_step = {"forward": seconds.forward, "backward": seconds.backward}
     implies = traits(workload.kind)
     if implies.reference_forward:
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
         seconds.terms["reference_forward"] = seconds.forward * s.grad_accum
     # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
-    moments, steady, named = phase_moments(workload, s, placed, coef)
-    lm_head = not implies.scalar_head
-    trained_sizes = training_sizes(
-        model, sequences, workload.seq_len, workload.dtype, workload.attn_impl, s.lora_rank, lm_head, coef, loss,
-        placed.work.reduce_bucket, s.gradient_checkpointing, head.sizes() if head is not None else None,
-    )  # fmt: skip
+    moments, steady, named = phase_moments(workload, s, placed, batch)
+    trained_sizes = training_sizes(placed, batch)
     phases = []
     for name, options in moments.items():
         inference = name == "reference_forward"

@@ -16,7 +16,9 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.activations import layer_saved_tensors
+from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import FP32_UPCASTS
+from search.model.placement import TrainedPlacement
 from search.model.shapes import linear_shapes, token_embedding_params
 from store.loss_chunks import chunk_tokens
 from store.records import DTYPE_BYTES, ModelSpec
@@ -78,35 +80,28 @@ def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, lo
 
 
 @lru_cache(maxsize=1024)
-def training_sizes(
-    model: ModelSpec,
-    sequences: int,
-    seq_len: int,
-    dtype: str,
-    attn_impl: str,
-    lora_rank: int,
-    lm_head: bool,
-    coef: Coefficients,
-    loss: str,
-    reduce_bucket: int,
-    gradient_checkpointing: bool,
-    head_sizes: tuple[int, ...] | None = None,
-) -> Sizes:
+def training_sizes(placed: TrainedPlacement, batch: MicroBatchContext) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
     reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors, ZeRO-1/2's
-    reduce buckets of ``reduce_bucket`` bytes each (``ZeroWorkspace.reduce_bucket``); checkpointed, the
-    activations are the layers' checkpoints first (:func:`checkpointed_activation_tensors`); ``head_sizes``:
-    the tensors of TRL's fused head in place of the logits (``search.model.fused_head.FusedHead.sizes``)."""
-    weights = weight_tensors(model, dtype, lora_rank)
-    layers = checkpointed_activation_tensors if gradient_checkpointing else activation_tensors
+    reduce buckets of ``ZeroWorkspace.reduce_bucket`` bytes each; checkpointed, the activations are the layers'
+    checkpoints first (:func:`checkpointed_activation_tensors`); with TRL's fused head (``batch.head``) its
+    tensors in place of the logits (``search.model.fused_head.FusedHead.sizes``)."""
+    model, dtype, layout = placed.model, batch.dtype, placed.layout
+    weights = weight_tensors(model, dtype, layout.lora_rank)
+    layers = checkpointed_activation_tensors if layout.gradient_checkpointing else activation_tensors
+    head_sizes = batch.head.sizes() if batch.head is not None else None
     return sizes_of(
         gradients=tuple(reversed(weights)),
         zero3_gathered=weights[1:],
-        activations=layers(model, sequences, seq_len, dtype, attn_impl, coef),
-        logits=(head_sizes if head_sizes is not None else logit_tensors(model, sequences, seq_len, dtype, loss))
-        if lm_head
+        activations=layers(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl, batch.coef),
+        logits=(
+            head_sizes
+            if head_sizes is not None
+            else logit_tensors(model, batch.sequences, batch.seq_len, dtype, batch.loss)
+        )
+        if placed.lm_head
         else (),
-        buffers=(reduce_bucket,),
+        buffers=(placed.work.reduce_bucket,),
         # the named group FP16_Optimizer.step() makes without ZeRO: each gradient's fp32 upcast, in order
         **{FP32_UPCASTS: tuple(4 * size // DTYPE_BYTES[dtype] for size in weights)},
     )
