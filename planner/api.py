@@ -14,7 +14,8 @@ of these:
   ``probes``, ``calibrations``, ``memory_plot`` (``planner.planning.saved``), ``export``
   (``planner.planning.exporting``); ``probe_stream``, ``probe_snapshot``, ``write_probe_snapshot``
   (``planner.planning.snapshots``);
-- measuring: ``probe`` (below, over ``planner.probing.session``), ``calibrate`` (``planner.calibration.fit``),
+- measuring: ``probe`` (below, over ``planner.probing.session``), ``probe_program`` (your own launch command,
+  ``planner.probing.program``), ``calibrate`` (``planner.calibration.fit``),
   ``tune`` (``planner.tuning.run``);
 - the cost model: ``coefficients``.
 """
@@ -34,6 +35,7 @@ from planner.planning.predicting import JOB_FIELDS, check, empty_cache_effect, j
 from planner.planning.saved import calibrations, memory_plot, plan, plans, probes
 from planner.planning.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
 from planner.probing.device import PROBE_GPU_MEM
+from planner.probing.program import probe_program
 from planner.probing.session import probe as run_probe_session
 from planner.report.results import (
     SCHEMA_VERSION,
@@ -73,6 +75,7 @@ __all__ = [
     "plans",
     "predict",
     "probe",
+    "probe_program",
     "probe_snapshot",
     "probe_stream",
     "probes",

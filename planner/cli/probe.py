@@ -149,7 +149,7 @@ def _probe_program(
     """``planner probe ... -- CMD``: the user's program under each strategy (planner.probing.program)."""
     import json
 
-    from planner.probing.program import probe_program
+    from planner.api import probe_program
     from planner.report.text import render_program_report
 
     with ProbeLines(sys.stderr, timeout, interval_s()) as lines:
