@@ -43,9 +43,9 @@ def _rows(name: str, rank: int) -> list[tuple[str, ...]]:
     for knob, checkpointing, lora in KNOBS:
         r = rank if lora else 0
         for b, s in SHAPES:
-            knobs = {"checkpointing": checkpointing, "coef": DEFAULT_COEFFICIENTS, "lora_rank": r}
-            traced = activations(spec, b, s, "bf16", "sdpa", **knobs)
-            old = activations(composed, b, s, "bf16", "sdpa", **knobs)
+            coef = DEFAULT_COEFFICIENTS
+            traced = activations(spec, b, s, "bf16", "sdpa", checkpointing=checkpointing, coef=coef, lora_rank=r)
+            old = activations(composed, b, s, "bf16", "sdpa", checkpointing=checkpointing, coef=coef, lora_rank=r)
             bwd_traced = traced.backward_working + traced.recompute
             bwd_old = old.backward_working + old.recompute
             rows.append(
