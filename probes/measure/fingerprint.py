@@ -15,7 +15,7 @@ from importlib import metadata
 
 from store.measurements import DeviceFingerprint
 
-__all__ = ["cpu_name", "fingerprint", "host_fingerprint", "host_memory_bytes", "versions"]
+__all__ = ["cpu_name", "fingerprint", "host_fingerprint", "host_memory_bytes", "local_cuda_gpu", "versions"]
 
 
 def versions() -> dict[str, str]:
@@ -49,22 +49,38 @@ def host_memory_bytes() -> int:
         return 0
 
 
-def _nvidia_driver() -> str:
+def _nvidia_smi(query: str) -> list[str]:
+    """The first GPU's answer to ``nvidia-smi --query-gpu=QUERY`` as fields, or [] without the tool."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
-        return ""
+        return []
     try:
         done = subprocess.run(
-            [tool, "--query-gpu=driver_version", "--format=csv,noheader"],
+            [tool, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=20,
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return ""
+        return []
     lines = done.stdout.strip().splitlines()
-    return lines[0].strip() if done.returncode == 0 and lines else ""
+    return [field.strip() for field in lines[0].split(",")] if done.returncode == 0 and lines else []
+
+
+def _nvidia_driver() -> str:
+    fields = _nvidia_smi("driver_version")
+    return fields[0] if fields else ""
+
+
+def local_cuda_gpu() -> tuple[str, int] | None:
+    """GPU 0 of this machine as nvidia-smi names it, with its memory in bytes (nvidia-smi's MiB), or None
+    where there is no nvidia-smi or no GPU. No torch: the planner asks this without a CUDA context of its own,
+    which would hold device memory beside the probes."""
+    fields = _nvidia_smi("name,memory.total")
+    if len(fields) != 2 or not fields[1].isdigit():
+        return None
+    return fields[0], int(fields[1]) * 2**20
 
 
 def host_fingerprint(device: str) -> DeviceFingerprint:
