@@ -23,7 +23,6 @@ of these:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from typing_extensions import Unpack
@@ -34,7 +33,7 @@ from planner.planning.exporting import export
 from planner.planning.predicting import JOB_FIELDS, check, empty_cache_effect, job_spec, predict, recommend
 from planner.planning.saved import calibrations, memory_plot, plan, plans, probes
 from planner.planning.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
-from planner.probing.device import PROBE_GPU_MEM
+from planner.probing.device import probe_gpu
 from planner.probing.program import probe_program
 from planner.probing.session import probe as run_probe_session
 from planner.report.results import (
@@ -119,18 +118,18 @@ class TuneOptions(JobKeywords, total=False):
     runner: Callable[[ProbeRequest], ProbeResult] | None
     on_progress: Callable[[str], None] | None
     on_note: Callable[[str], None] | None
+    command: list[str] | None  # planner tune ... -- CMD: the user's own program confirms the candidates
 
 
 def probe(model: str | JobSpec, *, device: str = "cuda", **options: Unpack[ProbeOptions]) -> ProbeReport:
     """Run strategies for a few real steps and compare with the prediction (``planner.probing.session.probe``).
 
-    Where the job names neither ``gpu_mem`` nor ``gpu``, the probe plans for ``PROBE_GPU_MEM[device]``
-    (80G on cuda, 24G on the CPU backend).
+    Where the job names neither ``gpu_mem`` nor ``gpu``, the probe plans for the GPU it runs on (its catalog
+    entry, read by nvidia-smi) on cuda, and for 24G on the CPU backend (``planner.probing.device.probe_gpu``).
     """
     spec = job_spec(model, {k: v for k, v in options.items() if k in JOB_FIELDS})
     rest: dict[str, Any] = {k: v for k, v in options.items() if k not in JOB_FIELDS}
-    if spec.gpu_mem is None and spec.gpu is None:
-        spec = replace(spec, gpu_mem=PROBE_GPU_MEM.get(device, PROBE_GPU_MEM["cuda"]))
+    spec = probe_gpu(spec, device, rest.get("on_note"))
     return run_probe_session(spec, device=device, **rest)
 
 

@@ -12,6 +12,19 @@ from typing import Any
 from store.artifacts import ProbeArtifact
 
 OUTCOMES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
+# A run of the user's own program (``planner probe ... -- CMD``) may also end as one of these: its own batch
+# contradicts the plan (measured, flagged), a setting of the strategy the program cannot take (nothing
+# measured), or it never called ``deepspeed.initialize``. The store keeps them as final outcomes too.
+PROGRAM_OUTCOMES: tuple[str, ...] = ("contradicts_plan", "not_applied", "no_initialize")
+STORED_OUTCOMES: tuple[str, ...] = OUTCOMES + PROGRAM_OUTCOMES
+PROGRAM_ID_LENGTH = 12
+
+
+def program_id(program: dict[str, Any]) -> str:
+    """The short id of a user's program: the first 12 hex digits of the sha256 of its fingerprint (command line,
+    script path and sha256, library versions) as canonical JSON. ``planner recommend --program`` takes it."""
+    text = json.dumps(program, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:PROGRAM_ID_LENGTH]
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,9 @@ class ProbeRequest:
 
     ``layers`` cuts the model to that many decoder layers (None: the full model); ``memory_cap_bytes``
     (CPU backend only) raises an out-of-memory error when live tensor bytes exceed it, standing in for
-    the device's capacity.
+    the device's capacity. ``program`` is None for memplan's own training loop; for a run of the user's own
+    program (``planner probe ... -- CMD``) it is the program's fingerprint (``command``, ``script``,
+    ``script_sha256``, ``versions``), part of the key: another script file or library version is another probe.
     """
 
     workload: dict[str, Any]
@@ -83,17 +98,27 @@ class ProbeRequest:
     layers: int | None = None
     timeout_s: float = 600.0
     memory_cap_bytes: int | None = None
+    program: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.program is None:  # memplan's own loop: the JSON stored before programs were probed
+            del data["program"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeRequest:
         return cls(**data)
 
+    @property
+    def program_id(self) -> str | None:
+        """The short id of the user's program this probe ran (:func:`program_id`), None for memplan's loop."""
+        return program_id(self.program) if self.program is not None else None
+
     def key(self, versions: dict[str, str]) -> str:
         """Canonical hash of what decides the measurement: workload, strategy, hardware, device, steps,
-        layers, cap and software versions. Identical probes share it (and are not run twice)."""
+        layers, cap and software versions, and the user's program where one ran (its fingerprint). Identical
+        probes share it (and are not run twice)."""
         payload = {
             "workload": self.workload,
             "strategy": self.strategy,
@@ -104,6 +129,8 @@ class ProbeRequest:
             "memory_cap_bytes": self.memory_cap_bytes,
             "versions": versions,
         }
+        if self.program is not None:  # memplan's own loop keeps the key it always had
+            payload["program"] = self.program
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 

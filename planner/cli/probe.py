@@ -74,7 +74,9 @@ def probe_command(
 
     After -- your own program runs instead of memplan's loop, once per strategy (the plan and its next best):
     a start-up hook overrides the strategy's DeepSpeed keys in the config it passes, measures each phase and
-    ends it after the timed steps.
+    ends it after the timed steps. Each run is stored under the program's fingerprint (its command line, the
+    script's hash, library versions) and reused unless --force; the report prints the program id that
+    planner recommend --program takes.
 
     Example: planner probe --model opt-125m --device cpu --layers 1,2 --steps 3 --gpus 2
     Example: planner probe --model ./config.json --device cpu --workload sft -- python train.py --deepspeed ds.json
@@ -90,6 +92,8 @@ def probe_command(
             json_out=json_out,
             db=db,
             calibration=calibration,
+            force=force,
+            memory_cap=memory_cap,
         )
     from planner.api import probe
 
@@ -145,8 +149,11 @@ def _probe_program(
     json_out: bool,
     db: str | None,
     calibration: str,
+    force: bool,
+    memory_cap: str | None,
 ) -> int:
-    """``planner probe ... -- CMD``: the user's program under each strategy (planner.probing.program)."""
+    """``planner probe ... -- CMD``: the user's program under each strategy (planner.probing.program), each run
+    stored under the program's fingerprint and reused unless --force."""
     import json
 
     from planner.api import probe_program
@@ -166,6 +173,8 @@ def _probe_program(
             device=device,
             db=db,
             calibration=calibration,
+            force=force,
+            memory_cap=memory_cap,
             on_progress=started,
             on_note=lines.note,
         )

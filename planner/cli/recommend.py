@@ -30,6 +30,14 @@ def recommend_command(
             "(DeepSpeed's own generation), vllm, sglang.",
         ),
     ] = "auto",
+    program: Annotated[
+        str | None,
+        typer.Option(
+            "--program",
+            help="Your own program, as planner probe ... -- CMD stored it: its program id, or its script file. "
+            "The plan keeps that program's measured spread of peak reserved free instead of the fixed 8%.",
+        ),
+    ] = None,
 ) -> int:
     """Recommend the memory strategy that fits at the least step time, and save it as a plan.
 
@@ -37,10 +45,13 @@ def recommend_command(
     2 for bad input.
 
     Example: planner recommend --model opt-1.3b --gpu-mem 24G --workload sft
+    Example: planner recommend --model opt-1.3b --gpu H100-80G --workload sft --program train.py
     """
     from planner.api import recommend
 
-    plan = recommend(job, top=top, lora_rank=lora_rank, seed=seed, db=db, calibration=calibration, rollout=rollout)
+    plan = recommend(
+        job, top=top, lora_rank=lora_rank, seed=seed, db=db, calibration=calibration, rollout=rollout, program=program
+    )
     if json_out:
         print(plan.to_json())
     else:

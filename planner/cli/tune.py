@@ -41,13 +41,24 @@ def tune_command(
     json_out: Json = False,
     db: Db = None,
     calibration: Calibration = "auto",
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ...).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> int:
     """Probe the candidates the cost model ranks first until a measured plan fits and nothing untested is
     predicted faster; save that plan (planner export writes its config). Run again to resume. Each probe
     prints a line on stderr as it starts, and a heartbeat every MEMPLAN_PROGRESS_INTERVAL_S seconds (default
     30) while it runs.
 
+    After -- your own program confirms the candidates instead of memplan's loop: it runs once per candidate
+    under the start-up hook of planner probe -- CMD, and each run is stored under the program's fingerprint.
+
     Example: planner tune --model opt-1.3b --gpu-mem 24G --workload sft --max-probes 6
+    Example: planner tune --model ./config.json --device cpu --workload sft --max-probes 2 -- python train.py
     """
     from planner import tune
 
@@ -64,6 +75,7 @@ def tune_command(
             calibration=calibration,
             on_progress=lines.start,
             on_note=lines.note,
+            command=list(command) if command else None,
         )
     if json_out:
         print(report.to_json())

@@ -21,6 +21,7 @@ from planner.files.atomic import read_json_file
 from planner.job.calibrated import calibrated
 from planner.job.inputs import CONFIG_WORKLOAD, JobKeywords, JobSpec, ResolvedJob, resolve
 from planner.planning.outside import merged_settings, read_sidecar
+from planner.planning.program_spread import applied_spread, program_spread
 from planner.planning.saved import save_plan
 from planner.planning.suggest import what_would_fit
 from planner.report.prediction import alternative, prediction_report
@@ -90,6 +91,7 @@ def recommend(
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     calibration: str = "auto",
     rollout: str = "auto",
+    program: str | None = None,
     **job: Unpack[JobKeywords],
 ) -> Plan:
     """The fastest strategy predicted to fit, with its DeepSpeed config and the next best.
@@ -101,12 +103,24 @@ def recommend(
     newest calibration of the job's GPU in ``db``, ``none`` the defaults, an id that calibration.
     ``rollout`` (RLHF): what may generate the rollout, ``auto`` (all) or a comma-separated list of
     ``hybrid-engine`` (DeepSpeed's own generation), ``vllm`` and ``sglang``.
+    ``program`` names your own program (its id from ``planner probe ... -- CMD``, or its script file): the plan
+    keeps that program's measured spread of peak reserved free instead of the fixed 8%, where a run of it and
+    memplan's own probe of the same strategy are stored (:mod:`planner.planning.program_spread`); a reading
+    line and ``search.program_spread`` say which.
     """
 
     if not isinstance(top, int) or top < 0:
         raise InputError(f"--top must be a whole number >= 0, not {top!r}")
+    if program is not None and (not isinstance(program, str) or not program.strip()):
+        raise InputError("--program takes a program id (as planner probe -- CMD prints it) or your script's file")
     resolved = _job(model, job, db)
     resolved, coefficients, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db)
+    spread_block: dict[str, Any] | None = None
+    if program is not None:
+        found = program_spread(program, db)
+        applied, line, spread_block = applied_spread(found, resolved.hardware.gpu.name, coefficients.reserved_spread)
+        coefficients = replace(coefficients, reserved_spread=applied)
+        resolved = replace(resolved, readings=(*resolved.readings, line))
     workload, hardware = resolved.workload, resolved.hardware
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         shown = str(seed) if len(str(seed)) <= 24 else str(seed)[:21] + "..."
@@ -153,7 +167,8 @@ def recommend(
             "replays": result.replays,
             "seed": seed,
             "lora_fallback": used_fallback,
-        },
+        }
+        | ({"program_spread": spread_block} if spread_block is not None else {}),
     )
     return save_plan(result_plan, db) if save else result_plan
 

@@ -65,7 +65,9 @@ def probe_gpu(
     if device != "cuda":
         return replace(spec, gpu_mem=PROBE_GPU_MEM["cpu"])
     if detect is None:
-        from probes.measure.fingerprint import local_cuda_gpu as detect  # lazy on purpose: probes loads torch
+        from probes.measure.fingerprint import local_cuda_gpu  # lazy on purpose: probes loads torch
+
+        detect = local_cuda_gpu
     found = detect()
     if found is None:
         if on_note is not None:

@@ -82,7 +82,7 @@ def _header(report: PredictionReport) -> None:
         margin = h.get("safety_margin", 0.0)
         console.print(
             f"  [dim]usable keeps {format_bytes(kept)} free with the CUDA context: the larger of the "
-            f"{100 * margin:.0f}% safety margin and a {100 * p.reserved_uncertainty:.0f}% spread of peak reserved "
+            f"{100 * margin:.0f}% safety margin and a {_spread_pct(p.reserved_uncertainty)}% spread of peak reserved "
             "(the same step reserves that much more or less in another program)[/dim]",
             soft_wrap=True,
         )
@@ -90,6 +90,12 @@ def _header(report: PredictionReport) -> None:
         console.print(f"  [dim]{line}[/dim]")
     if report.calibration is not None:
         console.print(f"  [dim]{calibration_line(report.calibration)}[/dim]")
+
+
+def _spread_pct(spread: float) -> str:
+    """A reserved spread in percent: a whole number (the fixed 8%), else one decimal (a program's measured one)."""
+    tenths = round(100 * spread, 1)
+    return f"{tenths:.0f}" if tenths == round(tenths) else f"{tenths:.1f}"
 
 
 def _breakdown_table(predicted: Predicted) -> Table:
@@ -110,7 +116,7 @@ def _breakdown_table(predicted: Predicted) -> Table:
         # (search.step.assemble.gpu_budget_bytes): a plan within it has the spread kept free on top
         spread = predicted.reserved_uncertainty * predicted.peak_reserved_bytes
         table.add_row(
-            f"reserved spread (+/-{100 * predicted.reserved_uncertainty:.0f}%)",
+            f"reserved spread (+/-{_spread_pct(predicted.reserved_uncertainty)}%)",
             format_bytes(spread),
             "kept free beyond usable" if headroom >= 0 else "not kept: over usable",
         )
@@ -456,8 +462,14 @@ def _size(n: float) -> str:
 
 def render_program_report(document: dict[str, Any]) -> None:
     """``planner probe ... -- CMD``: each strategy run in the user's program, its phases measured against
-    predicted (the document of ``ProgramProbeReport.to_dict``)."""
-    console.print(f"[bold]Your program[/bold]: {' '.join(document['command'])}  (device {document['device']})")
+    predicted and, where memplan's own probe of the strategy is stored, the program's spread of peak reserved
+    against it (the document of ``ProgramProbeReport.to_dict``)."""
+    ident = document.get("program_id") or ""
+    shown_id = f", program id {ident}" if ident else ""
+    console.print(
+        f"[bold]Your program[/bold]: {' '.join(document['command'])}  (device {document['device']}{shown_id})",
+        markup=True,
+    )
     for line in document.get("readings", ()):
         console.print(f"  [dim]{line}[/dim]")
     # on the CPU backend the predicted time is the GPU model's until a calibration of this CPU is in force
@@ -466,8 +478,12 @@ def render_program_report(document: dict[str, Any]) -> None:
     )
     for run in document["runs"]:
         ran = run["ran_with"]
+        stored = run.get("probe_id") or ""
+        where = f"  [dim](probe {stored}{', reused' if run.get('reused') else ''})[/dim]" if stored else ""
         console.print(
-            f"\n[bold]{run['label']}[/bold]: {run['outcome']}" + (f" ({run['reason']})" if run["reason"] else "")
+            f"\n[bold]{run['label']}[/bold]: {run['outcome']}"
+            + (f" ({run['reason']})" if run["reason"] else "")
+            + where
         )
         if ran:
             shown = ", ".join(f"{k} {ran[k]}" for k in ("zero_stage", "micro_batch", "grad_accum", "dtype") if k in ran)
@@ -477,19 +493,33 @@ def render_program_report(document: dict[str, Any]) -> None:
         if run["message"]:
             console.print(f"  {run['message']}")
         if run["phases"]:
+            spreads = any(phase.get("reserved_spread") is not None for phase in run["phases"])
             table = Table(show_header=True, header_style="bold")
-            for column in ("phase", "measured allocated", "predicted allocated", "error", "measured reserved"):
+            columns = ["phase", "measured allocated", "predicted allocated", "error", "measured reserved"]
+            columns += ["predicted reserved"] + (["memplan's probe reserved", "spread"] if spreads else [])
+            for column in columns:
                 table.add_column(column, justify="left" if column == "phase" else "right")
             for phase in run["phases"]:
                 predicted = phase["predicted_allocated_bytes"]
-                table.add_row(
+                reserved = phase.get("predicted_reserved_bytes")
+                row = [
                     phase["name"],
                     _size(phase["measured_allocated_bytes"]),
                     "-" if predicted is None else _size(predicted),
                     _pct(phase["allocated_error"]),
                     _size(phase["measured_reserved_bytes"]),
-                )
+                    "-" if reserved is None else _size(reserved),
+                ]
+                if spreads:
+                    builtin = phase.get("builtin_reserved_bytes")
+                    row += ["-" if builtin is None else _size(builtin), _pct(phase.get("reserved_spread"))]
+                table.add_row(*row)
             console.print(table)
+            if run.get("spread") is not None:
+                console.print(
+                    f"  your program's spread: {100 * run['spread']:+.1f}% of peak reserved (worst phase) against "
+                    f"memplan's probe {run['builtin_probe_id']} of the same strategy"
+                )
         measured = run["measured_step_s"]
         step = "-" if measured is None else f"{measured:.3f} s"
         console.print(f"  step time: measured {step}, predicted {run['predicted_step_s']:.3f} s{cpu_time}")

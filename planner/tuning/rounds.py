@@ -18,11 +18,17 @@ from planner.job.calibrated import calibrated
 from planner.job.inputs import ResolvedJob
 from planner.planning.saved import save_plan
 from planner.probing.estimate import cost_note, device_step_time, probe_cost
-from planner.probing.plan import PlannedProbe
 from planner.probing.runs import ProbeSettings
 from planner.report.prediction import prediction_report
 from planner.report.results import Plan, TuneReport
-from planner.tuning.study import parse_candidate, predicted_for, probe_candidate, refit_values, step_noise
+from planner.tuning.study import (
+    ProgramCommand,
+    parse_candidate,
+    predicted_for,
+    probe_candidate,
+    refit_values,
+    step_noise,
+)
 from probes.process.jit_lock import pid_alive
 from search import Coefficients, Prediction, predict
 from search.calibration import apply_values
@@ -174,7 +180,7 @@ def _starting(
     on_note: Callable[[str], None] | None,
     on_progress: Callable[[str], None] | None,
     count: str,
-    item: PlannedProbe,
+    label: str,
 ) -> None:
     """As a probe starts (DeepSpeed's ops built): the estimate before the tune's first probe, then its line."""
     if announce is not None and on_note is not None and not announced:
@@ -183,7 +189,7 @@ def _starting(
         if line is not None:
             on_note(line)
     if on_progress is not None:
-        on_progress(f"probe {count}: {item.strategy.describe()}")
+        on_progress(f"probe {count}: {label}")
 
 
 def run_rounds(
@@ -200,9 +206,11 @@ def run_rounds(
     on_progress: Callable[[str], None] | None,
     calibration_block: dict[str, Any],
     on_note: Callable[[str], None] | None = None,
+    program: ProgramCommand | None = None,
 ) -> TuneReport:
     """The tune's rounds (see the module docstring) and its report. ``on_progress`` gets a line as each probe
-    starts; ``on_note`` one before the first, when the probes may take minutes (:mod:`planner.probing.estimate`)."""
+    starts; ``on_note`` one before the first, when the probes may take minutes (:mod:`planner.probing.estimate`).
+    With ``program`` each candidate runs in the user's own program (``planner tune ... -- CMD``)."""
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
 
@@ -270,7 +278,9 @@ def run_rounds(
             )
         starting = partial(_starting, announce, announced, on_note, on_progress, f"{state.probes_run + 1}/{max_probes}")
         try:
-            probe_id, result, ran = probe_candidate(current, key, settings, coef=fitted, db=db, on_start=starting)
+            probe_id, result, ran = probe_candidate(
+                current, key, settings, coef=fitted, db=db, on_start=starting, program=program
+            )
         except BaseException:  # an interrupt (or a failure) leaves no trial running, and the candidate queued
             trial.set_user_attr("interrupted", True)
             study.tell(trial, state=TrialState.FAIL)

@@ -14,24 +14,24 @@ calibration and the confirmed plan, exportable like any plan.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target, target_hardware
-from planner.probing.device import PROBE_GPU_MEM, cpu_probe_dtype
+from planner.probing.device import cpu_probe_dtype, probe_gpu
 from planner.probing.limits import check_run, check_study_name
 from planner.probing.plan import check_ranks
+from planner.probing.program import command_fingerprint
 from planner.probing.runs import ProbeSettings
 from planner.report.results import TuneReport
 from planner.tuning.rounds import run_rounds
-from planner.tuning.study import MAX_PROBES, candidate_space, open_study, study_name
+from planner.tuning.study import MAX_PROBES, ProgramCommand, candidate_space, open_study, study_name
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from store.db import optuna_storage_url
 from store.errors import InputError
 from store.frameworks import DEFAULT_FRAMEWORK
-from store.measurements import ProbeRequest, ProbeResult
+from store.measurements import ProbeRequest, ProbeResult, program_id
 from store.sizes import parse_size
 
 
@@ -50,6 +50,7 @@ def tune(
     runner: Callable[[ProbeRequest], ProbeResult] | None = None,
     on_progress: Callable[[str], None] | None = None,
     on_note: Callable[[str], None] | None = None,
+    command: list[str] | None = None,
     **job: Any,
 ) -> TuneReport:
     """Probe the candidates the cost model ranks first until a measured plan fits with the planned headroom
@@ -61,19 +62,26 @@ def tune(
     probe starts, ``on_note`` the lines about how the job was read (on ``cpu``: the dtype chosen and why) and,
     before the first probe, how long the probes may take when that is minutes (:mod:`planner.probing.estimate`).
     A candidate whose probe timed out is probed again when ``timeout_s`` is longer than that probe had.
+
+    ``command`` (``planner tune ... -- CMD``): each candidate runs in the user's own program instead of memplan's
+    loop (:func:`planner.probing.program.run_program_strategy`: the hook overrides the strategy's keys in the
+    config the program passes), stored under the program's fingerprint; the study is the program's own.
     """
 
     device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
     if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:
         raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
     study = check_study_name(study)
+    if command is not None and not command:
+        raise InputError("planner tune -- CMD: give the launch command of your program after --")
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     readings: list[str] = []  # said once the whole input is checked: a refused tune prints one line
     spec = cpu_probe_dtype(spec, device, readings.append)
-    if spec.gpu_mem is None and spec.gpu is None:
-        spec = replace(spec, gpu_mem=PROBE_GPU_MEM[device])
+    spec = probe_gpu(spec, device, readings.append)  # as planner probe: the GPU the probes run on
     resolved = resolve(spec, db, local=True)  # the probes run here: this machine's host memory
-    if resolved.workload.framework != DEFAULT_FRAMEWORK:
+    if command and resolved.workload.is_rlhf:
+        raise InputError("planner tune -- CMD confirms single-model programs (sft, reward, dpo); not RLHF yet")
+    if resolved.workload.framework != DEFAULT_FRAMEWORK and not command:
         readings.append(
             f"--framework {resolved.workload.framework}: candidates are ranked for its program, but each probe runs "
             "memplan's own DeepSpeed loop (probes.step.phases_sft), so a measured peak is that loop's"
@@ -88,8 +96,14 @@ def tune(
     resolved, coef, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db, target=target)
     resolved = ResolvedJob(resolved.workload, target_hardware(resolved.hardware, target), resolved.readings)
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
+    program = ProgramCommand(tuple(command), command_fingerprint(list(command))) if command else None
+    if program is not None:
+        readings.append(
+            f"each candidate runs in your program {program_id(program.program)} ({' '.join(command or ())}), "
+            "not memplan's loop; its runs are stored and reused under the program's fingerprint"
+        )
     url = optuna_storage_url(db)
-    name = study or study_name(resolved, device)
+    name = study or study_name(resolved, device, program_id(program.program) if program else None)
     the_study = open_study(url, name, candidate_space(resolved, coef))
     if on_note is not None:
         for line in readings:
@@ -109,4 +123,5 @@ def tune(
         on_progress=on_progress,
         calibration_block=calibration_block,
         on_note=on_note,
+        program=program,
     )

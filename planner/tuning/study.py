@@ -10,12 +10,15 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from planner.calibration.gather import gather, stored_entries
 from planner.job.inputs import ResolvedJob
 from planner.probing.device import device_coefficients, device_prediction
-from planner.probing.plan import PlannedProbe, plan_probes
+from planner.probing.plan import plan_probes
+from planner.probing.program import run_program_strategy
 from planner.probing.runs import ProbeSession, ProbeSettings
 from search import Coefficients, Prediction, predict, search
 from search.calibration import calibrate
@@ -44,9 +47,13 @@ def candidate_key(strategy: Strategy | RLHFStrategy) -> str:
     return json.dumps(strategy.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
-def study_name(job: ResolvedJob, device: str) -> str:
-    """The default study of a job on a device: a hash of the workload, hardware and device."""
-    text = json.dumps([job.workload.to_dict(), job.hardware.to_dict(), device], sort_keys=True)
+def study_name(job: ResolvedJob, device: str, program: str | None = None) -> str:
+    """The default study of a job on a device: a hash of the workload, hardware and device (and, for a tune of
+    the user's own program, its program id: another program is another study)."""
+    parts: list[Any] = [job.workload.to_dict(), job.hardware.to_dict(), device]
+    if program is not None:
+        parts.append({"program": program})
+    text = json.dumps(parts, sort_keys=True)
     return STUDY_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -139,6 +146,15 @@ def refit_values(base: Coefficients, target: str, db: str | None, device: str) -
         return {}
 
 
+@dataclass(frozen=True)
+class ProgramCommand:
+    """The user's own program a tune confirms its candidates on (``planner tune ... -- CMD``): the launch command
+    and its fingerprint (``planner.probing.program.command_fingerprint``)."""
+
+    command: tuple[str, ...]
+    program: dict[str, Any]
+
+
 def probe_candidate(
     job: ResolvedJob,
     key: str,
@@ -146,11 +162,31 @@ def probe_candidate(
     *,
     coef: Coefficients,
     db: str | None,
-    on_start: Callable[[PlannedProbe], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
+    program: ProgramCommand | None = None,
 ) -> tuple[str, ProbeResult, bool]:
     """(probe id, result, whether it ran now) of the candidate at full depth: a stored probe of the same
     request is reused (a timeout only when it had at least this timeout), so a resumed tune runs nothing twice.
-    ``on_start`` is called with the planned probe when it is about to run (after DeepSpeed's ops are built)."""
+    ``on_start`` is called with the candidate's label when it is about to run (after DeepSpeed's ops are built).
+    With ``program`` the candidate runs in the user's program instead of memplan's loop
+    (:func:`planner.probing.program.run_program_strategy`, stored and reused the same way)."""
+    if program is not None:
+        strategy = parse_candidate(job, key)
+        assert isinstance(strategy, Strategy)  # a program tune is refused for RLHF before it starts
+        done = run_program_strategy(
+            job,
+            strategy,
+            list(program.command),
+            program=program.program,
+            device=settings.device,
+            steps=settings.steps,
+            timeout_s=settings.timeout_s,
+            coef=coef,
+            db=db,
+            memory_cap_bytes=settings.memory_cap_bytes,
+            on_start=partial(on_start, strategy.describe()) if on_start is not None else None,
+        )
+        return done.probe_id, done.result, done.ran
 
     planned = plan_probes(
         job,
@@ -172,6 +208,6 @@ def probe_candidate(
             return known.probe_id, known.result, False
         session.prepare([item.request])
         if on_start is not None:
-            on_start(item)
+            on_start(item.strategy.describe())
         probe_id, result = session.run(item)
     return probe_id, result, True

@@ -56,13 +56,17 @@ class BaseStorage(abc.ABC):
         ``run_id`` ties the probe to a probe run (see below); a run_id that names no run is InputError.
         Programming errors write nothing: TypeError for a request or result of the wrong type, an empty
         or over-long key, a workload without a non-empty str ``kind`` and ``model``, or anything JSON
-        cannot encode (naming the field); ValueError for an outcome not in ``store.measurements.OUTCOMES``.
+        cannot encode (naming the field); ValueError for an outcome not in
+        ``store.measurements.STORED_OUTCOMES`` (``OUTCOMES`` and a program run's ``PROGRAM_OUTCOMES``).
         Returns the record exactly as a later ``get_probe`` returns it: its ``request`` and ``result``
         equal the ones given (for JSON-shaped values).
 
     ``find_probe(key)``:
-        The newest probe stored under ``key`` whose outcome is final (every outcome in ``OUTCOMES``
-        is: ok, oom, error and timeout), or None. Probes saved in the same instant: the last saved wins.
+        The newest probe stored under ``key`` whose outcome is final (every outcome in ``STORED_OUTCOMES``
+        is: ok, oom, error, timeout, and a program run's contradicts_plan, not_applied and no_initialize),
+        or None. Probes saved in the same instant: the last saved wins. A run of the user's own program is a
+        probe like any other: its request's ``program`` (the program's fingerprint) is part of its key and
+        of its JSON, so no table or column is added for it.
 
     ``list_probes(limit=50, kind=None, model=None, device=None)``:
         Up to ``limit`` (>= 1, else InputError) probes, newest first (same instant: reverse order of

@@ -16,7 +16,7 @@ from store.db._record import (
     json_copy,
     new_short_id,
 )
-from store.measurements import OUTCOMES, ProbeRequest, ProbeResult
+from store.measurements import STORED_OUTCOMES, ProbeRequest, ProbeResult
 
 
 def check_key(key: object, what: str = "key") -> str:
@@ -42,8 +42,8 @@ def new_probe_row(request: ProbeRequest, result: ProbeResult, key: str, run_id: 
     check_key(key)
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"probe run_id must be a str or None, got {run_id!r}")
-    if result.outcome not in OUTCOMES:
-        raise ValueError(f"probe outcome must be one of {', '.join(OUTCOMES)}, got {result.outcome!r}")
+    if result.outcome not in STORED_OUTCOMES:
+        raise ValueError(f"probe outcome must be one of {', '.join(STORED_OUTCOMES)}, got {result.outcome!r}")
     workload = request.workload if isinstance(request.workload, dict) else {}
     for name in ("kind", "model"):
         value = workload.get(name)

@@ -51,7 +51,7 @@ from store.db._record import (
 from store.db._schema import SchemaVersionError, ensure_schema
 from store.db._url import resolve_db
 from store.errors import InputError
-from store.measurements import OUTCOMES, ProbeRequest, ProbeResult
+from store.measurements import STORED_OUTCOMES, ProbeRequest, ProbeResult
 
 _JSON_FIELDS = ("workload", "hardware", "strategy", "predicted", "ds_config", "document")
 _FINISHED_STATUSES = ("done", "interrupted")
@@ -234,7 +234,7 @@ class SQLAlchemyStorage(BaseStorage):
         """The newest probe stored under ``key`` with a final outcome, or None."""
         stmt = (
             select(ProbeRow)
-            .where(ProbeRow.key == key, ProbeRow.outcome.in_(OUTCOMES))
+            .where(ProbeRow.key == key, ProbeRow.outcome.in_(STORED_OUTCOMES))
             .order_by(ProbeRow.created_at.desc(), ProbeRow.id.desc())
             .limit(1)
         )

@@ -1,0 +1,318 @@
+"""Runs of the user's own program are stored and used (issue 33, item 4) and ``planner tune ... -- CMD``.
+
+Each run of ``planner probe ... -- CMD`` is a probe row keyed by the program's fingerprint (command line, the
+script's sha256, library versions): a second call reuses it, a changed script file runs again. Where memplan's
+own probe of the same strategy is stored too, the report shows the program's spread of peak reserved, and
+``planner recommend --program`` keeps that spread free instead of the fixed 8% (and says so). ``planner
+calibrate`` gathers the program's rows like any probe; ``planner tune ... -- CMD`` runs the program for its
+candidates and stores those runs.
+
+The real CLI in subprocesses, the CPU backend, a real SQLite file; the program is a plain DeepSpeed loop as users
+write it (``tests/probes/script/programs/plain_loop.py``), a tiny Llama. Nothing depends on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planner_helpers import subprocess_env
+
+from store.measurements import STORED_OUTCOMES, ProbeRequest, ProbeResult, program_id
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "probes" / "script" / "programs"
+VENV_BIN = Path(sys.executable).parent
+TIMEOUT_S = 900  # generous: one planner command on a busy 2-core machine
+STRATEGY = {"zero_stage": 0, "micro_batch": 4, "grad_accum": 1}  # the one strategy probed (its batch is the job's)
+DEFAULT_SPREAD = 0.08
+# the plain loop's model, as a config.json the job names (as tests/planner/test_probe_program.py)
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+
+
+def _planner(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(VENV_BIN / "planner"), *args],
+        cwd=folder,
+        env=subprocess_env({"MEMPLAN_PROGRESS_INTERVAL_S": "0"}),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def _json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def _job(folder: Path) -> list[str]:
+    return [
+        "--model", str(folder / "config.json"), "--workload", "sft", "--seq-len", "32", "--batch", "4",
+        "--dtype", "fp32",
+    ]  # fmt: skip
+
+
+def _db(folder: Path) -> list[str]:
+    return ["--db", f"sqlite:///{folder / 'plans.db'}"]
+
+
+class Program:
+    """The program folder (config, a copy of the loop that a test may change, the strategy file), in a module."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+        shutil.copy(PROGRAMS / "plain_loop.py", folder / "plain_loop.py")
+        (folder / "strategy.json").write_text(json.dumps(STRATEGY))
+        self.script = folder / "plain_loop.py"
+
+    def probe(self, *more: str) -> dict[str, Any]:
+        """``planner probe [job] --strategies strategy.json -- python plain_loop.py``."""
+        return _json(
+            _planner(
+                self.folder,
+                "probe",
+                *_job(self.folder),
+                "--device",
+                "cpu",
+                "--steps",
+                "3",
+                "--timeout",
+                "600",
+                "--strategies",
+                str(self.folder / "strategy.json"),
+                *_db(self.folder),
+                "--json",
+                *more,
+                "--",
+                sys.executable,
+                str(self.script),
+                "--steps",
+                "1000",
+            )  # fmt: skip
+        )
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The program probed twice (the second reuses), memplan's own probe of the same strategy, the program once
+    more (the spread), then recommend with and without ``--program``."""
+    pytest.importorskip("deepspeed")
+    program = Program(tmp_path_factory.mktemp("stored"))
+    first = program.probe()
+    second = program.probe()
+    builtin = _json(
+        _planner(
+            program.folder,
+            "probe",
+            *_job(program.folder),
+            "--device",
+            "cpu",
+            "--steps",
+            "3",
+            "--timeout",
+            "600",
+            "--strategies",
+            str(program.folder / "strategy.json"),
+            *_db(program.folder),
+            "--json",
+        )  # fmt: skip
+    )
+    third = program.probe()
+    return {"program": program, "first": first, "second": second, "builtin": builtin, "third": third}
+
+
+def _recommend(program: Program, *more: str) -> subprocess.CompletedProcess[str]:
+    return _planner(program.folder, "recommend", *_job(program.folder), "--gpu-mem", "24G", *_db(program.folder), *more)
+
+
+def test_a_run_is_stored_with_its_fingerprint_and_reused(stored: dict[str, Any]) -> None:
+    first, second = stored["first"]["runs"][0], stored["second"]["runs"][0]
+    assert first["outcome"] == "ok", first["message"] + first["log_tail"][-1500:]
+    assert first["probe_id"] and not first["reused"]
+    assert second["reused"] and second["probe_id"] == first["probe_id"]
+    assert stored["second"]["program_id"] == stored["first"]["program_id"]
+
+    from store.db import open_storage
+
+    with open_storage(f"sqlite:///{stored['program'].folder / 'plans.db'}") as storage:
+        record = storage.get_probe(first["probe_id"])
+    program = record.request.program
+    assert program is not None and program["script"].endswith("plain_loop.py")
+    assert len(program["script_sha256"]) == 64 and program["versions"]["deepspeed"]
+    assert record.request.program_id == stored["first"]["program_id"]
+    assert record.request.strategy["zero_stage"] == STRATEGY["zero_stage"]
+    assert record.result.extra["program_run"]["ran_with"]["micro_batch"] == STRATEGY["micro_batch"]
+    assert record.result.fingerprint is not None and record.result.fingerprint.device == "cpu"
+
+
+def test_the_report_shows_the_spread_once_memplans_probe_is_stored(stored: dict[str, Any]) -> None:
+    assert stored["first"]["runs"][0]["spread"] is None  # memplan's own probe was not stored yet
+    builtin = stored["builtin"]["rows"][0]
+    assert builtin["outcome"] == "ok"
+    run = stored["third"]["runs"][0]
+    assert run["reused"] and run["builtin_probe_id"] == builtin["probe_id"]
+    spreads = [phase["reserved_spread"] for phase in run["phases"] if phase["reserved_spread"] is not None]
+    assert {"forward", "backward", "optimizer_step"} <= {p["name"] for p in run["phases"]}
+    assert len(spreads) == len(run["phases"])
+    assert run["spread"] == pytest.approx(max(spreads))
+    for phase in run["phases"]:  # the spread is the program's peak reserved over memplan's probe's
+        ratio = phase["measured_reserved_bytes"] / phase["builtin_reserved_bytes"] - 1
+        assert phase["reserved_spread"] == pytest.approx(ratio)
+        # the same strategy of a plain loop sits near memplan's own (torch's AdamW and its loss are its own)
+        assert abs(phase["reserved_spread"]) < 0.5
+
+
+def test_recommend_keeps_the_programs_spread_free(stored: dict[str, Any]) -> None:
+    program: Program = stored["program"]
+    spread = stored["third"]["runs"][0]["spread"]
+    ident = stored["third"]["program_id"]
+    fixed = json.loads(_recommend(program, "--json").stdout)
+    assert fixed["predicted"]["reserved_uncertainty"] == pytest.approx(DEFAULT_SPREAD)
+    for ref in (ident, str(program.script), ident[:6]):
+        plan = json.loads(_recommend(program, "--json", "--program", ref).stdout)
+        assert plan["predicted"]["reserved_uncertainty"] == pytest.approx(max(0.0, spread)), ref
+        assert plan["predicted"]["reserved_uncertainty"] != pytest.approx(DEFAULT_SPREAD)
+        lines = [line for line in plan["readings"] if line.startswith("reserved spread:")]
+        assert len(lines) == 1 and f"your program {ident}" in lines[0] and "instead of the fixed 8%" in lines[0]
+        block = plan["search"]["program_spread"]
+        assert block["program_id"] == ident and block["measured_spread"] == pytest.approx(spread)
+    text = _recommend(program, "--program", ident).stdout
+    tenths = round(100 * max(0.0, spread), 1)
+    if tenths:  # the plan's table shows the spread it keeps free (one decimal where not whole)
+        shown = f"{tenths:.0f}" if tenths == round(tenths) else f"{tenths:.1f}"
+        assert f"reserved spread (+/-{shown}%)" in text
+    assert f"your program {ident}" in " ".join(text.split())
+
+
+def test_recommend_with_an_unknown_program_is_one_line_and_exit_2(stored: dict[str, Any]) -> None:
+    result = _recommend(stored["program"], "--program", "ffffffffffff")
+    assert result.returncode == 2
+    assert "no stored run of such a program" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_gathers_the_programs_rows(stored: dict[str, Any]) -> None:
+    from planner.calibration.gather import gather, stored_entries
+
+    db = f"sqlite:///{stored['program'].folder / 'plans.db'}"
+    gathered = gather(stored_entries(db, "cpu"), "cpu", db=db)
+    labels = {observation.label for observation in gathered.observations}
+    assert stored["first"]["runs"][0]["probe_id"] in labels  # the program's run
+    assert stored["builtin"]["rows"][0]["probe_id"] in labels  # memplan's own probe beside it
+    assert not gathered.skipped
+
+
+def test_a_changed_script_is_not_reused(stored: dict[str, Any]) -> None:
+    """Runs last in this module: it changes the script file."""
+    program: Program = stored["program"]
+    program.script.write_text(program.script.read_text() + "\n# changed: another program\n")
+    refused = _recommend(program, "--program", str(program.script))
+    assert refused.returncode == 2 and "the file changed since" in refused.stderr, refused.stderr
+    again = program.probe()
+    run = again["runs"][0]
+    assert run["outcome"] == "ok", run["message"] + run["log_tail"][-1500:]
+    assert not run["reused"] and run["probe_id"] != stored["first"]["runs"][0]["probe_id"]
+    assert again["program_id"] != stored["first"]["program_id"]
+    assert again["program"]["script_sha256"] != stored["first"]["program"]["script_sha256"]
+
+
+def test_tune_runs_the_program_for_its_candidates(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    program = Program(tmp_path)
+    report = _json(
+        _planner(
+            tmp_path,
+            "tune",
+            *_job(tmp_path),
+            "--device",
+            "cpu",
+            "--steps",
+            "3",
+            "--timeout",
+            "600",
+            "--max-probes",
+            "1",
+            *_db(tmp_path),
+            "--json",
+            "--",
+            sys.executable,
+            str(program.script),
+            "--steps",
+            "1000",
+        )  # fmt: skip
+    )
+    assert report["probes_run"] == 1 and report["rows"]
+    row = report["rows"][0]
+    assert row["outcome"] == "ok", row
+
+    from store.db import open_storage
+
+    with open_storage(f"sqlite:///{tmp_path / 'plans.db'}") as storage:
+        record = storage.get_probe(row["probe_id"])
+    assert record.request.program is not None and record.request.program["script"] == str(program.script)
+    assert record.request.strategy == row["strategy"]
+    ran = record.result.extra["program_run"]["ran_with"]
+    assert ran["zero_stage"] == row["strategy"]["zero_stage"] and ran["micro_batch"] == row["strategy"]["micro_batch"]
+    assert report["study"].startswith("memplan-tune-")
+
+
+def test_the_key_of_memplans_own_probe_is_unchanged_and_a_program_is_part_of_it() -> None:
+    request = ProbeRequest(workload={"kind": "sft", "model": "m"}, strategy={"zero_stage": 2}, hardware={})
+    versions = {"torch": "2"}
+    assert "program" not in request.to_dict()  # the JSON stored before programs were probed
+    assert ProbeRequest.from_dict(request.to_dict()) == request
+    program = {"command": ["python", "t.py"], "script": "/t.py", "script_sha256": "ab", "versions": versions}
+    ran = ProbeRequest(**{**request.to_dict(), "program": program})
+    changed = ProbeRequest(**{**request.to_dict(), "program": {**program, "script_sha256": "cd"}})
+    assert len({request.key(versions), ran.key(versions), changed.key(versions)}) == 3
+    assert ran.program_id == program_id(program) and len(program_id(program)) == 12
+    assert ProbeRequest.from_dict(ran.to_dict()) == ran
+
+
+def test_the_store_keeps_a_programs_own_outcomes(tmp_path: Path) -> None:
+    from store.db import open_storage
+
+    program = {"command": ["python", "t.py"], "script": "/t.py", "script_sha256": "ab", "versions": {}}
+    request = ProbeRequest(workload={"kind": "sft", "model": "m"}, strategy={}, hardware={}, program=program)
+    assert {"contradicts_plan", "not_applied", "no_initialize"} <= set(STORED_OUTCOMES)
+    with open_storage(f"sqlite:///{tmp_path / 'p.db'}") as storage:
+        saved = storage.save_probe(request, ProbeResult(outcome="no_initialize", message="m"), key="k1")
+        found = storage.find_probe("k1")
+        assert found is not None and found.probe_id == saved.probe_id and found.request.program == program
+        with pytest.raises(ValueError):
+            storage.save_probe(request, ProbeResult(outcome="bogus"), key="k2")
+
+
+def test_the_applied_spread_without_a_pair_and_below_zero() -> None:
+    from planner.planning.program_spread import PhaseSpread, ProgramSpread, RunSpread, applied_spread
+
+    program = {"command": ["python", "t.py"], "script": "/x/t.py", "script_sha256": "ab", "versions": {}}
+    alone = ProgramSpread("abcdef123456", program, runs_stored=2, pairs=())
+    spread, line, block = applied_spread(alone, "H100-80G", DEFAULT_SPREAD)
+    assert spread == DEFAULT_SPREAD and block["measured_spread"] is None
+    assert line.startswith("reserved spread: the fixed 8%") and "run planner probe" in line
+    less = RunSpread("p1", "b1", {"zero_stage": 2}, "H100-80G", (PhaseSpread("backward", 90, 100),))
+    elsewhere = RunSpread("p2", "b2", {"zero_stage": 3}, "cpu:x", (PhaseSpread("backward", 130, 100),))
+    found = ProgramSpread("abcdef123456", program, runs_stored=2, pairs=(less, elsewhere))
+    spread, line, block = applied_spread(found, "H100-80G", DEFAULT_SPREAD)
+    assert spread == 0.0 and block["measured_spread"] == pytest.approx(-0.1)  # the job's GPU first
+    assert "kept at 0" in line and "t.py" in line
+    spread, line, _ = applied_spread(found, "A100-80G", DEFAULT_SPREAD)  # none on it: every device's worst
+    assert spread == pytest.approx(0.3) and "measured on cpu:x and applied to a job on A100-80G" in line
