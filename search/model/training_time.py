@@ -3,7 +3,8 @@
 One accounting for the single model of sft/reward/dpo and for the actor and critic of RLHF, from
 mechanisms (:mod:`search.model.roofline`): each micro-step's forward and backward take the longer of the
 GPU's work and the host's kernel issuing, the backward adds the recompute of checkpointed layers and
-DeepSpeed's per-gradient hooks (and, with optimizer offload, the gradients' copy to the host over PCIe); the
+DeepSpeed's per-gradient hooks (and, with optimizer offload, the gradients' copy to the host over PCIe); under
+ZeRO-3 both passes add its module hooks and the backward its gradient hooks (:mod:`search.model.zero3_time`); the
 optimizer step is the fused Adam's HBM traffic against DeepSpeed's per-tensor step loop, or CPU Adam over
 host memory and the 16-bit parameters' copy back; gradient accumulation repeats forward and backward only.
 """
@@ -24,6 +25,7 @@ from search.model.passes import (
 from search.model.placement import TrainedPlacement
 from search.model.roofline import PassSeconds, add_terms, hbm_seconds, host_seconds
 from search.model.timing import collective_time, nvme_time, pcie_time, zero_comm_bytes
+from search.model.zero3_time import zero3_offload, zero3_passes
 from store.records import DTYPE_BYTES, Hardware
 
 
@@ -81,7 +83,23 @@ def training_time(
     if loss == "trl" and trained.lm_head:
         bwd = bwd + fused_head_extra(model, micro_batch, seq_len, dtype, gpu, rank)
     tensors = trainable_tensors(model, rank, lm_head=trained.lm_head)
-    bwd = bwd + PassSeconds(host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_hook_kernels_per_grad, coef)})
+    if s.zero_stage == 3:  # ZeRO-3's module and gradient hooks, counted on a real engine (search.model.zero3_time)
+        zero3 = zero3_passes(
+            model,
+            dtype,
+            gpu,
+            coef,
+            lora_rank=rank,
+            lm_head=trained.lm_head,
+            checkpointing=s.gradient_checkpointing,
+            offload_optimizer=s.offload_optimizer != "none",
+            trainable=t,
+        )
+        fwd, bwd = fwd + zero3.forward, bwd + zero3.backward
+    else:  # ZeRO-0/1/2's per-gradient hook (stage_1_and_2.py)
+        bwd = bwd + PassSeconds(
+            host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_hook_kernels_per_grad, coef)}
+        )
     offload_opt = s.offload_optimizer != "none"
     if offload_opt:  # fp32 gradients of the partition to the host (ZeRO-1 only at the boundary)
         down = 4 * t / n / (1 if s.zero_stage >= 2 else grad_accum)
@@ -122,6 +140,9 @@ def training_time(
         )
     else:
         adam = PassSeconds(gpu={"optimizer_hbm": hbm_seconds(local * coef.gpu_adam_bytes_per_param, gpu)})
+    if offload_opt and s.zero_stage == 3:  # stage3.py's own offload copies (search.model.zero3_time)
+        roundtrip, conversion = zero3_offload(local, dtype, hardware, coef)
+        bwd, adam = bwd + roundtrip, adam + conversion
     step = step_loop + adam
     terms: dict[str, float] = {}
     add_terms(terms, fwd.terms, grad_accum)
