@@ -80,8 +80,10 @@ class Coefficients:
         4e-5,
         "s per kernel",
         "host time to issue one kernel from eager PyTorch under transformers and DeepSpeed (Python, dispatcher, "
-        "launch): H100 host of the shared records, HF decode 18.6 ms per token over 24 OPT layers of ~18 kernels "
-        "plus ~30 per generate step",
+        "launch): the host CPU's figure, not the GPU's; measured on the H100 host of the shared records, HF decode "
+        "18.6 ms per token over 24 OPT layers of ~18 kernels plus ~30 per generate step. Other GPUs get the same "
+        "figure, i.e. a host as fast as that one (an older host, such as a V100 server's, is assumed, not derived: "
+        "docs/gpus.md); planner calibrate fits it on your own machine",
     )
     host_s_per_tensor_op: float = _coef(
         1e-5,

@@ -112,7 +112,12 @@ def variant_terms(terms: dict[str, Any], checkpointing: bool, lora: bool) -> dic
 
 def terms_key(dtype: str, attn_impl: str) -> str:
     """The key of a model's terms for a training dtype and attention implementation: the dtype width and the
-    kernel (``flash_attention_2`` keeps what sdpa's flash kernel keeps, so both read the ``sdpa`` trace)."""
+    kernel (``flash_attention_2`` keeps what sdpa's flash kernel keeps, so both read the ``sdpa`` trace).
+
+    The ``sdpa`` trace runs the kernel a current GPU picks: flash for 16-bit inputs, memory-efficient for fp32
+    (``probes.trace.activations``). The cost model names another GPU's kernel ``sdpa-efficient`` (a V100 or T4 in
+    fp16, which read the same trace: the two kernels save the same tensors but for the log-sum-exp's padded
+    rows) or ``sdpa-math`` (which reads no trace: ``search.model.kernels.attention_impl``)."""
     width = 4 if dtype == "fp32" else 2
     return f"{width}-{'eager' if attn_impl == 'eager' else 'sdpa'}"
 

@@ -133,9 +133,26 @@ class ModelSpec:
         return shown
 
 
+# The catalog fields that carry a rate or an achieved fraction: each entry names where every one comes from
+# (``GPUSpec.sources``; docs/gpus.md).
+GPU_RATE_FIELDS: tuple[str, ...] = (
+    "bf16_tflops", "fp16_tflops", "fp32_tflops", "hbm_gbps", "pcie_gbps", "interconnect_gbps",
+)  # fmt: skip
+GPU_FRACTION_FIELDS: tuple[str, ...] = (
+    "matmul_efficiency", "matmul_half_dim", "hbm_efficiency", "pcie_efficiency", "kernel_floor_s",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GPUSpec:
-    """One GPU model from the catalog: memory and the rates the time model needs."""
+    """One GPU model from the catalog: memory and the rates the time model needs.
+
+    ``compute_capability`` is what ``torch.cuda.get_device_capability()`` reports, (major, minor); it decides
+    the generation-specific paths (bf16 needs 8.0 or newer; which sdpa kernels exist). None: not known (a GPU
+    described only by a measurement), taken as a current one. ``sources`` pairs each rate and achieved
+    fraction (:data:`GPU_RATE_FIELDS`, :data:`GPU_FRACTION_FIELDS`) with where its value comes from: a vendor
+    datasheet by name, a mechanism, or the device it was calibrated on (:meth:`source`).
+    """
 
     name: str
     memory_bytes: int
@@ -147,14 +164,32 @@ class GPUSpec:
     interconnect_gbps: float  # GPU-to-GPU inside a node (NVLink or PCIe), per GPU, one direction
     aliases: tuple[str, ...] = ()
     # Achieved fractions and floors of the time model (search.model.roofline); calibration fits them per GPU.
+    # The defaults are the Hopper values set against the H100 records; store.gpus gives every catalog entry
+    # its generation's own (docs/gpus.md).
     matmul_efficiency: float = 0.78  # share of the dense peak a large cuBLAS GEMM reaches (H100 bf16: ~750 TF/s)
     matmul_half_dim: float = 64.0  # smallest GEMM dimension (m, n or k) at which the achieved rate halves
     hbm_efficiency: float = 0.8  # share of the HBM bandwidth that streaming element-wise kernels reach
     pcie_efficiency: float = 0.8  # share of the host link that pinned copies reach
     kernel_floor_s: float = 3e-6  # the least GPU time of one kernel (launch latency on the device side)
+    compute_capability: tuple[int, int] | None = None  # (major, minor), as torch reports it; None: not known
+    # (field, where its value comes from), see source(); not part of equality or the hash (no prediction reads it)
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def tflops(self, dtype: str) -> float:
         return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "fp32": self.fp32_tflops}[dtype]
+
+    def source(self, field_name: str) -> str:
+        """Where the value of ``field_name`` comes from, or ``"not stated"``."""
+        return dict(self.sources).get(field_name, "not stated")
+
+    def source_map(self) -> dict[str, str]:
+        """Every stated source, field -> where its value comes from (the JSON of ``planner gpus``)."""
+        return dict(self.sources)
+
+    @property
+    def has_bf16(self) -> bool:
+        """Whether the GPU has bf16 arithmetic (compute capability 8.0 or newer; an unknown one is assumed to)."""
+        return self.compute_capability is None or self.compute_capability >= (8, 0)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from planner.cli import calibrate as calibrate_cmd
 from planner.cli import check as check_cmd
 from planner.cli import explain as explain_cmd
 from planner.cli import export as export_cmd
+from planner.cli import gpus as gpus_cmd
 from planner.cli import plans as plans_cmd
 from planner.cli import predict as predict_cmd
 from planner.cli import probe as probe_cmd
@@ -52,6 +53,7 @@ app.command("explain")(explain_cmd.explain_command)
 app.command("calibrate")(calibrate_cmd.calibrate_command)
 app.command("calibrations")(calibrate_cmd.calibrations_command)
 app.command("tune")(tune_cmd.tune_command)
+app.command("gpus")(gpus_cmd.gpus_command)
 
 
 def _fail(message: str) -> int:

@@ -13,7 +13,7 @@ from planner.job.model_shapes import resolve_model, shapes_saved_on_success
 from store.errors import InputError
 from store.frameworks import DEFAULT_FRAMEWORK, VERSIONS, check_framework, default_attention
 from store.frameworks import FRAMEWORKS as FRAMEWORKS  # for the CLI, which reaches data through planner.job.inputs
-from store.gpus import GENERIC_PREFIX, generic_gpu, get_gpu
+from store.gpus import GENERIC_PREFIX, bf16_refusal, generic_gpu, get_gpu, gpus_without_bf16
 from store.nodes import NodeSpec, get_node, least_host_memory_ratio, reference_node
 from store.records import ATTN_IMPLS, DTYPES, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, format_bytes, parse_size
@@ -33,7 +33,7 @@ DEFAULT_CPU_MEM = 64 * 2**30
 FALLBACK_INTER_NODE_GBPS = 25.0
 MAX_INTER_NODE_GBPS = 100_000.0  # GB/s per node: 800 Tb/s, beyond any node's NICs; larger is a typo
 DEFAULT_ATTN_IMPL = "sdpa"
-NO_BF16_GPUS = ("V100-16G", "V100-32G", "T4")
+NO_BF16_GPUS = gpus_without_bf16()  # compute capability under 8.0: V100-16G, V100-32G, T4
 # `check` reads one DeepSpeed config, which runs one trained model: its job is a single-model workload.
 CONFIG_WORKLOAD = "sft"
 # What a single-model strategy leaves unsaid (the knobs that are not DeepSpeed keys, for `check`).
@@ -366,11 +366,13 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
     rlhf = kind.rlhf
     dtype = spec.dtype
     if dtype is None:
-        dtype = "fp16" if hardware.gpu.name in NO_BF16_GPUS else "bf16"
+        dtype = "bf16" if hardware.gpu.has_bf16 else "fp16"
         if dtype == "fp16":
             readings.append(f"dtype: fp16 ({hardware.gpu.name} has no bf16 tensor cores)")
     elif dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    elif dtype == "bf16" and not hardware.gpu.has_bf16:
+        raise InputError(bf16_refusal(hardware.gpu.name, hardware.gpu.compute_capability))
     setting = (dtype, requested)  # the activation terms a traced local config needs
     model = resolve_model(spec.model, readings, db, setting)
     prompt_len: int | None = None

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from search.coefficients import Coefficients
+from search.model.kernels import SDPA_MATH, efficient_lse_padding, math_sdpa_saved, with_lse_padding
 from search.model.shapes import dropout_probs, token_embedding_params, uses_rmsnorm
 from store.activation_terms import VARIANTS, evaluate, evaluate_all, left_by, peak_of, terms_key, variant_terms
 from store.loss_chunks import chunk_tokens
@@ -22,7 +23,10 @@ from store.records import DTYPE_BYTES, ModelSpec
 
 def traced_terms(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, Any] | None:
     """The model's traced activation and loss terms of a full fine-tune for this dtype and attention, or
-    None (formulas)."""
+    None (formulas). sdpa's math path (:data:`search.model.kernels.SDPA_MATH`) has no trace: its scores are
+    what the formulas keep."""
+    if attn_impl == SDPA_MATH:
+        return None
     return model.activation_terms.get(terms_key(dtype, attn_impl))
 
 
@@ -175,7 +179,8 @@ def layer_saved_tensors(
     """
     traced = traced_terms(model, dtype, attn_impl)
     if traced is not None:
-        return tuple(max(0, size) for size in evaluate_all(traced["layer_saved"], sequences, seq_len))
+        sizes = tuple(max(0, size) for size in evaluate_all(traced["layer_saved"], sequences, seq_len))
+        return with_lse_padding(sizes, model, sequences, seq_len, dtype, attn_impl)
     d = DTYPE_BYTES[dtype]
     bs = sequences * seq_len
     h, i = model.hidden_size, model.intermediate_size
@@ -192,6 +197,8 @@ def layer_saved_tensors(
         tensors += [coef.eager_softmax_bytes * scores, d * scores]
         if attn_p > 0:
             tensors.append(scores)  # dropout mask, one byte per element
+    elif attn_impl == SDPA_MATH:
+        tensors += math_sdpa_saved(model, sequences, seq_len, dtype, attn_p)
     else:
         tensors += [d * bs * q_dim, d * bs * kv_dim, d * bs * kv_dim, d * bs * q_dim]  # q, k, v, the output
     tensors.append(d * bs * q_dim)  # output projection input
@@ -247,6 +254,8 @@ def activations(
         if "inference_forward" in windows:  # LoRA's adapters run beside the frozen weights
             forward_working = peak_of(windows["inference_forward"], sequences, seq_len, r)
         per_layer = sum(evaluate_all(variant["layer_saved"], sequences, seq_len, r))
+        if not checkpointing:  # a checkpointed layer keeps its input only; the padded rows live in its recompute
+            per_layer += efficient_lse_padding(model, sequences, seq_len, dtype, attn_impl)
         return Activations(
             saved=model.num_layers * per_layer + evaluate(variant["outside_saved"], sequences, seq_len, r),
             layer=layer,

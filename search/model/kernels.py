@@ -14,6 +14,10 @@ Kernels per layer forward, read off the layer's ``forward`` in transformers 5.x:
 - peft LoRA on a linear: ``lora_A``, ``lora_B``, the scaling and the add (dropout 0 is Identity): 4.
 Autograd's backward launches about two kernels per forward kernel (a ``mm`` becomes the input and weight
 gradient products, an ``addmm`` adds the bias sum, each element-wise op one or two).
+
+Which kernel sdpa runs on a GPU of a given compute capability and dtype (:func:`sdpa_kernel`; docs/gpus.md), and
+what the memory-efficient and math kernels save where they differ from the traced one (:func:`with_lse_padding`,
+:func:`math_sdpa_saved`).
 """
 
 from __future__ import annotations
@@ -110,6 +114,130 @@ def attention_flops(model: ModelSpec, sequences: int, seq_len: int) -> float:
     """Forward FLOPs of the attention kernel (QK^T and PV) of one layer with a causal mask: the fused
     kernels (sdpa's flash/cuDNN paths) skip the masked half."""
     return 0.5 * 4.0 * sequences * seq_len * seq_len * model.num_heads * model.head_dim
+
+
+# PyTorch's sdpa kernels on CUDA (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, can_use_flash_attention
+# and can_use_mem_efficient_attention); the dispatcher takes the first that applies in this order.
+SDPA_KERNELS = ("flash", "efficient", "math")
+# What ``attn_impl`` names a resolved sdpa kernel by, where it differs from what the traced ``sdpa`` terms were traced
+# with (probes.trace.activations routes 16-bit sdpa without a mask to the flash kernel, fp32 to the memory-efficient
+# one); "sdpa" itself stays the traced kernel, so GPUs that run it predict as before.
+SDPA_EFFICIENT = "sdpa-efficient"
+SDPA_MATH = "sdpa-math"
+
+
+def sdpa_kernel(
+    compute_capability: tuple[int, int] | None,
+    dtype: str,
+    head_dim: int,
+    *,
+    masked: bool = False,
+    training: bool = True,
+) -> str:
+    """The kernel ``F.scaled_dot_product_attention`` runs on a CUDA GPU of ``compute_capability``: ``"flash"``,
+    ``"efficient"`` (memory-efficient, from xformers' CUTLASS kernels) or ``"math"`` (plain ops that materialise
+    the b x heads x s x s scores and their softmax).
+
+    As PyTorch's sdp_utils.cpp checks them:
+    - flash: sm80 to sm121; fp16 or bf16; head_dim a multiple of 8 and at most 256; no explicit mask (``masked``);
+      not a trained head_dim over 192 on sm86-sm89 (its backward refuses those);
+    - memory-efficient: sm50 and up; fp16 or fp32 (bf16 too from sm80); head_dim a multiple of the GEMM
+      alignment (8 for 16-bit inputs, 4 for fp32 from sm80, 1 for fp32 before); a mask allowed;
+    - otherwise the math path.
+    An unknown compute capability (None) is taken as a current GPU (sm90).
+    """
+    cc = compute_capability or (9, 0)
+    half = dtype in ("fp16", "bf16")
+    flash = (8, 0) <= cc <= (12, 1) and half and head_dim % 8 == 0 and head_dim <= 256 and not masked
+    if flash and training and head_dim > 192 and (8, 6) <= cc <= (8, 9):
+        flash = False
+    if flash:
+        return "flash"
+    dtypes = ("fp16", "fp32", "bf16") if cc >= (8, 0) else ("fp16", "fp32")
+    alignment = 8 if half else (4 if cc >= (8, 0) else 1)
+    if cc >= (5, 0) and dtype in dtypes and head_dim % alignment == 0:
+        return "efficient"
+    return "math"
+
+
+def traced_sdpa_kernel(dtype: str, head_dim: int, masked: bool = False) -> str:
+    """The kernel the traced ``sdpa`` terms were traced with (``probes.trace.activations.gpu_kernels``): flash
+    for 16-bit inputs without a mask and head_dim up to 256, the memory-efficient kernel otherwise."""
+    return "flash" if dtype in ("fp16", "bf16") and not masked and head_dim <= 256 else "efficient"
+
+
+def attention_impl(attn_impl: str, dtype: str, compute_capability: tuple[int, int] | None, head_dim: int) -> str:
+    """``attn_impl`` as the activation model reads it on a GPU of ``compute_capability``: ``"sdpa"`` where the
+    GPU runs the kernel the ``sdpa`` terms were traced with, :data:`SDPA_EFFICIENT` or :data:`SDPA_MATH` where it
+    runs another (a V100 or T4 in fp16: memory-efficient); ``eager`` and ``flash_attention_2`` as they are."""
+    if attn_impl != "sdpa":
+        return attn_impl
+    kernel = sdpa_kernel(compute_capability, dtype, head_dim)
+    if kernel == traced_sdpa_kernel(dtype, head_dim):
+        return "sdpa"
+    return SDPA_MATH if kernel == "math" else SDPA_EFFICIENT if kernel == "efficient" else "sdpa"
+
+
+def sdpa_kernel_of(attn_impl: str, dtype: str, head_dim: int) -> str | None:
+    """The sdpa kernel an ``attn_impl`` as :func:`attention_impl` resolves it stands for (None: eager)."""
+    if attn_impl == "eager":
+        return None
+    if attn_impl == SDPA_MATH:
+        return "math"
+    if attn_impl == SDPA_EFFICIENT:
+        return "efficient"
+    if attn_impl == "flash_attention_2":
+        return "flash"
+    return traced_sdpa_kernel(dtype, head_dim)
+
+
+LSE_ROWS = 32  # the memory-efficient kernel pads its log-sum-exp to a multiple of 32 query rows (kAlignLSE)
+
+
+def efficient_lse_padding(model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str) -> int:
+    """Bytes the memory-efficient kernel's saved log-sum-exp holds beyond the flash kernel's, per layer, where a
+    16-bit job runs it (:data:`SDPA_EFFICIENT`) but its terms were traced with flash: the flash kernel saves
+    b x heads x s fp32 values, the memory-efficient one b x heads x ceil(s / 32) * 32 (0 at multiples of 32)."""
+    if attn_impl != SDPA_EFFICIENT or dtype == "fp32":
+        return 0
+    padded = -(-seq_len // LSE_ROWS) * LSE_ROWS
+    return 4 * sequences * model.num_heads * (padded - seq_len)
+
+
+def with_lse_padding(
+    sizes: tuple[int, ...], model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str
+) -> tuple[int, ...]:
+    """Traced layer sizes with the saved log-sum-exp (the b x heads x s fp32 tensor) grown to the
+    memory-efficient kernel's padded rows; unchanged where none is padded or no such tensor was traced."""
+    pad = efficient_lse_padding(model, sequences, seq_len, dtype, attn_impl)
+    lse = 4 * sequences * model.num_heads * seq_len
+    if not pad or lse not in sizes:
+        return sizes
+    i = sizes.index(lse)
+    return (*sizes[:i], lse + pad, *sizes[i + 1 :])
+
+
+def math_sdpa_saved(model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_p: float) -> list[int]:
+    """What sdpa's math path (``at::_scaled_dot_product_attention_math``) saves for backward in one layer.
+
+    16-bit inputs are upcast to fp32 first (``allow_fp16_bf16_reduction_math_sdp`` is off by default), K and V
+    expanded to every head; autograd keeps the scaled Q and K, V, and the fp32 softmax output over the
+    b x heads x s x s scores; with attention dropout also its one-byte mask and the dropped probabilities."""
+    bs = sequences * seq_len
+    q_dim = model.num_heads * model.head_dim
+    scores = sequences * model.num_heads * seq_len * seq_len
+    saved = [4 * bs * q_dim] * 3 + [4 * scores]
+    if attn_p > 0:
+        saved += [scores, 4 * scores]
+    return saved
+
+
+def attention_kernel_flops(model: ModelSpec, sequences: int, seq_len: int, kernel: str | None) -> float:
+    """Forward FLOPs of one layer's attention under a causal mask with ``kernel``: the fused kernels (flash,
+    memory-efficient) skip the masked half (:func:`attention_flops`); the math path and eager attention compute
+    the full s x s scores and their product with V."""
+    half = attention_flops(model, sequences, seq_len)
+    return half if kernel in ("flash", "efficient") else 2.0 * half
 
 
 def loss_bytes(model: ModelSpec, tokens: int, dtype_bytes: int) -> tuple[float, float]:

@@ -4,9 +4,11 @@ A pass (forward, backward, a decoding step) takes the longer of two clocks that 
 - the GPU's: every matrix product at the rate its sizes reach (``matmul_efficiency`` of the dense peak,
   halved where its smallest dimension is ``matmul_half_dim``, never faster than its bytes over HBM nor
   shorter than ``kernel_floor_s``), the attention kernel, and the element-wise kernels' bytes over HBM at
-  ``hbm_efficiency`` (all four from the GPU's catalog entry);
+  ``hbm_efficiency`` (all four from the GPU's catalog entry, per generation: each says where it comes from,
+  ``planner gpus NAME`` and docs/gpus.md);
 - the host's: every kernel costs ``host_s_per_kernel`` to issue from eager PyTorch (transformers' Python,
-  the dispatcher, the launch), and DeepSpeed's per-tensor Python work counts in those units.
+  the dispatcher, the launch), and DeepSpeed's per-tensor Python work counts in those units. That figure is the
+  host CPU's (measured on the H100 host), not the GPU's: it is the same whichever GPU is planned for.
 Small micro-batches are host-bound (opt-1.3b, 4 x 512 tokens on an H100: about 400 kernels take 16 ms to
 issue, the GPU needs 10), large ones GPU-bound. Each pass reports its terms by name (``PassSeconds.terms``)
 so a prediction can say which one dominates the step.
