@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from search.model.shapes import dropout_probs, linear_shapes, uses_rmsnorm
-from store.records import ModelSpec
+from store.records import Hardware, ModelSpec
 
 LAYER_KERNELS = {"opt": 16, "gpt2": 20}
 LLAMA_LAYER_KERNELS = 39  # llama, mistral, qwen2 and the other RMSNorm/rotary/SwiGLU decoders
@@ -176,6 +176,11 @@ def attention_impl(attn_impl: str, dtype: str, compute_capability: tuple[int, in
     if kernel == traced_sdpa_kernel(dtype, head_dim):
         return "sdpa"
     return SDPA_MATH if kernel == "math" else SDPA_EFFICIENT if kernel == "efficient" else "sdpa"
+
+
+def gpu_attention(attn_impl: str, dtype: str, hardware: Hardware | None, head_dim: int) -> str:
+    """:func:`attention_impl` on ``hardware``'s GPU (None: a current GPU, as the traces were made)."""
+    return attention_impl(attn_impl, dtype, hardware.gpu.compute_capability if hardware else None, head_dim)
 
 
 def sdpa_kernel_of(attn_impl: str, dtype: str, head_dim: int) -> str | None:

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from search.model.fused_head import workload_head
 from search.model.host import LOADING, STEADY, HostMemory, add_parts, per_node, trained_host
+from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
 from search.model.placement import (
     FrozenPlacement,
@@ -81,7 +82,7 @@ def role_micro_batch(ctx: RLHFContext, role: str, lora_rank: int, micro_batch: i
         sequences=micro_batch,
         seq_len=ctx.job.seq_len,
         dtype=w.dtype,
-        attn_impl=w.attn_impl,
+        attn_impl=gpu_attention(w.attn_impl, w.dtype, ctx.hardware, w.model_for(role).head_dim),
         coef=ctx.coef,
         loss="hf" if head is None else "trl",
         head=head,

@@ -17,6 +17,7 @@ from functools import lru_cache
 from search.coefficients import Coefficients
 from search.model.fused_head import FusedHead, scored_tokens, trl_fused_head, workload_head
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
+from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
@@ -95,9 +96,12 @@ def head_tokens(workload: Workload, strategy: Strategy) -> int:
     return scored_tokens(workload.kind, strategy.micro_batch * workload.sequences_per_sample, workload.seq_len)
 
 
-def micro_batch_of(workload: Workload, strategy: Strategy, coef: Coefficients) -> MicroBatchContext:
+def micro_batch_of(
+    workload: Workload, strategy: Strategy, coef: Coefficients, hardware: Hardware | None = None
+) -> MicroBatchContext:
     """One micro-batch of the trained model (:class:`search.model.micro_batch.MicroBatchContext`): what the
-    step's moments, tensor sizes and seconds are priced on."""
+    step's moments, tensor sizes and seconds are priced on; its attention is the kernel sdpa picks on
+    ``hardware``'s GPU (:func:`search.model.kernels.attention_impl`)."""
     # sft: HF Trainer's training_step and TRL's SFTTrainer drop the model output before the backward; the
     # DPO and reward losses here keep it (their log-probs and values come from it)
     holds_output = not traits(workload.kind).causal_lm_loss or sft_holds_output(workload.framework)
@@ -105,7 +109,7 @@ def micro_batch_of(workload: Workload, strategy: Strategy, coef: Coefficients) -
         sequences=strategy.micro_batch * workload.sequences_per_sample,
         seq_len=workload.seq_len,
         dtype=workload.dtype,
-        attn_impl=workload.attn_impl,
+        attn_impl=gpu_attention(workload.attn_impl, workload.dtype, hardware, workload.model.head_dim),
         coef=coef,
         loss=model_loss(workload, strategy),
         head=fused_head(workload, strategy),
@@ -172,7 +176,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         "buffers": work.resident,
     }
     # --- time --------------------------------------------------------------------------------------------
-    batch = micro_batch_of(workload, s, coef)
+    batch = micro_batch_of(workload, s, coef, hardware)
     seconds = training_time(
         placed,
         micro_batch=batch.sequences,

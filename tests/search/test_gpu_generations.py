@@ -183,3 +183,20 @@ def test_the_v100_prediction_moved_with_its_own_fractions() -> None:
 def test_host_s_per_kernel_says_it_is_the_hosts_figure() -> None:
     reason = next(f.metadata["reason"] for f in fields(COEF) if f.name == "host_s_per_kernel")
     assert "host CPU's figure, not the GPU's" in reason and "H100 host" in reason
+
+
+def test_a_v100_plan_carries_the_kernel_sdpa_runs_there() -> None:
+    """The predicted step of a V100 job reads the memory-efficient kernel's padded log-sum-exp (the activations
+    above); the same job on a GPU that runs flash does not: the plan follows the GPU, not the trace's kernel."""
+    v100 = get_gpu("V100-32G")
+    as_ampere = replace(v100, compute_capability=(8, 0))
+    strategy = Strategy(zero_stage=2, micro_batch=4, grad_accum=1)
+    peaks = {}
+    job = resolve(JobSpec(model="opt-1.3b", workload="sft", gpu="V100-32G", batch=4, seq_len=500))
+    for gpu in (v100, as_ampere):
+        peaks[gpu.compute_capability] = predict(job.workload, strategy, replace(job.hardware, gpu=gpu), COEF)
+    pad = efficient_lse_padding(OPT, 4, 500, "fp16", attention_impl("sdpa", "fp16", v100.compute_capability, 64))
+    assert pad > 0
+    forward = {cc: next(p for p in prediction.phases if p.name == "forward") for cc, prediction in peaks.items()}
+    grown = forward[v100.compute_capability].peak_allocated_bytes - forward[(8, 0)].peak_allocated_bytes
+    assert grown == OPT.num_layers * pad  # every layer's saved padding is live at the forward's peak
