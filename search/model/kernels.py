@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from search.model.shapes import dropout_probs, linear_shapes, uses_rmsnorm
+from search.model.shapes import dropout_probs, linear_shapes, sliding_window_layers, uses_rmsnorm
 from store.records import Hardware, ModelSpec
 
 LAYER_KERNELS = {"opt": 16, "gpt2": 20}
@@ -114,6 +114,18 @@ def attention_flops(model: ModelSpec, sequences: int, seq_len: int) -> float:
     """Forward FLOPs of the attention kernel (QK^T and PV) of one layer with a causal mask: the fused
     kernels (sdpa's flash/cuDNN paths) skip the masked half."""
     return 0.5 * 4.0 * sequences * seq_len * seq_len * model.num_heads * model.head_dim
+
+
+def layers_attention_flops(model: ModelSpec, sequences: int, seq_len: int) -> float:
+    """Forward FLOPs of every layer's sdpa attention kernel. A full-attention layer is causal without a mask
+    (transformers passes ``is_causal``: flash skips the masked half, :func:`attention_flops`). A sliding-window
+    layer at ``seq_len`` of at least its window gets an explicit mask (``masking_utils._ignore_causal_mask_sdpa``
+    returns False once ``kv_length >= local_attention_size``): sdpa then runs the memory-efficient kernel with the
+    mask as a bias and ``is_causal=False``, which computes every query-key block, twice the causal half."""
+    half = attention_flops(model, sequences, seq_len)
+    sliding, window = sliding_window_layers(model)
+    masked = sliding if window is not None and seq_len >= window else 0
+    return (model.num_layers - masked) * half + masked * 2.0 * half
 
 
 # PyTorch's sdpa kernels on CUDA (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, can_use_flash_attention

@@ -11,11 +11,11 @@ from search.model.kernels import (
     GENERATE_STEP_KERNELS,
     HEAD_AND_LOSS_KERNELS,
     KV_UPDATE_KERNELS,
-    attention_flops,
     head_gemm,
     layer_elementwise_bytes,
     layer_gemms,
     layer_kernels,
+    layers_attention_flops,
     loss_bytes,
 )
 from search.model.roofline import (
@@ -58,7 +58,7 @@ def _pass(
     matmul = layers * sum(gemm_seconds(g, dtype, gpu) for g in products)
     matmul += sum(gemm_seconds(g, dtype, gpu) for g in head)
     attention_share = 2.5 if backward else 1.0
-    attention = attention_share * layers * attention_flops(model, sequences, seq_len)
+    attention = attention_share * layers_attention_flops(model, sequences, seq_len)
     attention /= matmul_rate(model.head_dim, dtype, gpu)
     elementwise = repeat * layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
     loss_s = hbm_seconds(loss_bytes(model, tokens, d)[int(backward)], gpu) if (loss and lm_head) else 0.0

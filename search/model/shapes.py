@@ -106,3 +106,28 @@ def kv_tokens_held(model: ModelSpec, tokens: float, *, prefill: bool = False) ->
         elif window > 0:
             held += min(tokens, window)
     return held
+
+
+def sliding_window_layers(model: ModelSpec) -> tuple[int, int | None]:
+    """(decoder layers that attend through a sliding window, the window in tokens), as transformers' configs
+    lay them out: an explicit ``layer_types``; Gemma 3, every layer but each ``sliding_window_pattern``-th (6);
+    Gemma 2, every other layer; Qwen2 with ``use_sliding_window``, the layers from ``max_window_layers`` on;
+    Mistral and Mixtral, every layer where ``sliding_window`` is set. (0, None) for the others."""
+    config, layers = model.hf_config, model.num_layers
+    window = config.get("sliding_window")
+    if not window:
+        return 0, None
+    types = config.get("layer_types")
+    if types:
+        return sum(1 for kind in types if kind == "sliding_attention"), int(window)
+    family = model.model_type
+    if family in ("gemma3", "gemma3_text"):
+        pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
+        return sum(1 for i in range(layers) if (i + 1) % pattern), int(window)
+    if family == "gemma2":
+        return sum(1 for i in range(layers) if (i + 1) % 2), int(window)
+    if family in ("qwen2", "qwen3") and config.get("use_sliding_window"):
+        return max(0, layers - int(config.get("max_window_layers") or layers)), int(window)
+    if family in ("mistral", "mixtral"):
+        return layers, int(window)
+    return 0, None
