@@ -20,6 +20,7 @@ and not measured, and a program whose own batch contradicts the plan is measured
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -191,6 +192,19 @@ def _fingerprint(result: Any, device: str) -> DeviceFingerprint:
     return host_fingerprint(device)
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as its name (``"inf"``, ``"-inf"``, ``"nan"``): what a program's
+    own config or state holds (a Trainer's resolved DeepSpeed config may carry ``inf``) stays readable in the
+    store, which keeps strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
+
+
 def stored_result(result: Any, device: str) -> ProbeResult:
     """A script probe's result (``probes.script.launch.ScriptProbeResult``) as the store keeps a probe's: its
     outcome, worst-rank phases and fingerprint, and in ``extra`` what the program ran with, its exit and log."""
@@ -203,24 +217,26 @@ def stored_result(result: Any, device: str) -> ProbeResult:
         wall_s=float(result.wall_s),
         fingerprint=_fingerprint(result, device),
         layers=None,
-        extra={
-            "program_run": {
-                "reason": result.reason,
-                "ran_with": dict(result.ran_with),
-                "contradictions": list(result.contradictions),
-                "not_applied": list(result.not_applied),
-                "exit_code": result.exit_code,
-                "log_tail": result.log_tail,
-                "failed_rank": result.failed_rank,
-                "steps_done": result.steps_done,
-                "timed_out": result.timed_out,
-            },
-            "step_time_s": dict(result.step_time_s),
-            "phase_time_s": dict(result.phase_time_s),
-            "world_size": result.world_size,
-            "worst_rank": result.worst_rank,
-            "ranks": [dict(rank) for rank in result.ranks],
-        },
+        extra=_json_safe(
+            {
+                "program_run": {
+                    "reason": result.reason,
+                    "ran_with": dict(result.ran_with),
+                    "contradictions": list(result.contradictions),
+                    "not_applied": list(result.not_applied),
+                    "exit_code": result.exit_code,
+                    "log_tail": result.log_tail,
+                    "failed_rank": result.failed_rank,
+                    "steps_done": result.steps_done,
+                    "timed_out": result.timed_out,
+                },
+                "step_time_s": dict(result.step_time_s),
+                "phase_time_s": dict(result.phase_time_s),
+                "world_size": result.world_size,
+                "worst_rank": result.worst_rank,
+                "ranks": [dict(rank) for rank in result.ranks],
+            }
+        ),
     )
 
 

@@ -316,3 +316,23 @@ def test_the_applied_spread_without_a_pair_and_below_zero() -> None:
     assert "kept at 0" in line and "t.py" in line
     spread, line, _ = applied_spread(found, "A100-80G", DEFAULT_SPREAD)  # none on it: every device's worst
     assert spread == pytest.approx(0.3) and "measured on cpu:x and applied to a job on A100-80G" in line
+
+
+def test_a_programs_non_finite_values_are_stored_by_name() -> None:
+    """A Trainer's resolved DeepSpeed config can carry ``inf``; the store keeps strict JSON, so the run is kept
+    with the value's name instead of failing to save (seen with the Trainer style on the CPU backend)."""
+    import json
+    from types import SimpleNamespace
+
+    from planner.probing.program import stored_result
+
+    result = SimpleNamespace(
+        outcome="ok", phases=(), failed_phase=None, message="", host_rss_peak_bytes=1, wall_s=1.0,
+        reason="", ran_with={"gradient_clipping": float("inf")}, contradictions=(), not_applied=(), exit_code=0,
+        log_tail="", failed_rank=None, steps_done=3, timed_out=False, step_time_s={"median": float("nan")},
+        phase_time_s={}, world_size=1, worst_rank=0,
+        ranks=[{"rank": 0, "program_config": {"max_grad_norm": float("-inf")}}],
+    )  # fmt: skip
+    stored = stored_result(result, "cpu")
+    text = json.dumps(stored.extra, allow_nan=False)
+    assert '"inf"' in text and '"-inf"' in text and '"nan"' in text
