@@ -33,6 +33,7 @@ DEFAULT_CPU_MEM = 64 * 2**30
 FALLBACK_INTER_NODE_GBPS = 25.0
 MAX_INTER_NODE_GBPS = 100_000.0  # GB/s per node: 800 Tb/s, beyond any node's NICs; larger is a typo
 DEFAULT_ATTN_IMPL = "sdpa"
+FLASH_ATTENTION_2_CC = (8, 0)  # flash-attn 2.x: Ampere, Ada and Hopper GPUs
 NO_BF16_GPUS = gpus_without_bf16()  # compute capability under 8.0: V100-16G, V100-32G, T4
 # `check` reads one DeepSpeed config, which runs one trained model: its job is a single-model workload.
 CONFIG_WORKLOAD = "sft"
@@ -362,6 +363,16 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             readings.append(f"attention: {requested} ({VERSIONS[framework]}'s default; pass --attn-impl)")
     if requested not in ATTN_IMPLS:
         raise InputError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, not {requested!r}")
+    cc = hardware.gpu.compute_capability
+    if requested == "flash_attention_2" and cc is not None and cc < FLASH_ATTENTION_2_CC:
+        why = (
+            f"{hardware.gpu.name} (compute capability {cc[0]}.{cc[1]}) cannot run flash_attention_2 "
+            "(FlashAttention-2 needs 8.0, Ampere or newer)"
+        )
+        if spec.attn_impl is not None:
+            raise InputError(f"--attn-impl flash_attention_2: {why}; use --attn-impl sdpa or eager")
+        requested = DEFAULT_ATTN_IMPL  # the framework's default, which its program would refuse on this GPU too
+        readings.append(f"attention: {DEFAULT_ATTN_IMPL}: {why}; tell {VERSIONS[framework]} to use sdpa as well")
     kind = traits(spec.workload)
     rlhf = kind.rlhf
     dtype = spec.dtype

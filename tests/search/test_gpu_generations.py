@@ -200,3 +200,21 @@ def test_a_v100_plan_carries_the_kernel_sdpa_runs_there() -> None:
     forward = {cc: next(p for p in prediction.phases if p.name == "forward") for cc, prediction in peaks.items()}
     grown = forward[v100.compute_capability].peak_allocated_bytes - forward[(8, 0)].peak_allocated_bytes
     assert grown == OPT.num_layers * pad  # every layer's saved padding is live at the forward's peak
+
+
+def test_flash_attention_2_on_a_volta_is_refused_and_a_frameworks_default_falls_back() -> None:
+    """FlashAttention-2 runs from compute capability 8.0: asked for on a V100 it is one line and exit 2; as
+    OpenRLHF's own default it is planned with sdpa, and the plan says why."""
+    done = subprocess.run(
+        [sys.executable, "-m", "planner", "recommend", "--model", "opt-1.3b", "--gpu", "V100-32G",
+         "--workload", "sft", "--attn-impl", "flash_attention_2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2 and "flash_attention_2" in done.stderr and "8.0" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    job = resolve(JobSpec(model="opt-1.3b", workload="ppo", gpu="V100-32G", framework="openrlhf"))
+    assert job.workload.attn_impl == "sdpa"
+    assert any("cannot run flash_attention_2" in line for line in job.readings)
+    assert resolve(
+        JobSpec(model="opt-1.3b", workload="ppo", gpu="A100-80G", framework="openrlhf")
+    ).workload.attn_impl == ("flash_attention_2")
