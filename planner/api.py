@@ -36,6 +36,7 @@ from planner.planning.snapshots import probe_snapshot, probe_stream, write_probe
 from planner.probing.device import probe_gpu
 from planner.probing.program import probe_program
 from planner.probing.session import probe as run_probe_session
+from planner.report.gpus import gpu_catalog
 from planner.report.results import (
     SCHEMA_VERSION,
     CalibrationReport,
@@ -69,6 +70,7 @@ __all__ = [
     "coefficients",
     "empty_cache_effect",
     "export",
+    "gpu_catalog",
     "memory_plot",
     "plan",
     "plans",
