@@ -39,47 +39,80 @@ from store.records import ModelSpec
 FP64 = 8  # bytes of a norm's upcast element (get_norm_dtype(): torch.float64)
 
 
-def loss_tensors(logits: LossLogits, d: int) -> tuple[NamedTensors, NamedTensors, Named | None]:
-    """transformers' cross-entropy, tensor by tensor (``ForCausalLMLoss``: ``logits.float()``, then
-    ``F.cross_entropy``'s log-softmax and NLL): at the loss the 16-bit logits, their fp32 upcast and the
-    fp32 log-softmax; in its backward the log-softmax (saved), the NLL's fp32 gradient and the log-softmax's
-    fp32 gradient (the upcast, and the 16-bit logits where the loop drops the output, are freed once the
-    loss is computed); and the 16-bit logits a loop that holds the model output keeps (None otherwise)."""
+LOGITS_GRAD, HEAD_GRAD = "logits_grad", "head_grad"  # the 16-bit logits' gradient; the LM head weight's
+EMBEDDING_GRAD, EMBEDDING_SUM = "embedding_grad", "embedding_sum"  # a tied weight's own gradient; the sum
+
+
+def loss_tensors(
+    logits: LossLogits, d: int, head_grad: int = 0
+) -> tuple[list[NamedTensors], list[NamedTensors], Named | None]:
+    """transformers' cross-entropy and the LM head's backward, tensor by tensor, per moment in step order.
+    Forward (``ForCausalLMLoss``): the head's 16-bit logits, ``logits.float()``'s fp32 upcast, ``F.cross_entropy``'s
+    fp32 log-softmax (its autograd node saves its output); the upcast goes when the loss returns, the 16-bit
+    logits when the loop drops the model output: the log-softmax is left. Backward, node by node:
+    ``NllLossBackward`` makes a zero fp32 gradient, ``LogSoftmaxBackward`` the fp32 gradient of its input, then
+    its input gradient and saved output go; ``ToCopyBackward`` (``.float()``) casts it to the 16-bit dtype and
+    the fp32 one goes (fp32 training: no copy); the head's ``MmBackward`` makes the weight's gradient
+    (``head_grad`` bytes; 0 frozen) beside the 16-bit one, which goes as the decoder's backward starts. The
+    16-bit logits a loop holds (``held``) stay throughout."""
     e = logits.cross_entropy_elements
     held = Named("logits", LOGITS, logits.held) if logits.held else None
+    kept = (held,) if held else ()
+    lsm, nll, lsm_grad = (Named("logits", name, 4 * e) for name in (LOG_SOFTMAX, NLL_GRAD, LOG_SOFTMAX_GRAD))
     upcast = (Named("logits", LOGITS_FP32, 4 * e),) if d != 4 else ()
-    at_loss = (Named("logits", LOGITS, d * e), *upcast, Named("logits", LOG_SOFTMAX, 4 * e))
-    backward = (
-        *((held,) if held else ()),
-        Named("logits", LOG_SOFTMAX, 4 * e),
-        Named("logits", NLL_GRAD, 4 * e),
-        Named("logits", LOG_SOFTMAX_GRAD, 4 * e),
-    )
-    return at_loss, backward, held
+    grad16 = (Named("logits", LOGITS_GRAD, d * e),) if d != 4 else ()
+    weight = (Named("gradients", HEAD_GRAD, head_grad),) if head_grad else ()
+    forward = [(Named("logits", LOGITS, d * e), *upcast, lsm), (*kept, lsm)]
+    backward = [(*kept, lsm, nll), (*kept, lsm, nll, lsm_grad)]
+    if grad16:
+        backward.append((*kept, lsm_grad, *grad16))
+    backward.append((*kept, *(grad16 or (lsm_grad,)), *weight))
+    return forward, backward, held
 
 
-def with_loss_tensors(moments: TrainingMoments, logits: LossLogits, d: int) -> TrainingMoments:
-    """``moments`` with the loss's tensors named (:func:`loss_tensors`) where the moments hold them: the
-    forward's loss moment, the loss backward's, and the held 16-bit logits after it. Left as bytes where
-    the loss is not transformers' cross-entropy or the traced bytes are fewer than those tensors."""
+def _holding(at: Moment, tensors: NamedTensors, peak: bool) -> Moment:
+    """``at`` holding ``tensors``: at the peak its bytes (the tensors' where more), else the tensors' logits."""
+    logits, grads = (sum(t.size for t in tensors if t.part == part) for part in ("logits", "gradients"))
+    if peak:
+        return {**at, "logits": max(at["logits"], logits)}
+    return {**at, "logits": logits, "gradients": at["gradients"] + grads}
+
+
+def with_loss_tensors(
+    moments: TrainingMoments, logits: LossLogits, d: int, head_grad: int = 0, summed_at: int = 0
+) -> TrainingMoments:
+    """``moments`` with the loss's moments made tensor by tensor (:func:`loss_tensors`) around its forward and
+    backward peaks. The head weight's gradient stays named up to the backward's moment ``summed_at`` where they
+    hold it (a tied weight's: autograd keeps it until the embedding's backward sums it with its own; 0: only in
+    the head's backward). Unchanged where the loss is not transformers' cross-entropy."""
     if not logits.cross_entropy_elements:
         return moments
-    at_loss, in_backward, held = loss_tensors(logits, d)
+    at_forward, at_backward, held = loss_tensors(logits, d, head_grad)
+    phases = {phase: list(at) for phase, at in moments.phases.items()}
     named = {phase: list(moments.named_of(phase)) for phase in moments.phases}
-    forward, backward = moments.phases["forward"], moments.phases["backward"]
 
-    def fits(at: Moment, tensors: NamedTensors) -> bool:
-        return sum(t.size for t in tensors) <= at["logits"]
+    def split(phase: str, k: int, sequence: list[NamedTensors], peak: int) -> None:
+        at, own = phases[phase][k], named[phase][k]
+        phases[phase][k : k + 1] = [_holding(at, tensors, i == peak) for i, tensors in enumerate(sequence)]
+        named[phase][k : k + 1] = [(*own, *tensors) for tensors in sequence]
 
-    if len(forward) > 1 and fits(forward[1], at_loss):
-        named["forward"][1] = (*named["forward"][1], *at_loss)
-    if backward and fits(backward[0], in_backward):
-        named["backward"][0] = (*named["backward"][0], *in_backward)
-    if held is not None:
-        for k, at in enumerate(backward[1:], start=1):
-            if at["logits"] >= held.size:
-                named["backward"][k] = (*named["backward"][k], held)
-    return TrainingMoments(moments.base, moments.gathered_params, moments.phases, named)
+    if len(phases["forward"]) > 1:
+        split("forward", 1, at_forward, 0)
+    backward, start = phases["backward"], len(at_backward)  # start: the top layer's backward
+    if backward:
+        split("backward", 0, at_backward, 1)
+    for k in range(start, len(backward)):
+        if held is not None and backward[k]["logits"] >= held.size:
+            named["backward"][k] = (*named["backward"][k], held)
+    for k in range(start, min(start + summed_at, len(backward)) if head_grad else 0):
+        grads = sum(t.size for t in named["backward"][k] if t.part == "gradients")
+        free = backward[k]["gradients"] - max(moments.base["gradients"], grads)
+        # the embedding's backward: its dense gradient, then the sum with the head's, beside it
+        summed = (EMBEDDING_GRAD, EMBEDDING_SUM) if k == start + summed_at - 1 and free >= 3 * head_grad else ()
+        if free < head_grad:
+            break
+        named["backward"][k] += tuple(Named("gradients", n, head_grad) for n in (HEAD_GRAD, *summed))
+    return TrainingMoments(moments.base, moments.gathered_params, phases, named)
 
 
 def first_flush_layers(model: ModelSpec, lm_head: bool, lora_rank: int, bucket_elements: int) -> int | None:
@@ -157,10 +190,10 @@ def zero2_moments(
     d: int,
 ) -> TrainingMoments:
     """ZeRO-2 without offload (and ZeRO-1 reducing as its hooks fire), tensor by tensor as stage_1_and_2.py makes
-    them: ``grads_in_partition`` from
-    the first bucket flush (:func:`first_flush_layers`) or, accumulating, from the first micro-step on, to
-    step(); step() takes each gradient's fp64 norm, flattens the partition, upcasts it to fp32 and frees the
-    16-bit two before Adam runs on the fp32 one."""
+    them: ``grads_in_partition`` from the first bucket flush (:func:`first_flush_layers`) or, accumulating, from
+    the first micro-step on, to step() (made at the backward's end, beside a tied embedding's summed gradient
+    larger than a bucket: ``extra_large_param_to_reduce`` keeps it until the copy); step() takes each gradient's
+    fp64 norm, flattens the partition, upcasts it to fp32 and frees the 16-bit two before Adam runs on the fp32."""
     partition = work.partition_grads
     flush = first_flush_layers(model, lm_head, lora_rank, work.reduce_bucket // d)
     made_early = accumulating or flush is not None
@@ -181,9 +214,12 @@ def zero2_moments(
         )
         named_backward.append(held)
     end = partition if made_early else 0
+    tied = d * token_embedding_params(model) if lm_head and model.tie_word_embeddings and not lora_rank else 0
+    summed = tied if tied > work.reduce_bucket and not made_early else 0
     backward.append(moment(gradients=end + inflight, buffers=work.backward_buckets, logits=logits.held))
-    backward.append(moment(gradients=partition, buffers=work.backward_buckets, logits=logits.held))
-    named_backward += [held if made_early else (), held]
+    backward.append(moment(gradients=partition + summed, buffers=work.backward_buckets, logits=logits.held))
+    last = (Named("gradients", EMBEDDING_SUM, summed),) if summed else ()
+    named_backward += [held if made_early else (), (*held, *last)]
     norm, flat, fp32 = work.grad_norm, work.step_copies, states.step_transient
     step = [
         moment(gradients=partition),
@@ -246,28 +282,6 @@ def offload_epilogue(
     moments = [moment(gradients=size, buffers=work.backward_buckets, logits=held_logits) for size in upcasts]
     named: list[NamedTensors] = [
         (Named("gradients", f"{GRAD_NORM}_{i}", size, side),) for i, size in enumerate(upcasts)
-    ]
-    return moments, named
-
-
-def zero3_step(kept: int, norm: int, flat: int, fp32: int) -> tuple[list[Moment], list[NamedTensors]]:
-    """ZeRO-3's optimizer step without offload, tensor by tensor as stage3.py makes them beside the gradient
-    partition buffer (``kept``): ``get_grad_norm_direct`` upcasts each gradient partition to fp64 for its
-    norm (``norm``: the largest), then ``_prepare_fp32_grad_for_sub_group`` flattens the sub-group's 16-bit
-    gradients (``flat``) and upcasts them to fp32 (``fp32``), frees the flat copy, and Adam runs on the fp32."""
-    moments = [
-        moment(gradients=kept),
-        moment(gradients=kept + norm),
-        moment(gradients=kept + flat),
-        moment(gradients=kept + flat + fp32),
-        moment(gradients=kept + fp32),
-    ]
-    named: list[NamedTensors] = [
-        (),
-        (Named("gradients", GRAD_NORM, norm),),
-        (Named("gradients", FLAT_GRADS, flat),),
-        (Named("gradients", FLAT_GRADS, flat), Named("gradients", FP32_GRADS, fp32)),
-        (Named("gradients", FP32_GRADS, fp32),),
     ]
     return moments, named
 

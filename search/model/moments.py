@@ -19,16 +19,12 @@ from search.model.deepspeed_tensors import (
     with_loss_tensors,
     zero0_moments,
     zero2_moments,
-    zero3_offload_upcasts,
-    zero3_step,
 )
 from search.model.moment_parts import (
-    GRAD_NORM,
     LIVE_PARTS,
     REDUCTION_STREAM,
     TRAINING_PHASES,
     Moment,
-    Named,
     NamedTensors,
     TrainingMoments,
     between_micro_steps,
@@ -39,6 +35,7 @@ from search.model.moment_parts import (
 from search.model.reuse import zero3_reuse
 from search.model.shapes import token_embedding_params, trainable_params
 from search.model.states import ZERO3_NORM_CHUNK_ELEMENTS, ModelStates, ZeroWorkspace
+from search.model.zero3_step import zero3_offload_grads, zero3_step, zero3_sub_groups
 from store.records import DTYPE_BYTES, ModelSpec
 
 __all__ = [
@@ -100,6 +97,8 @@ def training_moments(
         own = 1 + (1 if zero_stage == 1 and accumulating else 0)
         head_grad = tied // 2
     inflight = own * embedding_grad + tied
+    # the LM head's backward makes its weight's gradient (a tied one waits in autograd for the embedding's)
+    head_weight = d * (model.lm_head_params or token_embedding_params(model)) if lm_head and not lora_rank else 0
     # A checkpointed layer's forward keeps nothing for backward (non-reentrant checkpoint packs holders):
     # only its working tensors exist beside the checkpoints, as in a no-grad forward.
     layer_forward = acts.checkpointed_forward if gradient_checkpointing else 0
@@ -130,7 +129,7 @@ def training_moments(
             backward=backward,
             inflight=inflight,
         )
-        return with_loss_tensors(moments, logits, d)
+        return with_loss_tensors(moments, logits, d, head_weight, 2 if tied else 0)
     elif not work.norm_in_backward and (
         zero_stage == 2 or (zero_stage == 1 and work.comm_overlapped and not accumulating)
     ):
@@ -152,7 +151,8 @@ def training_moments(
             inflight=inflight,
             d=d,
         )
-        return with_loss_tensors(moments, logits, d)
+        summed_at = len(moments.phases["backward"]) - 2 if tied else 0  # the `end + inflight` moment
+        return with_loss_tensors(moments, logits, d, head_weight, summed_at)
     elif zero_stage in (1, 2):
         at_end = work.carried_grads if zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
         backward.append(moment(gradients=at_end + inflight, buffers=work.backward_buckets, logits=logits.held))
@@ -173,16 +173,19 @@ def training_moments(
         # reduce-scatter of the largest gradient: its flattened copy (stage3.py partition_grads)
         backward.append(moment(gradients=kept + max(work.reduce_copy, work.reduced), logits=logits.held))
         step = [base]
-        if work.norm_in_backward:  # offload: each partition's fp64 norm and fp32 copy on the reduction stream
-            upcasts = zero3_offload_upcasts(model, lm_head, lora_rank, world_size, ZERO3_NORM_CHUNK_ELEMENTS)
+        if work.norm_in_backward:  # offload: each partition's device copy, fp64 norm, fp32 copy (reduction stream)
             side = REDUCTION_STREAM if work.comm_overlapped else 0
+            held_by = zero3_offload_grads(model, lm_head, lora_rank, world_size, d, ZERO3_NORM_CHUNK_ELEMENTS, side)
             named = {"backward": [()] * len(backward)}
-            for i, size in enumerate(upcasts):
-                backward.append(moment(gradients=kept + work.reduced + size, logits=logits.held))
-                named["backward"].append((Named("gradients", f"{GRAD_NORM}_{i}", size, side),))
+            for tensors in held_by:
+                held = sum(t.size for t in tensors)
+                backward.append(moment(gradients=kept + work.reduced + held, logits=logits.held))
+                named["backward"].append(tensors)
         else:
-            fp32 = 4 * states.step_transient // (d + 4)  # the sub-group's fp32 gradient; the rest is its flat copy
-            step, step_named = zero3_step(kept, work.grad_norm, states.step_transient - fp32, fp32)
+            # sub-group by sub-group (stage3.py step()), at the sub-group size the states were laid out with
+            groups = zero3_sub_groups(model, lm_head, lora_rank, world_size, states.step_transient // (d + 4))
+            step, step_named = zero3_step(kept, work.grad_norm, d, groups)
             named = {"optimizer_step": step_named}
     phases = {"forward": forward, "backward": backward, "optimizer_step": step}
-    return with_loss_tensors(TrainingMoments(base, gathered_params, phases, named), logits, d)
+    moments = TrainingMoments(base, gathered_params, phases, named)
+    return with_loss_tensors(moments, logits, d, head_weight, 2 if tied else 0)

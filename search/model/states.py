@@ -296,7 +296,10 @@ def init_cached_bytes(
     - ZeRO-3: partitioning the built model frees every original weight, d x resident; with the parameters
       offloaded the model is built on the host (as the probes do) and its weights never occupy the GPU. (Under
       ``deepspeed.zero.Init``, which HF's Trainer uses for ZeRO-3, weights are partitioned as they are made:
-      then nothing is freed either; the H100 probe built the model first.)
+      then nothing is freed either; the H100 probe built the model first.) The screen keeps this figure,
+      which overstates: the allocation stream (:class:`search.streams.init.Zero3Init`) follows
+      ``defragment``, whose ``empty_cache()`` gives back the segments of the trainable originals; only those
+      holding a frozen partition stay, beside the blocks of the fp32 copies, which the first step reuses.
     """
     d = DTYPE_BYTES[dtype]
     if zero_stage == 3:

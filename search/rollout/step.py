@@ -198,7 +198,7 @@ def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
                 f"{role}_training",
                 p.states.parameters,
                 p.states.optimizer_states,
-                engine_init(p, w.dtype),
+                engine_init(p, w.dtype, ctx.hardware.gpu_memory_bytes),
                 weight_tensors(p.model, w.dtype, p.layout.lora_rank),
             )
             for role, p in (("actor", models.actor), ("critic", models.critic))

@@ -256,7 +256,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 "optimizer_step",
                 states.parameters,
                 states.optimizer_states,
-                engine_init(placed, workload.dtype),
+                engine_init(placed, workload.dtype, hardware.gpu_memory_bytes),
                 weight_tensors(model, workload.dtype, s.lora_rank),
             ),
         ),

@@ -27,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from search.model.moment_parts import NamedTensors
+from search.model.zero3_step import adam_steps
 from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
-from search.streams.init import EngineInit
+from search.streams.init import EngineInit, Zero3Init
 from search.streams.parts import Parts
 from store.alloc_stream import AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
@@ -90,37 +91,47 @@ def _grow_kv(parts: Parts, target: int, layers: int) -> None:
 
 def _run_phase(parts: Parts, phase: StepPhase, rest: dict[str, int], kept: NamedTensors = (), lazy: int = 0) -> None:
     """A phase run, moment by moment, then back to its ``rest`` (keeping the named tensors ``kept``);
-    ``lazy`` bytes of Adam's states are made after its last moment (the first optimizer step of an engine),
-    each half (exp_avg, exp_avg_sq) one tensor."""
+    ``lazy`` bytes of Adam's states are made by the first optimizer step of an engine, each exp_avg and
+    exp_avg_sq one tensor: ZeRO-3's per sub-group, where Adam steps on its fp32 gradient
+    (:func:`search.model.zero3_step.adam_steps`), the rest after the last moment."""
     for k in range(len(phase.moments)):
         sizes = dict(phase.moment_sizes[k] if phase.moment_sizes else phase.sizes)
         targets = _torch_parts(phase, k)
         kv = targets.pop("kv_cache")
-        parts.move(targets, sizes, phase.moment_named[k] if phase.moment_named else ())
+        named = phase.moment_named[k] if phase.moment_named else ()
+        parts.move(targets, sizes, named)
         if kv > parts.bytes("kv_cache"):
             _grow_kv(parts, kv, phase.kv_layers)
         else:
             parts.shrink("kv_cache", kv)
+        for size in adam_steps(named) if lazy else ():
+            made = min(2 * size, lazy)
+            parts.grow("resident:optimizer_states", parts.bytes("resident:optimizer_states") + made, (size,))
+            lazy -= made
     if lazy:
         have = parts.bytes("resident:optimizer_states")
         parts.grow("resident:optimizer_states", have + lazy, (lazy // 2,))
     parts.move(rest, {}, kept)
 
 
-def _rest(phase: StepPhase, keeps: bool, ends: bool, after: StepPhase | None) -> tuple[dict[str, int], NamedTensors]:
+def _rest(
+    phase: StepPhase, keeps: bool, ends: bool, after: StepPhase | None, floor: int = 0
+) -> tuple[dict[str, int], NamedTensors]:
     """What a phase run leaves (target bytes per part, and the named tensors kept): everything when the next
     phase of the group continues its work (``keeps``); nothing once the group ``ends``; otherwise the
     gradients carried between micro-steps or, before the optimizer step, those it starts with (ZeRO-0's
     ``param.grad``), among them the named tensors both the run's last moment and the next run's first hold
-    (ZeRO-2's gradient partition)."""
+    (ZeRO-2's gradient partition). The gradients never go below ``floor``, the bytes made at init and kept
+    for the whole run (ZeRO-3's ``grad_partitions_flat_buffer``, the oldest of the part: freed last)."""
     if keeps:
         return {}, ()
     targets = {part: 0 for part in LIVE_PARTS if part not in OUTSIDE_TORCH_PARTS}
+    targets["gradients"] = floor
     if ends or after is None:
         return targets, ()
     steady = min(m.total - m.transient - sum(m.parts[i] for i in OUTSIDE) for m in phase.moments)
     handed = after.moments[0].parts[GRADIENTS] if after.group == OPTIMIZER else 0
-    targets["gradients"] = max(0, steady, handed)
+    targets["gradients"] = max(0, steady, handed, floor)
     last = {tensor.name for tensor in phase.moment_named[-1]} if phase.moment_named else set()
     named = after.moment_named[0] if after.moment_named else ()
     return targets, tuple(tensor for tensor in named if tensor.name in last)
@@ -154,11 +165,73 @@ def _runs(phases: tuple[StepPhase, ...], repeats: dict[str, int]) -> Iterable[tu
         i = j
 
 
-def _engines_init(parts: Parts, engines: Engines, resident_sizes: dict[str, tuple[int, ...]]) -> None:
+def _keep(parts: Parts, part: str, key: int, size: int) -> None:
+    """Hand the tensor ``key`` already requested to ``part``'s patterned tensors (freed with them)."""
+    parts.held.setdefault(part, []).append((key, size, ""))
+    total, count = parts.patterned.get(part, (0, 0))
+    parts.patterned[part] = (total + size, count + 1)
+
+
+def _zero3_init(parts: Parts, z: Zero3Init, gradients: str) -> None:
+    """A ZeRO-3 engine's init as DeepSpeed makes it (:class:`search.streams.init.Zero3Init`); the gradient
+    partitions' flat buffer goes to the part ``gradients`` (resident, or the step's live gradients)."""
+    out = parts.out
+    whole = not (z.staged or z.partitioned_at_build)
+    originals = [out.alloc(size, "parameters") for size in z.originals] if whole else []
+    partitions: list[int] = []
+    for i, size in enumerate(z.originals):
+        if z.partitioned_at_build:  # zero.Init: each partition made as its module is, no original
+            partitions.append(out.alloc(z.partitions[i], "parameters"))
+            continue
+        key = out.alloc(size, "parameters") if z.staged else originals[i]
+        if z.partitions:  # _partition_param: the partition is made, filled, then the original freed
+            partitions.append(out.alloc(z.partitions[i], "parameters"))
+        out.free(key)
+    if z.partitions:  # defragment(): trainable partitions to the host, freed, empty_cache, one flat buffer
+        flat = 0
+        for key, size, trainable in zip(partitions, z.partitions, z.trainable, strict=True):
+            if trainable:
+                out.free(key)
+                flat += size
+            else:
+                _keep(parts, "resident:parameters", key, size)
+        out.empty_cache()
+        if flat:
+            _keep(parts, "resident:parameters", out.alloc(flat, "parameters"), flat)
+    converted = 0  # _create_fp32_partitions: the last sub-group's fp32 copy lives until the next is made
+    for size in z.fp32_sub_groups:
+        made = out.alloc(size, "optimizer_states")
+        if converted:
+            out.free(converted)
+        converted = made
+        _keep(parts, "resident:optimizer_states", out.alloc(size, "optimizer_states"), size)
+    if converted:
+        out.free(converted)
+    if z.gradient_buffer:  # initialize_optimizer_states: the zero fp32 gradient, dropped at its end
+        out.free(out.alloc(z.gradient_buffer, "gradients"))
+    if z.bucket:
+        _keep(parts, "resident:buffers", out.alloc(z.bucket, "buffers"), z.bucket)
+    if z.grad_partitions:
+        _keep(parts, gradients, out.alloc(z.grad_partitions, "gradients"), z.grad_partitions)
+
+
+def _engines_init(
+    parts: Parts, engines: Engines, resident_sizes: dict[str, tuple[int, ...]], resident: dict[str, int]
+) -> None:
     """Each trained engine in turn: its weights loaded, DeepSpeed's own copies made, the originals and the
-    temporary copies freed (:mod:`search.streams.init`); Adam's states wait for the first step."""
+    temporary copies freed (:mod:`search.streams.init`); Adam's states wait for the first step. ZeRO-3's
+    gradient partitions are resident where the step counts them so (``resident["gradients"]``), else the
+    step's live gradients, which its first moment then finds made."""
     params = masters = 0
+    gradients = "resident:gradients" if resident.get("gradients") else "gradients"
     for _, parameters, optimizer_states, init, loaded in engines:
+        if init.zero3 is not None:
+            _zero3_init(parts, init.zero3, gradients)
+            params += parameters
+            masters += optimizer_states - init.lazy - init.at_init
+            parts.grow("resident:parameters", params, resident_sizes.get("parameters", ()))
+            parts.grow("resident:optimizer_states", masters, resident_sizes.get("optimizer_states", ()))
+            continue
         parts.grow("init", init.originals, loaded)
         params += parameters
         parts.grow("resident:parameters", params, resident_sizes.get("parameters", ()))
@@ -207,7 +280,7 @@ def step_stream(
     out = StreamBuilder()
     parts = Parts(out)
     out.phase("setup")
-    _engines_init(parts, engines, resident_sizes)
+    _engines_init(parts, engines, resident_sizes, resident)
     lazy = {phase: init.lazy for phase, _, _, init, _ in engines if init.lazy}
     states = resident.get("optimizer_states", 0) - sum(lazy.values())
     for name, nbytes in resident.items():  # held apart from the live parts of the same name
@@ -215,6 +288,8 @@ def step_stream(
         parts.grow(f"resident:{name}", target, resident_sizes.get(name, ()))
     runs = list(_runs(phases, repeats))
     offloaded = 0
+    # ZeRO-3's gradient buffer where it is a live part: made at init (_zero3_init), kept across steps
+    floor = 0 if resident.get("gradients") else sum(e[3].zero3.grad_partitions for e in engines if e[3].zero3)
     for n in range(steps):
         out.phase(f"{STEP_MARK}{n + 1}")
         for r, (p, continues, ends) in enumerate(runs):
@@ -227,7 +302,7 @@ def step_stream(
                 out.empty_cache()
             out.phase(phase.name)
             offloaded = _offload_states(parts, offloaded, wanted)  # reloaded: the phase's first requests
-            _run_phase(parts, phase, *_rest(phase, continues, ends, after), lazy.pop(phase.name, 0))
+            _run_phase(parts, phase, *_rest(phase, continues, ends, after, floor), lazy.pop(phase.name, 0))
             if empties_after(empty_cache, phase.name):
                 out.empty_cache()
         if empties_after(empty_cache, END_STEP):

@@ -14,7 +14,12 @@ copies DeepSpeed makes and drops on the way, and those leave blocks cached. From
   accumulation dtype differs) flattens clones of every weight (freed with the originals), makes the fp32
   master as ``flat.clone().float()`` (a 16-bit clone again), and its ``initialize_optimizer_states`` sets a
   zero fp32 gradient and steps the optimizer once: Adam's states are made at init (``at_init``).
-- ZeRO-3: partitioning frees every original weight; the fp32 partition is made from the 16-bit one.
+- ZeRO-3 (:class:`Zero3Init`, ``runtime/zero/partition_parameters.py``, ``parameter_offload.py``,
+  ``stage3.py``, ``runtime/zero/utils.py``): every parameter is partitioned in turn (its partition made while
+  its original exists, then the original freed); ``defragment`` moves the trainable partitions to the host,
+  frees them, empties the cache and makes one flat 16-bit buffer; each sub-group's fp32 master is a clone of
+  a transient fp32 copy; ``initialize_optimizer_states`` sets and drops a zero fp32 gradient of the largest
+  sub-group; then the reduce bucket and the gradient partitions' flat buffer.
 - Adam's ``exp_avg`` and ``exp_avg_sq`` (8 bytes per trainable parameter of the partition) are made by the
   first ``optimizer.step()`` (``lazy``), not at init, except under FP16_Optimizer: on the device after that
   step's gradients.
@@ -29,7 +34,53 @@ from dataclasses import dataclass
 
 from search.model.placement import TrainedPlacement
 from search.model.states import init_cached_bytes
+from search.model.zero3_step import module_parameters, sub_groups
 from store.records import DTYPE_BYTES
+
+FP32 = 4  # bytes of DeepSpeed's master_weights_and_grads_dtype (fp32 unless a config says otherwise)
+
+
+@dataclass(frozen=True)
+class Zero3Init:
+    """What a ZeRO-3 engine's init asks the device's allocator for, in DeepSpeed 0.19's order (bytes).
+
+    1. ``originals``: the built model's parameters, in ``module.parameters()`` order. Without parameter
+       offload they are all on the device when ``deepspeed.initialize`` starts. With it (``staged``) the
+       model was built on the host: ``Init._convert_to_zero_parameters`` moves each parameter to the device
+       (``param.data.to(self.local_device)``) and partitions it to the host before the next one comes.
+    2. ``partitions``: ``_partition_param`` makes each parameter's partition (``torch.empty(partition_size)``,
+       ``ceil(numel / world size)`` elements; on the host under parameter offload: then empty here), copies
+       into it and only then frees the original (``free_param``). At this point no parameter is persistent
+       (``Init.apply_param_persistence`` is off when the engine converts a built model;
+       ``mark_persistent_parameters`` flags the small ones afterwards, and they are gathered whole at the
+       first forward, which with one rank is no copy at all), so the persistence threshold does not change
+       what init allocates.
+    3. ``_create_fp16_partitions_with_defragmentation`` (device partitions only): ``defragment`` copies the
+       ``trainable`` partitions to a CPU buffer, frees each one, runs ``gc.collect(); empty_cache()`` and
+       copies them back as one flat buffer (``lp_param_buffer``). Frozen partitions (LoRA's base) stay.
+    4. ``_create_fp32_partitions``, per sub-group (``fp32_sub_groups``): ``converted = flat.to(device, fp32)``
+       then ``converted.clone()`` is kept as the master. ``converted`` is a local that the next sub-group's
+       assignment rebinds: the previous one is freed after the next one is made, the last one at return.
+       With the optimizer offloaded both are on the host (empty here).
+    5. ``initialize_optimizer_states``: ``gradient_buffer = torch.zeros(largest sub-group, fp32,
+       device=self.device)`` is each sub-group's ``.grad``; without offload ``group.grad = None`` at the end
+       drops it (``gradient_buffer``); with offload ``self.device`` is the host and nothing is on the device.
+    6. ``_setup_for_real_optimizer``: the IPG bucket (``bucket``: ``torch.empty(reduce_bucket_size)`` on the
+       device, kept) and ``grad_partitions_flat_buffer`` (``grad_partitions``: zeros of every trainable
+       partition in the gradient accumulation dtype, on ``self.device``: the host with optimizer offload).
+    """
+
+    originals: tuple[int, ...]
+    staged: bool  # built on the host: each original reaches the device alone and is freed before the next
+    partitions: tuple[int, ...]  # device bytes of each parameter's partition (empty when on the host)
+    trainable: tuple[bool, ...]  # which parameters the optimizer holds (defragmented into the flat buffer)
+    fp32_sub_groups: tuple[int, ...]  # device bytes of each sub-group's fp32 master (empty when offloaded)
+    gradient_buffer: int  # the zero fp32 gradient of the largest sub-group, made and dropped at init
+    bucket: int  # the reduce bucket (and what the cost model keeps beside it), made at init and kept
+    grad_partitions: int  # grad_partitions_flat_buffer on the device (0 when on the host)
+    # built under ``deepspeed.zero.Init`` (what transformers does under a ZeRO-3 config, and the only way a model
+    # larger than the GPU is built): each parameter is partitioned as its module is made, no original is whole
+    partitioned_at_build: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,10 +92,52 @@ class EngineInit:
     after_master: tuple[int, ...]  # made and dropped once the master exists (the zero fp32 gradient)
     lazy: int  # Adam's states, made at the first optimizer step (part of the resident optimizer states)
     at_init: int = 0  # Adam's states made at init instead, while the zero fp32 gradient exists
+    zero3: Zero3Init | None = None  # ZeRO-3's own sequence (then ``originals`` and ``before_master`` are unused)
 
 
-def engine_init(placed: TrainedPlacement, dtype: str) -> EngineInit:
-    """The init and first-step allocations of ``placed`` (see the module docstring)."""
+def zero3_sub_group_size(placed: TrainedPlacement, dtype: str) -> int:
+    """The sub-group size the placement was laid out with, read back from its states: without offload a
+    sub-group's step copies are ``(d + 4) x min(partition, sub_group_size)`` bytes
+    (:func:`search.model.states.model_states`); a partition no larger than that is one sub-group."""
+    partition = placed.trainable // placed.world_size
+    step_elements = placed.states.step_transient // (DTYPE_BYTES[dtype] + FP32)
+    return step_elements if 0 < step_elements < partition else partition
+
+
+def zero3_init(
+    placed: TrainedPlacement, dtype: str, sub_group_size: int | None = None, device_bytes: int | None = None
+) -> Zero3Init:
+    """The ZeRO-3 init of ``placed`` (:class:`Zero3Init`), with ``sub_group_size`` (default: the one it was laid
+    out with, :func:`zero3_sub_group_size`). The cost model keeps no optimizer state on the device under
+    parameter offload (:func:`search.model.states.model_states`), so there the fp32 copies are on the host. A
+    model whose 16-bit weights exceed ``device_bytes`` (the GPU's memory) cannot be built whole on it: it is
+    built under ``zero.Init``, partitioned parameter by parameter (``partitioned_at_build``)."""
+    s = placed.layout
+    d, n = DTYPE_BYTES[dtype], placed.world_size
+    params = module_parameters(placed.model, s.lora_rank, placed.lm_head)
+    staged = s.offload_param != "none"
+    on_host = staged or s.offload_optimizer != "none"
+    partition = [-(-numel // n) for numel, _ in params]
+    trainable = [p for p, (_, train) in zip(partition, params, strict=True) if train]
+    groups = [] if on_host else sub_groups(trainable, sub_group_size or zero3_sub_group_size(placed, dtype))
+    # an fp32 model's partitions are already the masters (stage3.py: same dtype and device, no copy)
+    masters = groups if dtype != "fp32" else []
+    return Zero3Init(
+        originals=tuple(d * numel for numel, _ in params),
+        staged=staged,
+        partitions=() if staged else tuple(d * p for p in partition),
+        trainable=tuple(train for _, train in params),
+        fp32_sub_groups=tuple(FP32 * m for m in masters),
+        gradient_buffer=FP32 * max(groups, default=0),
+        bucket=placed.buffers,
+        grad_partitions=0 if on_host else d * sum(trainable),
+        partitioned_at_build=not staged and device_bytes is not None and d * sum(n for n, _ in params) > device_bytes,
+    )
+
+
+def engine_init(placed: TrainedPlacement, dtype: str, device_bytes: int | None = None) -> EngineInit:
+    """The init and first-step allocations of ``placed`` (see the module docstring) on a GPU of
+    ``device_bytes`` (:func:`zero3_init`)."""
     s = placed.layout
     d = DTYPE_BYTES[dtype]
     t, n = placed.trainable, placed.world_size
@@ -53,10 +146,11 @@ def engine_init(placed: TrainedPlacement, dtype: str) -> EngineInit:
     )
     mixed = dtype != "fp32"
     partition = t if s.zero_stage == 0 else t // n
+    zero3 = zero3_init(placed, dtype, device_bytes=device_bytes) if s.zero_stage == 3 else None
     if s.offload_optimizer != "none" or placed.states.optimizer_states == 0:
         # ZeRO-1/2 clone the 16-bit partition on the device before moving the fp32 copy to the host
         clone = d * partition if s.zero_stage in (1, 2) and s.offload_optimizer != "none" else 0
-        return EngineInit(originals, clone, (), 0)
+        return EngineInit(originals, clone, (), 0, zero3=zero3)
     lazy = 8 * partition
     if s.zero_stage == 0 and mixed:
         # FP16_Optimizer (bf16 too): its initialize_optimizer_states sets a zero fp32 gradient and runs the
@@ -66,4 +160,4 @@ def engine_init(placed: TrainedPlacement, dtype: str) -> EngineInit:
         return EngineInit(originals, 0, (), lazy)
     if s.zero_stage in (1, 2):
         return EngineInit(originals, d * partition, (4 * partition,), lazy)
-    return EngineInit(originals, 0, (), lazy)
+    return EngineInit(originals, 0, (), lazy, zero3=zero3)

@@ -8,8 +8,9 @@ stream under ``overlap_comm``, kept to ``step()``; ``step()`` upcasts each gradi
 flattens the partition (a 16-bit copy), upcasts that to fp32 and frees both 16-bit tensors before Adam.
 No ZeRO (``fused_optimizer.py`` FP16_Optimizer, bf16 too): the 16-bit ``param.grad`` stay from the backward to
 ``step()``, which upcasts each to fp32 and flattens those into one fp32 gradient.
-transformers' ``ForCausalLMLoss``: ``logits.float()`` then ``F.cross_entropy`` (log-softmax, NLL); its backward
-makes the NLL's and the log-softmax's fp32 gradients once the upcast (and logits an SFT loop drops) are freed.
+transformers' ``ForCausalLMLoss``: ``logits.float()`` then ``F.cross_entropy`` (log-softmax, NLL); the upcast (and
+logits an SFT loop drops) are freed in the forward; the backward makes the NLL's and the log-softmax's fp32
+gradients beside the saved log-softmax.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from search.coefficients import Coefficients
 from search.model.deepspeed_tensors import first_flush_layers, offload_norm_upcasts, zero3_offload_upcasts
 from search.model.moment_parts import REDUCTION_STREAM, Named
+from search.model.zero3_step import zero3_sub_groups
 from search.single.predict import single_step
 from search.step.phases import StepPhase, live
 from search.step.replayed import stream_of
@@ -138,19 +140,19 @@ def test_one_stream_replay_is_the_same_events_on_the_default_stream() -> None:
     assert not any(on for _, _, _, on, _ in merged)
 
 
-def test_loss_requests_the_upcast_and_log_softmax_then_the_two_fp32_gradients() -> None:
-    """SFT (the loop drops the output): at the loss the 16-bit logits, their fp32 upcast and the fp32
-    log-softmax; at the loss backward the upcast and the 16-bit logits are freed first, then the NLL's and the
-    log-softmax's fp32 gradients are requested beside the saved log-softmax."""
+def test_loss_frees_the_upcast_in_the_forward_and_the_log_softmax_once_its_gradient_exists() -> None:
+    """SFT (the loop drops the output): the forward makes the 16-bit logits, their fp32 upcast and the fp32
+    log-softmax and frees the upcast and the logits once the loss returns; the backward makes the NLL's and the
+    log-softmax's fp32 gradients beside the saved log-softmax, then frees those (tests/search/test_loss_stream.py
+    follows each tensor, the 16-bit gradient of the logits too)."""
     events = _events(2)
     e = 4 * 512 * OPT.vocab_size
     sizes = {key: size for _, op, key, size, _ in events if op == ALLOC}
-    loss = {2 * e, 4 * e}  # no other tensor of this step has these sizes
-    forward = [size for phase, op, _, size, _ in events if phase == "forward" and op == ALLOC and size in loss]
-    assert forward == [2 * e, 4 * e, 4 * e]
-    backward = [(op, sizes[key]) for phase, op, key, _, _ in events if phase == "backward" and sizes[key] in loss]
-    assert backward[:4] == [(FREE, 2 * e), (FREE, 4 * e), (ALLOC, 4 * e), (ALLOC, 4 * e)]
-    assert sorted(backward[4:]) == [(FREE, 4 * e)] * 3  # the log-softmax and both gradients, once used
+    loss = (2 * e, 4 * e)  # 2e: the 16-bit logits (the tied weight's gradients too, in the backward)
+    forward = [(op, sizes[key]) for phase, op, key, _, _ in events if phase == "forward" and sizes.get(key) in loss]
+    assert forward == [(ALLOC, 2 * e), (ALLOC, 4 * e), (ALLOC, 4 * e), (FREE, 2 * e), (FREE, 4 * e)]
+    backward = [(op, sizes[key]) for phase, op, key, _, _ in events if phase == "backward" and sizes[key] == 4 * e]
+    assert backward == [(ALLOC, 4 * e), (ALLOC, 4 * e), (FREE, 4 * e), (FREE, 4 * e), (FREE, 4 * e)]
 
 
 def test_offload_norm_upcasts_need_a_block_each_time_one_is_larger() -> None:
@@ -177,17 +179,19 @@ def test_offload_norm_upcasts_run_on_the_reduction_stream_under_overlap(overlap:
 
 def test_zero3_step_requests_norm_flat_and_fp32_copies_in_order() -> None:
     """stage3.py step(): ``get_grad_norm_direct`` upcasts each gradient partition to fp64 (the tied embedding
-    is the largest), then ``_prepare_fp32_grad_for_sub_group`` flattens the 16-bit gradients and upcasts the
-    flat copy to fp32; the flat copy is freed before the fp32 gradient, which Adam steps on and then drops.
-    Sub-groups step one at a time: the largest is DeepSpeed's default sub_group_size (1e9 elements) here."""
+    is the largest), then per sub-group ``_prepare_fp32_grad_for_sub_group`` flattens its 16-bit gradients and
+    upcasts the flat copy to fp32; the flat copy is freed before the fp32 gradient, which Adam steps on and
+    ``_release_sub_group`` drops before the next sub-group. DeepSpeed's default sub_group_size (1e9
+    elements) cuts opt-1.3b's partition in two (search.model.zero3_step.zero3_sub_groups)."""
     events = _events(3)
-    n = min(OPT.total_params, ZeroBuckets().sub_group_size)
-    assert n < OPT.total_params
+    first, second = zero3_sub_groups(OPT, True, 0, 1, ZeroBuckets().sub_group_size)
+    assert first >= ZeroBuckets().sub_group_size and first + second == OPT.total_params
     embedding = OPT.vocab_size * OPT.hidden_size
-    assert _requests(events, "optimizer_step") == [8 * embedding, 2 * n, 4 * n]
+    in_order = [8 * embedding, 2 * first, 4 * first, 2 * second, 4 * second]
+    assert _requests(events, "optimizer_step") == in_order
     sizes = {key: size for _, op, key, size, _ in events if op == ALLOC}
     frees = [sizes.get(key) for phase, op, key, _, _ in events if phase == "optimizer_step" and op == FREE]
-    assert frees.index(8 * embedding) < frees.index(2 * n) < frees.index(4 * n)
+    assert frees == in_order
 
 
 def test_zero3_offload_upcasts_each_partition_in_chunks_on_the_reduction_stream() -> None:
