@@ -85,7 +85,10 @@ def test_empty_cache_effect_is_reported_against_never(ppo_doc) -> None:
     assert effect["chosen"] == (policy != "never")
     assert effect["policy"] == (policy if policy != "never" else "after-inference")
     assert effect["peak_reserved_saved_bytes"] == effect["peak_reserved_never_bytes"] - effect["peak_reserved_bytes"]
-    assert effect["peak_reserved_saved_bytes"] >= 0
+    # empty_cache can also cost reserved memory (the blocks made again after it are split otherwise): a policy
+    # that saves nothing and costs time is never the one chosen
+    if effect["peak_reserved_saved_bytes"] <= 0:
+        assert not effect["chosen"] and effect["step_time_added_fraction"] > 0
 
 
 def test_predict_reproduces_the_recommended_ppo_strategy(cli: Cli, ppo_doc) -> None:
