@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call of the 2026-11-26 session (issues 33 and 34), run from the repository root on the lent GPU
 # with carry [".whl", ".gpu_run"]; .gpu_run holds ../shared/gpu/measure_sft.py and what
-# benchmarks/gpu/zero3_cases.py writes, plus program_strategies.json. Results go under $OUT as they come:
+# benchmarks/gpu/zero3_cases.py writes (the cases and program_strategies.json). Results go under $OUT as they come:
 # device.txt (fingerprint), zero/ (measure_sft.py rows), builtin.json and program.json (planner probe --json),
-# probes.db (the probe rows). A case starts only while the call is under its time budget.
+# probes.db (the probe rows), packed into $OUT/session.tgz at the end. A case starts only while the call is under
+# its time budget.
 set -u
 start=$(date +%s)
 budget=${BUDGET_S:-500}
@@ -49,3 +50,6 @@ for path in sorted(glob.glob(__import__("os").environ["OUT"] + "/zero/*.json")):
     r = json.load(open(path)); g = 2**30
     print(f"{r['name']:26s} res {r['peak_reserved_all']/g:6.2f} alloc {r['peak_allocated_all']/g:6.2f} steps", [round(t, 3) for t in r['step_s']])
 PY
+# A call brings back at most 8 files from $OUT (the first call of 2026-11-26 lost its per-case files that way):
+# everything goes back as one archive.
+tar czf /tmp/session.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/session.tgz "$OUT/session.tgz"

@@ -73,11 +73,23 @@ def program_case() -> list[dict]:
     return [case]
 
 
+def program_strategies() -> list[dict]:
+    """The two strategies both planner probes ran (memplan's loop, then the program): the plan of the job on an
+    H200 (ZeRO-0, mb 8) and ZeRO-3 with checkpointing, which the hook applies to a program that has none."""
+    common = {"offload_optimizer": "none", "offload_param": "none", "lora_rank": 0, "micro_batch": 8, "grad_accum": 1}
+    common |= {"empty_cache": "never", "allocator": "default"}
+    return [
+        {"zero_stage": 0, "gradient_checkpointing": False, **common},
+        {"zero_stage": 3, "gradient_checkpointing": True, **common},
+    ]
+
+
 def main(outdir: str) -> None:
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "zero_cases.json").write_text(json.dumps(zero_cases(), indent=1))
     (out / "program_case.json").write_text(json.dumps(program_case(), indent=1))
+    (out / "program_strategies.json").write_text(json.dumps(program_strategies(), indent=1))
 
 
 if __name__ == "__main__":
