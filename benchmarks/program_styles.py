@@ -23,19 +23,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "tests" / "probes" / "script" / "programs"
-# the programs' own model (plain_loop.py, trainer_program.py, accelerate_program.py build it from these values)
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
+# the programs' own model, as plain_loop.py, trainer_program.py and accelerate_program.py build it
+TINY_LLAMA = json.loads((PROGRAMS / "tiny_llama.json").read_text())
 STRATEGIES = [
     {"zero_stage": 1, "micro_batch": 2, "grad_accum": 2},
     {"zero_stage": 2, "micro_batch": 2, "grad_accum": 2, "gradient_checkpointing": True},

@@ -21,19 +21,8 @@ PROGRAMS = Path(__file__).resolve().parents[1] / "probes" / "script" / "programs
 VENV_BIN = Path(sys.executable).parent
 TIMEOUT_S = 900  # generous: the whole command on a busy 2-core machine (no test depends on speed)
 
-# the plain loop's model (tests/probes/script/programs/plain_loop.py), as a config.json the job can name
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
+# the plain loop's model, as a config.json the job can name (programs/tiny_llama.json: what the programs build)
+TINY_LLAMA = json.loads((PROGRAMS / "tiny_llama.json").read_text())
 
 
 def _planner(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

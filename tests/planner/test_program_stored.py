@@ -30,19 +30,8 @@ VENV_BIN = Path(sys.executable).parent
 TIMEOUT_S = 900  # generous: one planner command on a busy 2-core machine
 STRATEGY = {"zero_stage": 0, "micro_batch": 4, "grad_accum": 1}  # the one strategy probed (its batch is the job's)
 DEFAULT_SPREAD = 0.08
-# the plain loop's model, as a config.json the job names (as tests/planner/test_probe_program.py)
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
+# the plain loop's model, as a config.json the job names (programs/tiny_llama.json: what the programs build)
+TINY_LLAMA = json.loads((PROGRAMS / "tiny_llama.json").read_text())
 
 
 def _planner(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
