@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from store.artifacts import ProbeArtifact
@@ -25,6 +26,15 @@ def program_id(program: dict[str, Any]) -> str:
     script path and sha256, library versions) as canonical JSON. ``planner recommend --program`` takes it."""
     text = json.dumps(program, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:PROGRAM_ID_LENGTH]
+
+
+def script_sha256(path: Path) -> str:
+    """The sha256 of a program's script file, read in 1 MiB chunks: the ``script_sha256`` of its fingerprint."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

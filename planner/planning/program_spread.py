@@ -16,7 +16,6 @@ current sha256. Reads the plan database only; no torch.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from planner.job.target import target_of
 from store.db import database_exists, open_storage
 from store.errors import InputError
+from store.measurements import script_sha256
 
 if TYPE_CHECKING:
     from store.db import ProbeRecord
@@ -157,14 +157,6 @@ def stored_probes(db: str | None) -> list[ProbeRecord]:
         return list(storage.list_probes(limit=MAX_READ_PROBES))
 
 
-def _script_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def program_runs(ref: str, stored: list[ProbeRecord]) -> tuple[str, list[ProbeRecord]]:
     """(program id, its runs newest first) of the program ``ref`` names: a program id (or a prefix of at least
     4 characters) or the path of its script file; InputError for none or several."""
@@ -173,7 +165,7 @@ def program_runs(ref: str, stored: list[ProbeRecord]) -> tuple[str, list[ProbeRe
     path = Path(text).expanduser()
     if text and path.is_file():
         try:
-            digest = _script_sha256(path)
+            digest = script_sha256(path)
         except OSError as exc:
             raise InputError(f"--program {ref}: cannot read it ({exc.strerror or exc})") from None
         same = [r for r in runs if (r.request.program or {}).get("script_sha256") == digest]

@@ -39,7 +39,6 @@ its output. Pure Python: no torch here.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import os
 import subprocess
@@ -65,7 +64,7 @@ from probes.script.settings import (
     SETTINGS_VARIABLE,
     ScriptProbeSettings,
 )
-from store.measurements import PhaseMeasurement, ProbeResult
+from store.measurements import PhaseMeasurement, ProbeResult, script_sha256
 
 __all__ = [
     "OUTCOMES",
@@ -182,14 +181,6 @@ class ScriptProbeResult:
 # --- the command -----------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _module_file(name: str, cwd: Path) -> Path | None:
     """The file ``python -m name`` would run, found without importing anything (None: not found)."""
     search: list[str] = [str(cwd), *sys.path]
@@ -247,7 +238,7 @@ def program_fingerprint(command: list[str], cwd: Path | None = None) -> dict[str
     digest = ""
     if script is not None:
         try:
-            digest = _sha256(script)
+            digest = script_sha256(script)
         except OSError:
             digest = ""
     return {
