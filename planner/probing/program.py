@@ -303,15 +303,16 @@ def run_program_strategy(
         else:
             from probes.script.launch import run_script_probe  # lazy on purpose: probes loads torch
             from probes.script.settings import ScriptProbeSettings
+            from probes.step.warmup import warmup_steps  # the built-in probes' rule: two under ZeRO-3
 
-            warmup = 2 if strategy.zero_stage == 3 else 1
+            warmup, _ = warmup_steps(strategy, steps)
             settings = ScriptProbeSettings.for_strategy(
                 strategy,
                 job.workload,
                 job.hardware,
                 device=device,
-                warmup_steps=min(warmup, steps - 1),
-                timed_steps=max(steps - warmup, 1),
+                warmup_steps=warmup,
+                timed_steps=steps - warmup,
                 memory_cap_bytes=memory_cap_bytes,
             )
             if on_start is not None:
