@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from probes.process.isolation import free_port
+from probes.process.isolation import free_port, release_shared_memory
 from store.ds_defaults import zero3_buckets_of
 
 COUNTS_PATH = Path(__file__).resolve().parents[2] / "store" / "zero3_host_counts.json"
@@ -436,8 +436,15 @@ USAGE = "usage: python -m probes.trace.zero3_host [--write | --counts-only [--of
 
 def main(argv: list[str] | None = None) -> int:
     """Count, print, and with ``--write`` store everything in ``store/zero3_host_counts.json``; ``--counts-only``
-    prints the counts (no timing) of one configuration at the given depths, one JSON line each."""
-    args = sys.argv[1:] if argv is None else argv
+    prints the counts (no timing) of one configuration at the given depths, one JSON line each. The shared-memory
+    buffer DeepSpeed's CPU backend made for the engines is removed at the end, however the run ends."""
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        release_shared_memory(os.environ.get("MASTER_PORT", ""))
+
+
+def _main(args: list[str]) -> int:
     if args[:1] == ["--counts-only"]:
         flags = {a for a in args[1:] if a.startswith("--")}
         depths = [a for a in args[1:] if not a.startswith("--")]
