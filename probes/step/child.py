@@ -5,7 +5,9 @@ first, see :mod:`probes.process.isolation`), join the one-rank process group, re
 the records, start the CPU tracker (it counts everything built from here on, plus what already exists),
 report ``setup`` and build the models and engines, then run ``steps`` steps of the workload's phases
 (:mod:`probes.step.phases`): the first one or, with ZeRO-3, two are warm-up (:mod:`probes.step.warmup`), the rest
-measured, their time spread in ``extra["step_time_s"]`` and ``extra["phase_time_s"]``. Any exception
+measured, their time spread in ``extra["step_time_s"]`` and ``extra["phase_time_s"]``; with
+``MEMPLAN_PROFILE=1`` one more step, not measured, runs under the profiler (:mod:`probes.step.profile`,
+``extra["profile"]``). Any exception
 becomes the outcome: ``oom`` for a CUDA out-of-memory, the tracker's cap (ProbeOOM) or the host
 allocator's failure, else ``error`` (type and first line of the message); the phase running then is
 ``failed_phase``. The child writes ``result.json`` and leaves with ``os._exit`` (DeepSpeed's and gloo's
@@ -145,6 +147,7 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
             extra["setup_peak_bytes"] = torch.cuda.max_memory_allocated()
 
         from probes.step.phases import PhaseClock
+        from probes.step.profile import profile_enabled
         from probes.step.warmup import trace_complete, warmup_steps
 
         clock = PhaseClock(device, plan.strategy.empty_cache, tracker, on_phase=reporter.enter)
@@ -160,6 +163,8 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
                 clock.start_step(measured=index >= warmup)
                 runner.step(clock)
                 clock.finish_step(measured=index >= warmup)
+            if profile_enabled():
+                extra["profile"] = _profiled_step(runner, clock, device)
         finally:
             if tracker is not None:
                 with contextlib.suppress(Exception):  # best-effort labels, never the outcome
@@ -167,6 +172,21 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
         extra.update(measured_steps=clock.measured_steps, warmup_steps=warmup, empty_cache_calls=clock.cache_calls)
         extra.update(clock.spread())
         return clock.measurements(), plan.layers
+
+
+def _profiled_step(runner: Any, clock: Any, device: str) -> dict[str, Any]:
+    """One more step, not measured, each phase under the profiler (:mod:`probes.step.profile`)."""
+    from probes.step.profile import PhaseProfiler
+
+    profiler = PhaseProfiler(device)
+    clock.profiler = profiler
+    try:
+        clock.start_step(measured=False)
+        runner.step(clock)
+        clock.finish_step(measured=False)
+    finally:
+        clock.profiler = None
+    return profiler.phases
 
 
 def _engines(runner: Any) -> dict[str, Any]:

@@ -22,6 +22,8 @@ Measuring (:class:`PhaseClock`): on CUDA ``reset_peak_memory_stats`` at each pha
 ``max_memory_allocated`` / ``max_memory_reserved``, ``memory_stats()["inactive_split_bytes.all.peak"]``,
 the growth of ``num_alloc_retries`` and ``num_ooms``, and the time between two CUDA events. On the CPU
 the :class:`probes.measure.tracker.LiveTensorTracker` peak (reserved = allocated) and ``time.perf_counter``.
+While :attr:`PhaseClock.profiler` is set (the unmeasured step of :mod:`probes.step.profile`) each phase runs
+inside its own profiler.
 
 A tracker that records its allocation stream gets the markers of :mod:`store.stream_phases`: each phase's
 name where it starts (with the peak reset, in one step), ``step`` or ``warmup-step`` where a step starts
@@ -34,7 +36,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from store.measurements import PhaseMeasurement
@@ -70,6 +72,7 @@ class PhaseClock:
         self._step_mark = STEP_MARK
         # a tracker that keeps an allocation stream takes markers (a bare one only resets its peak)
         self._marks = tracker is not None and hasattr(tracker, "mark_phase")
+        self.profiler: Any = None  # a probes.step.profile.PhaseProfiler while the profiled step runs
 
     # --- steps ----------------------------------------------------------------------------------------
 
@@ -108,7 +111,8 @@ class PhaseClock:
         if name not in self._order:
             self._order.append(name)
         start = self._start()
-        yield
+        with self.profiler.phase(name) if self.profiler is not None else nullcontext():
+            yield
         self._empty_cache(name)
         self._record(name, self._stop(start))
         self.current = None
