@@ -131,6 +131,20 @@ class Coefficients:
     host_memory_gbps: float = _coef(
         100, "GB/s per node", "host DRAM bandwidth that CPU Adam's streaming reaches on a GPU server's share"
     )
+    host_first_touch_gbps: float = _coef(
+        12.6,
+        "GB/s per node",
+        "a new pageable host tensor's first write: the kernel zeroes each page it faults in (measured on the H200 "
+        "host, 16 cores: fp32->bf16 into a new tensor 313 ms, into a touched one 104 ms, 2.6 GB; "
+        "benchmarks/gpu/host_link.py, benchmarks/results/host_link.md); an assumption for other hosts",
+    )
+    pageable_copy_gbps: float = _coef(
+        6.6,
+        "GB/s per GPU",
+        "host-to-device copy from pageable memory: the driver stages it through its own pinned buffers with a "
+        "host memcpy (measured on the H200 host: 6.64 GB/s against 55.2 pinned, benchmarks/gpu/host_link.py); "
+        "an assumption for other hosts",
+    )
     nvme_gbps: float = _coef(3.0, "GB/s per node", "sustained NVMe read/write of a single data-centre SSD")
     empty_cache_call_s: float = _coef(0.003, "s per call", "synchronize plus cudaFree of the cached segments")
     empty_cache_realloc_s_per_gib: float = _coef(

@@ -133,16 +133,15 @@ def training_time(
     local = t if s.zero_stage == 0 else t // n
     if offload_opt:
         adam = PassSeconds(
-            serial={
-                "cpu_adam": local * hardware.gpus * coef.cpu_adam_bytes_per_param / (coef.host_memory_gbps * 1e9),
-                "pcie": pcie_time(d * local, hardware, coef),
-            }
+            serial={"cpu_adam": local * hardware.gpus * coef.cpu_adam_bytes_per_param / (coef.host_memory_gbps * 1e9)}
         )
+        if s.zero_stage == 3:  # stage3.py's own copies, its upload from pageable memory (search.model.zero3_time)
+            roundtrip, conversion = zero3_offload(local, dtype, hardware, coef)
+            bwd, adam = bwd + roundtrip, adam + conversion
+        else:  # the 16-bit partition from the pinned buffer CPU Adam's cast wrote (stage_1_and_2.py step)
+            adam = adam + PassSeconds(serial={"pcie": pcie_time(d * local, hardware, coef)})
     else:
         adam = PassSeconds(gpu={"optimizer_hbm": hbm_seconds(local * coef.gpu_adam_bytes_per_param, gpu)})
-    if offload_opt and s.zero_stage == 3:  # stage3.py's own offload copies (search.model.zero3_time)
-        roundtrip, conversion = zero3_offload(local, dtype, hardware, coef)
-        bwd, adam = bwd + roundtrip, adam + conversion
     step = step_loop + adam
     terms: dict[str, float] = {}
     add_terms(terms, fwd.terms, grad_accum)

@@ -168,19 +168,32 @@ def zero3_passes(
 
 
 def zero3_offload(local: int, dtype: str, hardware: Hardware, coef: Coefficients) -> tuple[PassSeconds, PassSeconds]:
-    """What ZeRO-3's optimizer offload moves beyond ZeRO-1/2's (``local``: trainable parameters of this GPU's
-    partition), as (backward, optimizer step), neither hidden:
+    """What ZeRO-3's optimizer offload moves beyond CPU Adam itself, as (backward, optimizer step), none hidden:
 
-    - ``zero3_grad_roundtrip``: ``partition_grads`` copies each gradient partition into the pinned host buffer
-      (``grad_partitions_flat_buffer``, in the gradient accumulation dtype: the model's 16-bit one by default)
-      and back to the device (``grad_buffer.to(grad_partition.device)``) before the fp32 upcast goes to the host
-      (that fp32 copy is the ``pcie`` term every stage has): 2 x 16-bit bytes over PCIe per parameter;
-    - ``zero3_param_conversion``: ``_reassign_or_swap_out_partitioned_parameters`` copies the fp32 master on the
-      host into the 16-bit partition on the device with one blocking ``copy_``, which converts on the host into a
-      temporary (torch's CPU-to-GPU copy converts on the CPU unless non-blocking): fp32 read, 16-bit write over
-      host memory (ZeRO-1/2's CPU Adam writes the 16-bit copy inside its own kernel).
+    - ``zero3_grad_roundtrip`` (backward): ``partition_grads`` copies each gradient partition into the pinned
+      host buffer (``grad_partitions_flat_buffer``, in the gradient accumulation dtype: the model's 16-bit one by
+      default) and back to the device (``grad_buffer.to(grad_partition.device)``) before the fp32 upcast goes to
+      the host (that fp32 copy is the ``pcie`` term every stage has): 2 x 16-bit bytes over PCIe per parameter;
+    - ``zero3_unscale``: ``unscale_and_clip_grads`` multiplies the fp32 gradient on the host by ``1 / scale``
+      whatever the scale and clipping (stage3.py; ZeRO-1/2 skip it without clipping and loss scale): fp32 read
+      and written over host memory;
+    - ``zero3_param_conversion`` and ``zero3_param_upload``: ``_reassign_or_swap_out_partitioned_parameters``
+      copies the fp32 master on the host into the 16-bit partition on the device with one blocking ``copy_``.
+      Torch's CPU-to-GPU copy with a dtype change (``aten/src/ATen/native/cuda/Copy.cu``) casts on the CPU into
+      a new tensor first (fp32 read, 16-bit write over host memory, plus the first touch of that tensor's fresh
+      pages) and uploads it from that pageable memory, which the driver stages through pinned buffers
+      (:attr:`Coefficients.pageable_copy_gbps`, not the link's DMA rate). ZeRO-1/2 instead cast into a pinned
+      buffer made once and upload it non-blocking (the ``pcie`` term). On the H200 the profiled step of opt-1.3b
+      (benchmarks/results/host_link.md) spent 333 ms in CPU Adam, 88 ms in the unscale, 324 ms casting and 490 ms
+      in the pageable upload.
     """
     d = DTYPE_BYTES[dtype]
+    node = local * hardware.gpus  # the node's host memory serves every GPU's partition
     backward = PassSeconds(serial={"zero3_grad_roundtrip": pcie_time(2 * d * local, hardware, coef)})
-    conversion = local * hardware.gpus * (4 + d) / (coef.host_memory_gbps * 1e9)
-    return backward, PassSeconds(serial={"zero3_param_conversion": conversion})
+    step = {
+        "zero3_unscale": node * 8 / (coef.host_memory_gbps * 1e9),
+        "zero3_param_conversion": node * (4 + d) / (coef.host_memory_gbps * 1e9)
+        + node * d / (coef.host_first_touch_gbps * 1e9),
+        "zero3_param_upload": local * d / (coef.pageable_copy_gbps * 1e9),
+    }
+    return backward, PassSeconds(serial=step)

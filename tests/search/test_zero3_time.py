@@ -111,3 +111,24 @@ def test_the_hooks_are_priced_by_the_calibrated_host_rate() -> None:
     )
     for name, value in base.backward.host.items():
         assert doubled.backward.host[name] == pytest.approx(2 * value, rel=1e-12)
+
+
+def test_zero3_offload_uploads_from_pageable_memory_and_zero2_from_its_pinned_buffer() -> None:
+    """stage3.py's step casts the fp32 master into a new host tensor and uploads it from pageable memory; it also
+    unscales the fp32 gradient on the host. stage_1_and_2.py casts into a pinned buffer made once and uploads it at
+    the link's rate. Each term is its bytes over its rate: 16-bit bytes per parameter over the pageable rate, 8 bytes
+    (fp32 read and write) over host memory, fp32 read + 16-bit write over host memory plus the new pages' first
+    touch."""
+    coef = DEFAULT_COEFFICIENTS
+    model = get_model("opt-1.3b")
+    zero3 = _seconds(model, 3, offload="cpu").terms
+    zero2 = _seconds(model, 2, offload="cpu").terms
+    params = trained_placement(model, True, TrainedModelStrategy(zero_stage=3), "bf16", 1, 1, coef).trainable
+    assert zero3["zero3_param_upload"] == pytest.approx(2 * params / (coef.pageable_copy_gbps * 1e9))
+    assert zero3["zero3_unscale"] == pytest.approx(8 * params / (coef.host_memory_gbps * 1e9))
+    conversion = 6 * params / (coef.host_memory_gbps * 1e9) + 2 * params / (coef.host_first_touch_gbps * 1e9)
+    assert zero3["zero3_param_conversion"] == pytest.approx(conversion)
+    assert not any(name.startswith("zero3_") for name in zero2)
+    pinned = get_gpu("H100-80G").pcie_gbps * get_gpu("H100-80G").pcie_efficiency * 1e9
+    assert zero2["pcie"] == pytest.approx((4 + 2) * params / pinned)  # fp32 gradients down, 16-bit partition up
+    assert zero3["zero3_param_upload"] > 5 * 2 * params / pinned  # the pageable upload is no DMA at the link's rate

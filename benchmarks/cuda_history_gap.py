@@ -1,0 +1,385 @@
+"""Why a CUDA probe's peak reserved differs from the prediction: its recorded allocator history against the
+stream memplan builds, both replayed through memplan's port of the caching allocator.
+
+A CUDA probe (``planner probe --device cuda``) keeps the caching allocator's history
+(``torch.cuda.memory._record_memory_history``) and its snapshot. This reads one probe from a memplan store
+and prints three tables:
+
+1. **Peaks**: measured (the probe's phases), the recorded sequence replayed through
+   :func:`search.allocator.replay` (on its real streams, and with every request on the default stream),
+   and the stream the cost model builds for the same job and strategy
+   (:func:`search.step.replayed.stream_of`). When the recorded replay meets the measured reserved peak, the
+   allocator model is right and the built stream is what differs.
+2. **cudaMallocs by step and phase** in both replays: where reserved memory grows, with the request that
+   made each large segment (the recorded trace is cut into steps at the input ids' allocation, and into
+   phases at the probe's measured phase times; unmeasured steps are aligned on the nearest measured one).
+3. **Allocations of one steady step, by size and phase** (``--step``, default 2, the first measured one):
+   counts and bytes per request size in the recorded and the built stream, the largest differences first,
+   split into tensors freed within the phase (``temp``) and tensors that outlive it (``kept``).
+
+Single-model SFT-style probes with ``grad_accum`` 1 (one forward, backward and optimizer step per step).
+
+Usage: DS_ACCELERATOR=cpu .venv/bin/python benchmarks/cuda_history_gap.py --db /tmp/h200/probes2.db \\
+           --probe-id e6120cff3ecb [--step 2] [--rows 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from search.allocator import AllocatorConfig, AllocatorOOM, CachingAllocator, replay  # noqa: E402
+from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, PHASE, AllocStream  # noqa: E402
+from store.cuda_snapshot import device_trace, reserved_peak, snapshot_to_stream  # noqa: E402
+
+GiB, MiB = 2**30, 2**20
+STEP = "step:"  # the step marker of search.streams.build (STEP_MARK), used for the recorded stream too
+PHASES = ("forward", "backward", "optimizer_step")
+BIG_SEGMENT = 256 * MiB  # cudaMallocs at least this large are listed one by one
+SIGNATURE = 4  # trace entries either side of a phase boundary compared when aligning an unmeasured step
+
+
+# --- reading a probe ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One stored CUDA probe: its request and result (the JSON shapes) and its allocator snapshot."""
+
+    probe_id: str
+    request: dict[str, Any]
+    result: dict[str, Any]
+    snapshot: dict[str, Any]
+
+
+def load_probe(db: str, probe_id: str) -> Probe:
+    """The probe ``probe_id`` (or a unique prefix) of the store ``db``, with its CUDA snapshot."""
+    from store.artifacts import CUDA_SNAPSHOT, unpack_snapshot
+    from store.db import open_storage
+
+    with open_storage(db) as storage:
+        record = storage.get_probe(probe_id)
+        artifact = storage.load_probe_artifact(record.probe_id, CUDA_SNAPSHOT)
+    if artifact is None:
+        raise SystemExit(f"probe {record.probe_id} kept no CUDA snapshot (a CPU probe, or history was off)")
+    return Probe(record.probe_id, record.request.to_dict(), record.result.to_dict(), unpack_snapshot(artifact.data))
+
+
+# --- the recorded trace, cut into steps and phases ---------------------------------------------------------
+
+
+def _ids_size(request: dict[str, Any]) -> int:
+    """Bytes of the probe's input ids (int64, micro_batch x seq_len): the first allocation of each step."""
+    return 8 * int(request["strategy"]["micro_batch"]) * int(request["workload"]["seq_len"])
+
+
+def step_bounds(trace: Sequence[dict[str, Any]], ids_size: int, steps: int) -> list[tuple[int, int]]:
+    """(first, last) trace index of each step: the input ids are allocated first and freed last, so a step
+    is the life of one of the ``steps`` longest-lived allocations of that size."""
+    born: dict[int, int] = {}
+    lives: list[tuple[int, int]] = []
+    for i, entry in enumerate(trace):
+        action = entry["action"]
+        if action == "alloc" and entry["size"] == ids_size:
+            born[entry["addr"]] = i
+        elif action == "free_completed" and entry["addr"] in born:
+            lives.append((born.pop(entry["addr"]), i))
+    lives.extend((start, len(trace) - 1) for start in born.values())
+    longest = sorted(lives, key=lambda life: life[1] - life[0], reverse=True)[:steps]
+    return sorted(longest)
+
+
+def _signature(trace: Sequence[dict[str, Any]], i: int) -> tuple[tuple[str, int], ...]:
+    return tuple(
+        (trace[j]["action"], int(trace[j]["size"])) for j in range(i - SIGNATURE, i + SIGNATURE) if 0 <= j < len(trace)
+    )
+
+
+def phase_markers(probe: Probe) -> list[tuple[int, str]]:
+    """(trace index, name) of every step and phase start of the recorded trace.
+
+    A measured step's backward and optimizer step start at the first entry after the step's first entry
+    plus the probe's measured forward (and backward) seconds: each phase ends on a device synchronize, so
+    the host's timestamps jump there. The warm-up and profiled steps have no measured times: their
+    boundaries are the entries whose neighbourhood matches the first measured step's boundary best, at the
+    nearest offset from the step's start.
+    """
+    trace = device_trace(probe.snapshot)
+    extra = probe.result.get("extra", {})
+    warmup = int(extra.get("warmup_steps", 1))
+    times: dict[str, list[float]] = extra.get("phase_time_s", {})
+    measured = len(times.get("forward", []))
+    steps = warmup + measured + (1 if "profile" in extra else 0)
+    bounds = step_bounds(trace, _ids_size(probe.request), steps)
+    timed: dict[int, list[int]] = {}
+    for k in range(measured):
+        if warmup + k >= len(bounds):
+            break
+        start = bounds[warmup + k][0]
+        t0 = trace[start]["time_us"]
+        cuts, elapsed = [], 0.0
+        for name in PHASES[:-1]:
+            elapsed += times[name][k]
+            cuts.append(next(j for j in range(start, len(trace)) if trace[j]["time_us"] >= t0 + elapsed * 1e6))
+        timed[warmup + k] = cuts
+    markers: list[tuple[int, str]] = [(0, "setup")]
+    reference = min(timed) if timed else None
+    for n, (start, end) in enumerate(bounds):
+        cuts = timed.get(n)
+        if cuts is None and reference is not None:
+            cuts = [_align(trace, start, end, c, bounds[reference][0]) for c in timed[reference]]
+        markers += [(start, f"{STEP}{n + 1}"), (start + 1, PHASES[0])]
+        markers += [(cut, name) for cut, name in zip(cuts or [], PHASES[1:], strict=False)]
+    return markers
+
+
+def _align(trace: Sequence[dict[str, Any]], start: int, end: int, cut: int, ref_start: int) -> int:
+    """The entry of [start, end] that plays the part of ``cut`` in the reference step starting at ``ref_start``."""
+    wanted, offset = _signature(trace, cut), cut - ref_start
+    matches = [j for j in range(start, end + 1) if _signature(trace, j) == wanted]
+    if not matches:
+        return min(end, start + offset)
+    return min(matches, key=lambda j: abs(j - start - offset))
+
+
+def recorded_stream(probe: Probe) -> AllocStream:
+    """The probe's recorded sequence as a stream with step and phase markers
+    (:func:`store.cuda_snapshot.snapshot_to_stream`, which reads ``snapshot["memplan"]["phases"]``)."""
+    marked = dict(probe.snapshot)
+    marked["memplan"] = {"phases": [[index, name] for index, name in phase_markers(probe)]}
+    return snapshot_to_stream(marked)
+
+
+# --- the stream the cost model builds --------------------------------------------------------------------
+
+
+def built_stream(probe: Probe) -> AllocStream:
+    """The allocation stream memplan builds for the probe's job and strategy (what ``planner predict`` and
+    ``compare_probe`` replay), with the default coefficients."""
+    from planner.calibration.records import _catalog_gpu, _probe_job
+    from planner.planning.predicting import _with_batch_of, batch_of_job, job_spec, resolve
+    from search.coefficients import DEFAULT_COEFFICIENTS
+    from search.predictor import _step
+    from search.step.replayed import stream_of
+    from store.records import Strategy
+
+    request = probe.request
+    resolved = resolve(job_spec(request["workload"]["model"], _probe_job(request, _catalog_gpu(probe.result["fingerprint"]))))
+    strategy = Strategy.from_dict(batch_of_job(resolved, dict(request["strategy"])))
+    resolved = _with_batch_of(resolved, strategy, given=False)
+    step = _step(resolved.workload, strategy, resolved.hardware, DEFAULT_COEFFICIENTS)
+    return stream_of(step, strategy.empty_cache)
+
+
+# --- replaying with every cudaMalloc attributed ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Malloc:
+    """One new segment of a replay: the event (stream index) that asked, its request and the segment."""
+
+    event: int
+    step: int
+    phase: str
+    request: int
+    segment: int
+    stream: int
+
+
+@dataclass
+class Window:
+    """A phase run of a replay (``step`` 0 is the setup): its peaks and its new segments."""
+
+    step: int
+    phase: str
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    end_reserved: int = 0
+    mallocs: list[Malloc] = field(default_factory=list)
+
+
+def replay_windows(stream: AllocStream, config: AllocatorConfig = AllocatorConfig()) -> list[Window]:  # noqa: B008
+    """Replay ``stream`` through :class:`search.allocator.CachingAllocator` as :func:`search.allocator.replay`
+    does (peaks reset at each PHASE marker), noting each cudaMalloc with the request that made it."""
+    allocator = CachingAllocator(config)
+    stats = allocator.stats
+    handles: dict[int, int] = {}
+    windows = [Window(0, "setup")]
+    step = 0
+
+    def close() -> None:
+        w = windows[-1]
+        w.peak_allocated, w.peak_reserved = stats.allocated_bytes.peak, stats.reserved_bytes.peak
+        w.end_reserved = stats.reserved_bytes.current
+
+    for index, (op, key, size, on_stream, _kind) in enumerate(stream.events):
+        if op == ALLOC:
+            before, held = stats.num_device_alloc, stats.reserved_bytes.current
+            try:
+                handles[key] = allocator.malloc(size, on_stream)
+            except AllocatorOOM:
+                break
+            if stats.num_device_alloc > before:
+                grown = stats.reserved_bytes.current - held
+                windows[-1].mallocs.append(Malloc(index, step, windows[-1].phase, size, grown, on_stream))
+        elif op == FREE:
+            handle = handles.pop(key, None)
+            if handle is not None:
+                allocator.free(handle)
+        elif op == EMPTY_CACHE:
+            allocator.empty_cache()
+        elif op == PHASE:
+            close()
+            name = stream.phases[key]
+            if name.startswith(STEP):
+                step = int(name.removeprefix(STEP))
+            windows.append(Window(step, name))
+            allocator.reset_peak()
+    close()
+    return [w for w in windows if not w.phase.startswith(STEP) or w.mallocs]
+
+
+# --- allocations of a step, by size ------------------------------------------------------------------------
+
+
+def step_allocations(stream: AllocStream, step: int) -> dict[str, Counter[tuple[int, int, str]]]:
+    """Per phase of step ``step``: how many allocations of each (size, stream, temp|kept), ``temp`` being
+    freed before the phase ends."""
+    phase, number = "setup", 0
+    made: dict[int, tuple[str, int, int]] = {}
+    out: dict[str, Counter[tuple[int, int, str]]] = defaultdict(Counter)
+    freed_in_phase: set[int] = set()
+    order: list[tuple[int, str]] = []
+    for op, key, size, on_stream, _ in stream.events:
+        if op == PHASE:
+            name = stream.phases[key]
+            if name.startswith(STEP):
+                number = int(name.removeprefix(STEP))
+            else:
+                phase = name
+        elif op == ALLOC and number == step and phase in PHASES:
+            made[key] = (phase, size, on_stream)
+            order.append((key, phase))
+        elif op == FREE and key in made and made[key][0] == phase and number == step:
+            freed_in_phase.add(key)
+    for key, name in order:
+        _, size, on_stream = made[key]
+        out[name][(size, on_stream, "temp" if key in freed_in_phase else "kept")] += 1
+    return out
+
+
+def size_differences(
+    recorded: Counter[tuple[int, int, str]], built: Counter[tuple[int, int, str]]
+) -> list[tuple[int, int, str, int, int]]:
+    """(size, stream, temp|kept, recorded count, built count) where the counts differ, most bytes first."""
+    keys = set(recorded) | set(built)
+    rows = [(size, s, how, recorded[(size, s, how)], built[(size, s, how)]) for size, s, how in keys]
+    rows = [r for r in rows if r[3] != r[4]]
+    return sorted(rows, key=lambda r: abs(r[3] - r[4]) * r[0], reverse=True)
+
+
+# --- printing ------------------------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n} B"
+
+
+def _segments(mallocs: Iterable[Malloc]) -> str:
+    found = list(mallocs)
+    big = [m for m in found if m.segment >= BIG_SEGMENT]
+    small = [m for m in found if m.segment < BIG_SEGMENT]
+    parts = [f"{m.segment / MiB:.0f} MiB for {_size(m.request)}{' (side stream)' if m.stream else ''}" for m in big]
+    if small:
+        parts.append(f"{len(small)} x <{BIG_SEGMENT // MiB} MiB = {sum(m.segment for m in small) / MiB:.0f} MiB")
+    return "; ".join(parts) or "-"
+
+
+def print_peaks(probe: Probe, recorded: AllocStream, built: AllocStream) -> None:
+    measured_alloc = max(p["peak_allocated_bytes"] for p in probe.result["phases"])
+    measured_res = max(p["peak_reserved_bytes"] for p in probe.result["phases"])
+    rows = [("measured (probe phases)", measured_alloc, measured_res)]
+    rows.append(("history's segment events", 0, reserved_peak(probe.snapshot)))
+    for name, stream in (
+        ("recorded, replayed", recorded),
+        ("recorded, replayed on one stream", recorded.on_one_stream()),
+        ("built (cost model), replayed", built),
+    ):
+        r = replay(stream, AllocatorConfig())
+        rows.append((name, r.peak_allocated, r.peak_reserved))
+    print("| sequence | peak allocated GiB | peak reserved GiB | reserved vs measured |")
+    print("|---|---|---|---|")
+    for name, allocated, reserved in rows:
+        print(f"| {name} | {_gib(allocated) if allocated else '-'} | {_gib(reserved)} | {reserved / measured_res - 1:+.1%} |")
+
+
+def print_mallocs(recorded: list[Window], built: list[Window]) -> None:
+    def keyed(windows: list[Window]) -> dict[tuple[int, str], Window]:
+        return {(w.step, w.phase): w for w in windows}
+
+    rec, bui = keyed(recorded), keyed(built)
+    keys = sorted(set(rec) | set(bui), key=lambda k: (k[0], PHASES.index(k[1]) if k[1] in PHASES else -1))
+    print("| step | phase | recorded: new segments | recorded reserved at end GiB | built: new segments | "
+          "built reserved at end GiB |")
+    print("|---|---|---|---|---|---|")
+    for key in keys:
+        r, b = rec.get(key), bui.get(key)
+        if r is not None and b is not None and not r.mallocs and not b.mallocs and key[0] > 3:
+            continue
+        print(
+            f"| {key[0]} | {key[1]} | {_segments(r.mallocs) if r else 'n/a'} | {_gib(r.end_reserved) if r else '-'} | "
+            f"{_segments(b.mallocs) if b else 'n/a'} | {_gib(b.end_reserved) if b else '-'} |"
+        )
+
+
+def print_sizes(recorded: AllocStream, built: AllocStream, step: int, rows: int) -> None:
+    rec, bui = step_allocations(recorded, step), step_allocations(built, step)
+    print("| phase | size | stream | temp/kept | recorded count | built count | recorded - built |")
+    print("|---|---|---|---|---|---|---|")
+    for phase in PHASES:
+        for size, s, how, nr, nb in size_differences(rec.get(phase, Counter()), bui.get(phase, Counter()))[:rows]:
+            print(f"| {phase} | {_size(size)} | {s} | {how} | {nr} | {nb} | {(nr - nb) * size / MiB:+.0f} MiB |")
+        r_total = sum(size * n for (size, _, _), n in rec.get(phase, Counter()).items())
+        b_total = sum(size * n for (size, _, _), n in bui.get(phase, Counter()).items())
+        r_count, b_count = sum(rec.get(phase, Counter()).values()), sum(bui.get(phase, Counter()).values())
+        print(
+            f"| {phase} | all | | | {r_count} ({_gib(r_total)} GiB) | {b_count} ({_gib(b_total)} GiB) | "
+            f"{(r_total - b_total) / GiB:+.2f} GiB |"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True, help="memplan store (SQLite file) holding the probe")
+    parser.add_argument("--probe-id", required=True, help="probe id or unique prefix (a CUDA probe)")
+    parser.add_argument("--step", type=int, default=2, help="step whose allocations are compared by size")
+    parser.add_argument("--rows", type=int, default=10, help="size rows per phase in the third table")
+    args = parser.parse_args()
+    probe = load_probe(args.db, args.probe_id)
+    w, s = probe.request["workload"], probe.request["strategy"]
+    print(
+        f"probe {probe.probe_id}: {w['kind']} {w['model']}, ZeRO-{s.get('zero_stage')}, {s.get('micro_batch')} x "
+        f"{w['seq_len']} tokens, {probe.result['fingerprint'].get('name')}\n"
+    )
+    recorded, built = recorded_stream(probe), built_stream(probe)
+    print_peaks(probe, recorded, built)
+    print()
+    print_mallocs(replay_windows(recorded), replay_windows(built))
+    print()
+    print_sizes(recorded, built, args.step, args.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
