@@ -43,7 +43,8 @@ GiB, MiB = 2**30, 2**20
 STEP = "step:"  # the step marker of search.streams.build (STEP_MARK), used for the recorded stream too
 PHASES = ("forward", "backward", "optimizer_step")
 BIG_SEGMENT = 256 * MiB  # cudaMallocs at least this large are listed one by one
-SIGNATURE = 4  # trace entries either side of a phase boundary compared when aligning an unmeasured step
+SLACK_MS = 5.0  # widening of the window in which a measured phase boundary is looked for
+SIGNATURE = 6  # trace entries either side of a phase boundary compared when aligning an unmeasured step
 
 
 # --- reading a probe ---------------------------------------------------------------------------------------
@@ -105,11 +106,13 @@ def _signature(trace: Sequence[dict[str, Any]], i: int) -> tuple[tuple[str, int]
 def phase_markers(probe: Probe) -> list[tuple[int, str]]:
     """(trace index, name) of every step and phase start of the recorded trace.
 
-    A measured step's backward and optimizer step start at the first entry after the step's first entry
-    plus the probe's measured forward (and backward) seconds: each phase ends on a device synchronize, so
-    the host's timestamps jump there. The warm-up and profiled steps have no measured times: their
-    boundaries are the entries whose neighbourhood matches the first measured step's boundary best, at the
-    nearest offset from the step's start.
+    Each phase of the probe ends on a device synchronize and the next starts after the clock's own calls, so
+    the host's timestamps jump at a boundary: in a measured step, the backward (optimizer step) starts after
+    the longest pause between entries within ``SLACK_MS`` of the shortest to the longest measured forward
+    (backward) after the phase's start (``extra["phase_time_s"]`` holds each phase's times sorted, not by
+    step). The warm-up and profiled steps run other code on their first calls: their boundaries are the
+    entries whose neighbourhood matches the first measured step's boundary, at the nearest offset from the
+    step's start.
     """
     trace = device_trace(probe.snapshot)
     extra = probe.result.get("extra", {})
@@ -119,16 +122,17 @@ def phase_markers(probe: Probe) -> list[tuple[int, str]]:
     steps = warmup + measured + (1 if "profile" in extra else 0)
     bounds = step_bounds(trace, _ids_size(probe.request), steps)
     timed: dict[int, list[int]] = {}
-    for k in range(measured):
-        if warmup + k >= len(bounds):
-            break
-        start = bounds[warmup + k][0]
-        t0 = trace[start]["time_us"]
-        cuts, elapsed = [], 0.0
+    for n in range(warmup, min(warmup + measured, len(bounds))):
+        start, end = bounds[n]
+        cuts = []
         for name in PHASES[:-1]:
-            elapsed += times[name][k]
-            cuts.append(next(j for j in range(start, len(trace)) if trace[j]["time_us"] >= t0 + elapsed * 1e6))
-        timed[warmup + k] = cuts
+            t0 = trace[start]["time_us"]
+            low = t0 + (min(times[name]) * 1e3 - SLACK_MS) * 1e3
+            high = t0 + (max(times[name]) * 1e3 + SLACK_MS) * 1e3
+            inside = [j for j in range(start + 1, end + 1) if low <= trace[j]["time_us"] <= high]
+            start = max(inside, key=lambda j: trace[j]["time_us"] - trace[j - 1]["time_us"])
+            cuts.append(start)
+        timed[n] = cuts
     markers: list[tuple[int, str]] = [(0, "setup")]
     reference = min(timed) if timed else None
     for n, (start, end) in enumerate(bounds):
