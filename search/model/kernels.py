@@ -11,6 +11,13 @@ Kernels per layer forward, read off the layer's ``forward`` in transformers 5.x:
 - Llama, Mistral, Qwen2 (RMSNorm, rotary, GQA sdpa, SwiGLU): two RMSNorms of 8 ops (fp32 upcast, pow, mean,
   add, rsqrt, mul, downcast, weight), q/k/v ``mm``, rotary on q and k (5 ops each: mul cos, neg, cat, mul
   sin, add), sdpa, merge copy, ``o_proj``, add, gate/up ``mm``, SiLU, mul, down ``mm``, add: 39.
+- Families with more RMSNorms per layer (:data:`RMSNORMS_PER_LAYER`) take the Llama count with their own norms
+  in place of its two: Qwen3 adds q_norm and k_norm (4 x 8 ops: 55); Gemma 3 runs six (input, post-attention,
+  pre- and post-feedforward, q_norm, k_norm) of 10 ops each, its RMSNorm upcasting the weight and adding 1
+  (``weight.float()``, ``1.0 + w``, then ``type_as``): 83; Gemma 2 four such (63). Outside the layers Gemma 3
+  launches about 64 kernels (the scaled embedding, a global and a local rotary table, a full and a sliding
+  mask, its 10-op final norm, the head and HF's loss; :data:`OUTSIDE_KERNELS`). Counted against an H200 profile
+  of gemma-3-1b (2,266 forward launches; 26 x 83 + 64 = 2,222; benchmarks/results/host_kernels_h200.md).
 - peft LoRA on a linear: ``lora_A``, ``lora_B``, the scaling and the add (dropout 0 is Identity): 4.
 Autograd's backward launches about two kernels per forward kernel (a ``mm`` becomes the input and weight
 gradient products, an ``addmm`` adds the bias sum, each element-wise op one or two).
@@ -30,6 +37,11 @@ from store.records import Hardware, ModelSpec
 
 LAYER_KERNELS = {"opt": 16, "gpt2": 20}
 LLAMA_LAYER_KERNELS = 39  # llama, mistral, qwen2 and the other RMSNorm/rotary/SwiGLU decoders
+# RMSNorms per decoder layer (Llama's two elsewhere) and the ops of each (Llama's eight elsewhere): see above
+RMSNORMS_PER_LAYER = {"gemma3_text": 6, "gemma3": 6, "gemma2": 4, "qwen3": 4, "qwen3_moe": 4}
+RMSNORM_KERNELS = {"gemma3_text": 10, "gemma3": 10, "gemma2": 10}
+LLAMA_RMSNORMS, LLAMA_RMSNORM_KERNELS = 2, 8
+OUTSIDE_KERNELS = {"gemma3_text": 64, "gemma3": 64}  # the families that launch more than HEAD_AND_LOSS_KERNELS
 LORA_KERNELS_PER_LINEAR = 4
 BACKWARD_KERNELS_PER_FORWARD = 2.0
 # Outside the layers: embedding, position ids/mask, final norm, LM head and HF's loss (float upcast,
@@ -57,9 +69,25 @@ class Gemm:
         return 2.0 * self.m * self.n * self.k
 
 
+def rmsnorms_per_layer(model: ModelSpec) -> int:
+    """RMSNorm modules in one decoder layer of an RMSNorm family (0 for LayerNorm families)."""
+    if not uses_rmsnorm(model) or model.model_type in LAYER_KERNELS:
+        return 0
+    return RMSNORMS_PER_LAYER.get(model.model_type, LLAMA_RMSNORMS)
+
+
+def head_and_loss_kernels(model: ModelSpec) -> int:
+    """Kernels a forward launches outside the decoder layers (embedding, masks, final norm, head and loss)."""
+    return OUTSIDE_KERNELS.get(model.model_type, HEAD_AND_LOSS_KERNELS)
+
+
 def layer_kernels(model: ModelSpec, lora_rank: int) -> int:
     """Kernels one decoder layer's forward launches (see the module docstring for the counts)."""
     base = LAYER_KERNELS.get(model.model_type, LLAMA_LAYER_KERNELS if uses_rmsnorm(model) else 16)
+    norms = rmsnorms_per_layer(model)
+    if norms:  # the family's own norms in place of Llama's two
+        per_norm = RMSNORM_KERNELS.get(model.model_type, LLAMA_RMSNORM_KERNELS)
+        base += norms * per_norm - LLAMA_RMSNORMS * LLAMA_RMSNORM_KERNELS
     if not dropout_probs(model)[1] and model.model_type in LAYER_KERNELS:
         base -= 2  # no residual dropout kernels
     lora = LORA_KERNELS_PER_LINEAR * len(linear_shapes(model)) if lora_rank else 0

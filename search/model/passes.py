@@ -11,12 +11,14 @@ from search.model.kernels import (
     GENERATE_STEP_KERNELS,
     HEAD_AND_LOSS_KERNELS,
     KV_UPDATE_KERNELS,
+    head_and_loss_kernels,
     head_gemm,
     layer_elementwise_bytes,
     layer_gemms,
     layer_kernels,
     layers_attention_flops,
     loss_bytes,
+    rmsnorms_per_layer,
 )
 from search.model.roofline import (
     PassSeconds,
@@ -63,7 +65,7 @@ def _pass(
     elementwise = repeat * layers * hbm_seconds(layer_elementwise_bytes(model, tokens, d, lora_rank), gpu)
     loss_s = hbm_seconds(loss_bytes(model, tokens, d)[int(backward)], gpu) if (loss and lm_head) else 0.0
     kernels = (BACKWARD_KERNELS_PER_FORWARD if backward else 1.0) * (
-        layers * layer_kernels(model, lora_rank) + HEAD_AND_LOSS_KERNELS
+        layers * layer_kernels(model, lora_rank) + head_and_loss_kernels(model)
     )
     return PassSeconds(
         gpu={"matmul": matmul, "attention": attention, "elementwise": elementwise, "loss": loss_s},
@@ -141,7 +143,8 @@ def trainable_tensors(model: ModelSpec, lora_rank: int, *, lm_head: bool = True)
     """Parameter tensors the optimizer steps (DeepSpeed's hooks and step loops walk them one by one).
 
     Full fine-tuning: every linear's weight (and bias where the family has one: OPT and GPT-2 everywhere,
-    Qwen2 on q/k/v), the norms' weights (and LayerNorm biases), the embeddings and the final norm; LoRA:
+    Qwen2 on q/k/v), the norms' weights (and LayerNorm biases; Gemma 3's six and Qwen3's four RMSNorms a layer,
+    :func:`search.model.kernels.rmsnorms_per_layer`), the embeddings and the final norm; LoRA:
     two adapter matrices per block linear.
     """
     linears = len(linear_shapes(model))
@@ -149,7 +152,7 @@ def trainable_tensors(model: ModelSpec, lora_rank: int, *, lm_head: bool = True)
         return model.num_layers * 2 * linears
     biased = {"opt": linears, "gpt2": linears, "qwen2": 3}.get(model.model_type, 0)
     norm_tensors = 1 if uses_rmsnorm(model) else 2
-    per_layer = linears + biased + 2 * norm_tensors
+    per_layer = linears + biased + (rmsnorms_per_layer(model) or 2) * norm_tensors
     embeddings = 1 if uses_rmsnorm(model) else 2  # token (and learned position) embeddings
     head = 0 if (model.tie_word_embeddings or not lm_head) else 1
     return model.num_layers * per_layer + embeddings + norm_tensors + head
