@@ -70,7 +70,8 @@ def probe_command(
     probed on one node of it (the report says so).
 
     On a terminal a live bar shows the progress; elsewhere (a pipe, a file, --json) lines on stderr do, with a
-    heartbeat every MEMPLAN_PROGRESS_INTERVAL_S seconds (default 30) while a probe runs.
+    heartbeat every MEMPLAN_PROGRESS_INTERVAL_S seconds (default 30) while a probe runs. MEMPLAN_PROFILE=1
+    profiles one more step per probe, phase by phase (planner probes --json: result.extra.profile).
 
     After -- your own program runs instead of memplan's loop, once per strategy (the plan and its next best):
     a start-up hook overrides the strategy's DeepSpeed keys in the config it passes, measures each phase and
