@@ -3,24 +3,33 @@ stream memplan builds, both replayed through memplan's port of the caching alloc
 
 A CUDA probe (``planner probe --device cuda``) keeps the caching allocator's history
 (``torch.cuda.memory._record_memory_history``) and its snapshot. This reads one probe from a memplan store
-and prints three tables:
+and prints:
 
 1. **Peaks**: measured (the probe's phases), the recorded sequence replayed through
    :func:`search.allocator.replay` (on its real streams, and with every request on the default stream),
    and the stream the cost model builds for the same job and strategy
    (:func:`search.step.replayed.stream_of`). When the recorded replay meets the measured reserved peak, the
-   allocator model is right and the built stream is what differs.
+   allocator model is right and the built stream is what differs. Then the same per phase (a check of the
+   phase cut: the recorded replay's phase peaks should be the measured ones).
 2. **cudaMallocs by step and phase** in both replays: where reserved memory grows, with the request that
    made each large segment (the recorded trace is cut into steps at the input ids' allocation, and into
-   phases at the probe's measured phase times; unmeasured steps are aligned on the nearest measured one).
-3. **Allocations of one steady step, by size and phase** (``--step``, default 2, the first measured one):
+   phases at the host-time pauses of the probe's phase synchronizes; unmeasured steps are aligned on the
+   first measured one); then, for each large cudaMalloc that a cached segment could have served had a few
+   live blocks not split it, those blocks (oldest first).
+3. **What-ifs**, each replayed: the recorded sequence with its late never-freed 1-64 MiB allocations (the
+   cuBLAS workspaces) made first, or without the forward's / backward's temporaries; the built stream with
+   its cuBLAS workspace made where torch makes them (one per thread: first forward and first backward
+   matmul), or (``--temp-sizes-mib``) with a same-size temporary before each forward activation of the sizes.
+4. **Allocations of one steady step, by size and phase** (``--step``, default 2, the first measured one):
    counts and bytes per request size in the recorded and the built stream, the largest differences first,
    split into tensors freed within the phase (``temp``) and tensors that outlive it (``kept``).
+
+Findings for the 2026-11-27 H200 probes: ``benchmarks/results/cuda_history_gap.md``.
 
 Single-model SFT-style probes with ``grad_accum`` 1 (one forward, backward and optimizer step per step).
 
 Usage: DS_ACCELERATOR=cpu .venv/bin/python benchmarks/cuda_history_gap.py --db /tmp/h200/probes2.db \\
-           --probe-id e6120cff3ecb [--step 2] [--rows 12]
+           --probe-id e6120cff3ecb [--step 2] [--rows 10] [--temp-sizes-mib 128]
 """
 
 from __future__ import annotations
@@ -36,13 +45,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search.allocator import AllocatorConfig, AllocatorOOM, CachingAllocator, replay  # noqa: E402
-from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, PHASE, AllocStream  # noqa: E402
+from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, KINDS, PHASE, AllocStream  # noqa: E402
 from store.cuda_snapshot import device_trace, reserved_peak, snapshot_to_stream  # noqa: E402
 
 GiB, MiB = 2**30, 2**20
 STEP = "step:"  # the step marker of search.streams.build (STEP_MARK), used for the recorded stream too
 PHASES = ("forward", "backward", "optimizer_step")
 BIG_SEGMENT = 256 * MiB  # cudaMallocs at least this large are listed one by one
+WORKSPACE = 32 * MiB  # torch's cuBLAS workspace on Hopper (memplan's cublas_workspace_bytes)
+WORKSPACE_MAX = 64 * MiB  # late never-freed allocations up to this size are taken for cuBLAS workspaces
 SLACK_MS = 5.0  # widening of the window in which a measured phase boundary is looked for
 SIGNATURE = 6  # trace entries either side of a phase boundary compared when aligning an unmeasured step
 
@@ -136,11 +147,11 @@ def phase_markers(probe: Probe) -> list[tuple[int, str]]:
     markers: list[tuple[int, str]] = [(0, "setup")]
     reference = min(timed) if timed else None
     for n, (start, end) in enumerate(bounds):
-        cuts = timed.get(n)
-        if cuts is None and reference is not None:
-            cuts = [_align(trace, start, end, c, bounds[reference][0]) for c in timed[reference]]
+        found = timed.get(n)
+        if found is None and reference is not None:
+            found = [_align(trace, start, end, c, bounds[reference][0]) for c in timed[reference]]
         markers += [(start, f"{STEP}{n + 1}"), (start + 1, PHASES[0])]
-        markers += [(cut, name) for cut, name in zip(cuts or [], PHASES[1:], strict=False)]
+        markers += [(cut, name) for cut, name in zip(found or [], PHASES[1:], strict=False)]
     return markers
 
 
@@ -175,7 +186,9 @@ def built_stream(probe: Probe) -> AllocStream:
     from store.records import Strategy
 
     request = probe.request
-    resolved = resolve(job_spec(request["workload"]["model"], _probe_job(request, _catalog_gpu(probe.result["fingerprint"]))))
+    resolved = resolve(
+        job_spec(request["workload"]["model"], _probe_job(request, _catalog_gpu(probe.result["fingerprint"])))
+    )
     strategy = Strategy.from_dict(batch_of_job(resolved, dict(request["strategy"])))
     resolved = _with_batch_of(resolved, strategy, given=False)
     step = _step(resolved.workload, strategy, resolved.hardware, DEFAULT_COEFFICIENTS)
@@ -186,15 +199,33 @@ def built_stream(probe: Probe) -> AllocStream:
 
 
 @dataclass(frozen=True)
-class Malloc:
-    """One new segment of a replay: the event (stream index) that asked, its request and the segment."""
+class Made:
+    """Where an allocation of a replayed stream was made: its event index, step and phase, and its size."""
 
     event: int
     step: int
     phase: str
-    request: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A cached segment large enough for a request that made a new segment, and the live blocks splitting it."""
+
+    segment: int
+    free: int  # its largest free block
+    blockers: tuple[Made, ...]
+
+
+@dataclass(frozen=True)
+class Malloc:
+    """One new segment of a replay: the allocation that asked for it, and (large ones) the cached segments
+    that would have served it had they not been split by live blocks."""
+
+    made: Made
     segment: int
     stream: int
+    blocked: tuple[Blocked, ...] = ()
 
 
 @dataclass
@@ -209,12 +240,44 @@ class Window:
     mallocs: list[Malloc] = field(default_factory=list)
 
 
+def _segments(allocator: CachingAllocator) -> dict[int, list[Any]]:
+    """Every segment of a (non-expandable) replay: its first block's address -> its blocks in order."""
+    blocks = list(allocator.allocated_blocks.values())
+    blocks += list(allocator.large_blocks.by_ptr.values()) + list(allocator.small_blocks.by_ptr.values())
+    heads = [b for b in blocks if b.prev is None]
+    out: dict[int, list[Any]] = {}
+    for head in heads:
+        chain: list[Any] = []
+        block: Any = head
+        while block is not None:
+            chain.append(block)
+            block = block.next
+        out[head.ptr] = chain
+    return out
+
+
+def _blocked(allocator: CachingAllocator, rounded: int, stream: int, new: int, made: dict[int, Made]) -> list[Blocked]:
+    """The segments of ``stream`` (other than the new one at ``new``) that could hold ``rounded`` bytes whole,
+    with the live blocks that split them."""
+    found = []
+    for ptr, chain in _segments(allocator).items():
+        total = sum(b.size for b in chain)
+        if ptr == new or total < rounded or chain[0].stream != stream:
+            continue
+        live = tuple(made[b.ptr] for b in chain if b.allocated and b.ptr in made)
+        free = max((b.size for b in chain if not b.allocated), default=0)
+        found.append(Blocked(total, free, live))
+    return sorted(found, key=lambda b: b.segment)
+
+
 def replay_windows(stream: AllocStream, config: AllocatorConfig = AllocatorConfig()) -> list[Window]:  # noqa: B008
     """Replay ``stream`` through :class:`search.allocator.CachingAllocator` as :func:`search.allocator.replay`
-    does (peaks reset at each PHASE marker), noting each cudaMalloc with the request that made it."""
+    does (peaks reset at each PHASE marker), noting each cudaMalloc with the request that made it and, for a
+    segment of at least ``BIG_SEGMENT``, what blocked the cached segments that were large enough."""
     allocator = CachingAllocator(config)
     stats = allocator.stats
     handles: dict[int, int] = {}
+    made: dict[int, Made] = {}  # live block address -> where it was made
     windows = [Window(0, "setup")]
     step = 0
 
@@ -227,16 +290,25 @@ def replay_windows(stream: AllocStream, config: AllocatorConfig = AllocatorConfi
         if op == ALLOC:
             before, held = stats.num_device_alloc, stats.reserved_bytes.current
             try:
-                handles[key] = allocator.malloc(size, on_stream)
+                handle = handles[key] = allocator.malloc(size, on_stream)
             except AllocatorOOM:
                 break
+            here = made[handle] = Made(index, step, windows[-1].phase, size)
             if stats.num_device_alloc > before:
                 grown = stats.reserved_bytes.current - held
-                windows[-1].mallocs.append(Malloc(index, step, windows[-1].phase, size, grown, on_stream))
+                block = allocator.allocated_blocks[handle]
+                head = block
+                while head.prev is not None:
+                    head = head.prev
+                blocked = (
+                    () if grown < BIG_SEGMENT else tuple(_blocked(allocator, block.size, on_stream, head.ptr, made))
+                )
+                windows[-1].mallocs.append(Malloc(here, grown, on_stream, blocked))
         elif op == FREE:
-            handle = handles.pop(key, None)
-            if handle is not None:
-                allocator.free(handle)
+            freed = handles.pop(key, None)
+            if freed is not None:
+                made.pop(freed, None)
+                allocator.free(freed)
         elif op == EMPTY_CACHE:
             allocator.empty_cache()
         elif op == PHASE:
@@ -248,6 +320,97 @@ def replay_windows(stream: AllocStream, config: AllocatorConfig = AllocatorConfi
             allocator.reset_peak()
     close()
     return [w for w in windows if not w.phase.startswith(STEP) or w.mallocs]
+
+
+# --- what-ifs on the recorded stream ----------------------------------------------------------------------
+
+
+def late_persistent(stream: AllocStream, largest: int = WORKSPACE_MAX) -> list[int]:
+    """Event indices of the allocations made after the setup, never freed, of 1 MiB to ``largest`` bytes: the
+    cuBLAS workspaces torch makes through the caching allocator at the first matrix product of each thread
+    (the forward's, and autograd's backward thread's), not the optimizer states."""
+    first_step = next(
+        (i for i, (op, key, *_) in enumerate(stream.events) if op == PHASE and stream.phases[key].startswith(STEP)),
+        len(stream.events),
+    )
+    freed = {key for op, key, *_ in stream.events if op == FREE}
+    return [
+        i
+        for i, (op, key, size, _, _) in enumerate(stream.events)
+        if i > first_step and op == ALLOC and key not in freed and MiB <= size <= largest
+    ]
+
+
+def hoisted(stream: AllocStream, events: Sequence[int]) -> AllocStream:
+    """``stream`` with the allocations at ``events`` moved to its very start (made before anything else)."""
+    moved = set(events)
+    first = tuple(stream.events[i] for i in events)
+    return AllocStream(first + tuple(e for i, e in enumerate(stream.events) if i not in moved), stream.phases)
+
+
+def without_temporaries(
+    stream: AllocStream, phases: Sequence[str] = PHASES[:2], largest: int = BIG_SEGMENT
+) -> AllocStream:
+    """``stream`` without the allocations below ``largest`` bytes freed in the phase (of ``phases``) that made
+    them: the layers' own temporaries, not the loss's logits-sized tensors."""
+    phase, made, dropped = "setup", {}, set()
+    for op, key, size, _, _ in stream.events:
+        if op == PHASE:
+            name = stream.phases[key]
+            phase = phase if name.startswith(STEP) else name
+        elif op == ALLOC and size < largest:
+            made[key] = phase
+        elif op == FREE and made.get(key) == phase and phase in phases:
+            dropped.add(key)
+    kept = tuple(e for e in stream.events if not (e[0] in (ALLOC, FREE) and e[1] in dropped))
+    return AllocStream(kept, stream.phases)
+
+
+def built_with_late_workspaces(built: AllocStream, workspace: int = WORKSPACE) -> AllocStream:
+    """The built stream with its one cuBLAS workspace (a ``buffers`` allocation of ``workspace`` bytes made at
+    the setup) made where torch makes the real ones: one at the first forward's first allocation (the main
+    thread's handle) and one right after the first backward's first gradient (autograd's device thread has a
+    handle of its own, and its first matrix product is the LM head's weight gradient)."""
+    events: list[Any] = []
+    key = max((e[1] for e in built.events), default=0) + 1
+    step, phase, dropped, forward, backward = 0, "setup", False, False, False
+    buffers, gradients = KINDS.index("buffers"), KINDS.index("gradients")
+    for event in built.events:
+        op, _, size, _, kind = event
+        if op == PHASE:
+            name = built.phases[event[1]]
+            step, phase = (int(name.removeprefix(STEP)), phase) if name.startswith(STEP) else (step, name)
+        if op == ALLOC and step == 0 and kind == buffers and size == workspace and not dropped:
+            dropped = True
+            continue
+        events.append(event)
+        if op == ALLOC and step == 1 and phase == PHASES[0] and not forward:
+            events.append((ALLOC, key, workspace, 0, buffers))
+            key, forward = key + 1, True
+        if op == ALLOC and step == 1 and phase == PHASES[1] and kind == gradients and not backward:
+            events.append((ALLOC, key, workspace, 0, buffers))
+            key, backward = key + 1, True
+    return AllocStream(tuple(events), built.phases)
+
+
+def built_with_forward_temporaries(built: AllocStream, sizes: Sequence[int]) -> AllocStream:
+    """The built stream with, before each forward activation of one of ``sizes`` bytes, a temporary of the same
+    size freed right after it (a layer's output made from a temporary that is then dropped: OPT's fc1 output
+    before its ReLU, 128 MiB at 8 x 1024 tokens)."""
+    events: list[Any] = []
+    key = max((e[1] for e in built.events), default=0) + 1
+    phase, activations = "setup", KINDS.index("activations")
+    for event in built.events:
+        op, _, size, _, kind = event
+        if op == PHASE:
+            name = built.phases[event[1]]
+            phase = phase if name.startswith(STEP) else name
+        if op == ALLOC and phase == PHASES[0] and kind == activations and size in sizes:
+            events += [(ALLOC, key, size, 0, 0), event, (FREE, key, 0, 0, 0)]
+            key += 1
+        else:
+            events.append(event)
+    return AllocStream(tuple(events), built.phases)
 
 
 # --- allocations of a step, by size ------------------------------------------------------------------------
@@ -300,11 +463,11 @@ def _size(n: int) -> str:
     return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n} B"
 
 
-def _segments(mallocs: Iterable[Malloc]) -> str:
+def _new_segments(mallocs: Iterable[Malloc]) -> str:
     found = list(mallocs)
     big = [m for m in found if m.segment >= BIG_SEGMENT]
     small = [m for m in found if m.segment < BIG_SEGMENT]
-    parts = [f"{m.segment / MiB:.0f} MiB for {_size(m.request)}{' (side stream)' if m.stream else ''}" for m in big]
+    parts = [f"{m.segment / MiB:.0f} MiB for {_size(m.made.size)}{' (side stream)' if m.stream else ''}" for m in big]
     if small:
         parts.append(f"{len(small)} x <{BIG_SEGMENT // MiB} MiB = {sum(m.segment for m in small) / MiB:.0f} MiB")
     return "; ".join(parts) or "-"
@@ -325,7 +488,79 @@ def print_peaks(probe: Probe, recorded: AllocStream, built: AllocStream) -> None
     print("| sequence | peak allocated GiB | peak reserved GiB | reserved vs measured |")
     print("|---|---|---|---|")
     for name, allocated, reserved in rows:
-        print(f"| {name} | {_gib(allocated) if allocated else '-'} | {_gib(reserved)} | {reserved / measured_res - 1:+.1%} |")
+        print(
+            f"| {name} | {_gib(allocated) if allocated else '-'} | {_gib(reserved)} | "
+            f"{reserved / measured_res - 1:+.1%} |"
+        )
+
+
+def print_phase_peaks(probe: Probe, recorded: list[Window], built: list[Window]) -> None:
+    """Per phase, the measured peaks (the probe resets them at each phase start) beside both replays' over the
+    measured steps (recorded: the probe's; built: all but its warm-up step): a check of the phase cut."""
+    warmup = int(probe.result.get("extra", {}).get("warmup_steps", 1))
+    measured = len(probe.result.get("extra", {}).get("phase_time_s", {}).get("forward", []))
+
+    def peak(windows: list[Window], name: str, steps: range) -> tuple[int, int]:
+        runs = [w for w in windows if w.phase == name and w.step in steps]
+        return max((w.peak_allocated for w in runs), default=0), max((w.peak_reserved for w in runs), default=0)
+
+    print("| phase | measured allocated / reserved GiB | recorded replay | built replay |")
+    print("|---|---|---|---|")
+    for phase in probe.result["phases"]:
+        name = phase["name"]
+        ra, rr = peak(recorded, name, range(warmup + 1, warmup + measured + 1))
+        ba, br = peak(built, name, range(2, 100))
+        print(
+            f"| {name} | {_gib(phase['peak_allocated_bytes'])} / {_gib(phase['peak_reserved_bytes'])} | "
+            f"{_gib(ra)} / {_gib(rr)} | {_gib(ba)} / {_gib(br)} |"
+        )
+
+
+def print_what_ifs(recorded: AllocStream, built: AllocStream, temp_sizes: Sequence[int]) -> None:
+    late = late_persistent(recorded)
+    sizes = ", ".join(_size(recorded.events[i][2]) for i in late) or "none"
+    variants: list[tuple[str, AllocStream]] = [
+        ("recorded", recorded),
+        (f"recorded, late persistent allocations ({sizes}) made first", hoisted(recorded, late)),
+        ("recorded without forward/backward temporaries < 256 MiB", without_temporaries(recorded)),
+        ("recorded without forward temporaries < 256 MiB", without_temporaries(recorded, PHASES[:1])),
+        ("recorded without backward temporaries < 256 MiB", without_temporaries(recorded, PHASES[1:2])),
+        ("built", built),
+        ("built, cuBLAS workspaces made at the first forward and backward matmul", built_with_late_workspaces(built)),
+    ]
+    if temp_sizes:
+        shown = ", ".join(_size(n) for n in temp_sizes)
+        variants.append(
+            (
+                f"built, a temporary before each forward activation of {shown}",
+                built_with_forward_temporaries(built, temp_sizes),
+            )
+        )
+    print("| what-if (replayed) | peak reserved GiB | peak allocated GiB |")
+    print("|---|---|---|")
+    for name, stream in variants:
+        r = replay(stream, AllocatorConfig())
+        print(f"| {name} | {_gib(r.peak_reserved)} | {_gib(r.peak_allocated)} |")
+
+
+def print_blockers(windows: list[Window], label: str, most: int = 4) -> None:
+    """Each large cudaMalloc after the setup that a cached segment of the right size could have served had
+    a few live blocks (at most half its bytes) not split it: those blocks, the oldest first."""
+    for w in windows:
+        for m in w.mallocs:
+            split = [b for b in m.blocked if 2 * sum(x.size for x in b.blockers) <= b.segment]
+            if m.segment < BIG_SEGMENT or w.step == 0 or not split:
+                continue
+            where = f"step {m.made.step} {m.made.phase}"
+            print(f"- {label}, {where}: {_size(m.made.size)} -> new {m.segment / MiB:.0f} MiB segment; cached:")
+            for b in split:
+                live = sorted(b.blockers, key=lambda x: x.event)  # the oldest first: what stayed longest
+                shown = ", ".join(f"{_size(x.size)} (step {x.step} {x.phase})" for x in live[:most])
+                more = f" and {len(live) - most} more" if len(live) > most else ""
+                print(
+                    f"  - a {b.segment / MiB:.0f} MiB segment, largest free block {b.free / MiB:.1f} MiB, split by "
+                    f"{len(live)} live block(s) of {sum(x.size for x in live) / MiB:.1f} MiB: {shown}{more}"
+                )
 
 
 def print_mallocs(recorded: list[Window], built: list[Window]) -> None:
@@ -334,16 +569,19 @@ def print_mallocs(recorded: list[Window], built: list[Window]) -> None:
 
     rec, bui = keyed(recorded), keyed(built)
     keys = sorted(set(rec) | set(bui), key=lambda k: (k[0], PHASES.index(k[1]) if k[1] in PHASES else -1))
-    print("| step | phase | recorded: new segments | recorded reserved at end GiB | built: new segments | "
-          "built reserved at end GiB |")
+    print(
+        "| step | phase | recorded: new segments | recorded reserved at end GiB | built: new segments | "
+        "built reserved at end GiB |"
+    )
     print("|---|---|---|---|---|---|")
     for key in keys:
         r, b = rec.get(key), bui.get(key)
-        if r is not None and b is not None and not r.mallocs and not b.mallocs and key[0] > 3:
-            continue
+        if not (r is not None and r.mallocs) and not (b is not None and b.mallocs):
+            continue  # neither replay made a segment here
         print(
-            f"| {key[0]} | {key[1]} | {_segments(r.mallocs) if r else 'n/a'} | {_gib(r.end_reserved) if r else '-'} | "
-            f"{_segments(b.mallocs) if b else 'n/a'} | {_gib(b.end_reserved) if b else '-'} |"
+            f"| {key[0]} | {key[1]} | {_new_segments(r.mallocs) if r else 'n/a'} | "
+            f"{_gib(r.end_reserved) if r else '-'} | "
+            f"{_new_segments(b.mallocs) if b else 'n/a'} | {_gib(b.end_reserved) if b else '-'} |"
         )
 
 
@@ -368,7 +606,13 @@ def main() -> int:
     parser.add_argument("--db", required=True, help="memplan store (SQLite file) holding the probe")
     parser.add_argument("--probe-id", required=True, help="probe id or unique prefix (a CUDA probe)")
     parser.add_argument("--step", type=int, default=2, help="step whose allocations are compared by size")
-    parser.add_argument("--rows", type=int, default=10, help="size rows per phase in the third table")
+    parser.add_argument("--rows", type=int, default=10, help="size rows per phase in the last table")
+    parser.add_argument(
+        "--temp-sizes-mib",
+        nargs="*",
+        default=(),
+        help="what-if: a same-size temporary before each built forward activation of these sizes (MiB)",
+    )
     args = parser.parse_args()
     probe = load_probe(args.db, args.probe_id)
     w, s = probe.request["workload"], probe.request["strategy"]
@@ -379,7 +623,15 @@ def main() -> int:
     recorded, built = recorded_stream(probe), built_stream(probe)
     print_peaks(probe, recorded, built)
     print()
-    print_mallocs(replay_windows(recorded), replay_windows(built))
+    rec_windows, built_windows = replay_windows(recorded), replay_windows(built)
+    print_phase_peaks(probe, rec_windows, built_windows)
+    print()
+    print_mallocs(rec_windows, built_windows)
+    print("(phase runs where neither replay made a segment are left out)\n")
+    print_blockers(rec_windows, "recorded")
+    print_blockers(built_windows, "built")
+    print()
+    print_what_ifs(recorded, built, [int(float(n) * MiB) for n in args.temp_sizes_mib])
     print()
     print_sizes(recorded, built, args.step, args.rows)
     return 0

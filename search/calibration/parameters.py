@@ -51,6 +51,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("checkpoint_forward_overhead", 0.01, 10.0, "time", "checkpoint hooks in the forward"),
     Parameter("checkpoint_backward_overhead", 0.01, 10.0, "time", "checkpoint hooks beyond the recompute"),
     Parameter("host_memory_gbps", 0.05, 2000.0, "time", "host bandwidth CPU Adam streams at (its throughput)"),
+    Parameter("pageable_copy_gbps", 0.01, 200.0, "time", "host-to-device copies from pageable memory (ZeRO-3 offload)"),
+    Parameter("host_first_touch_gbps", 0.01, 500.0, "time", "first write of new pageable host pages (ZeRO-3 offload)"),
     Parameter("network_efficiency", 0.01, 1.0, "time", "achieved share of link bandwidth in collectives"),
     Parameter("nvme_gbps", 0.01, 100.0, "time", "NVMe read/write bandwidth"),
     Parameter("empty_cache_call_s", 1e-6, 1.0, "time", "one torch.cuda.empty_cache() call"),
