@@ -20,7 +20,7 @@ from search.model.placement import (
     frozen_placement,
     trained_placement,
 )
-from search.model.states import init_cached_bytes
+from search.model.states import backward_workspace, init_cached_bytes
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import experience_bytes
 from search.streams.sizes import Sizes, resident_sizes, sizes_of, weight_tensors
@@ -124,6 +124,7 @@ def place_models(
         "ema": ema_gpu,
         "experience": experience_bytes(ctx.job.sequences_per_gpu, ctx.job.seq_len, dtype),
         "buffers": int(coef.cublas_workspace_bytes) + sum(p.buffers for p in trained),
+        **backward_workspace(coef),
     }
     # Host per node (search.model.host): offloaded states with DeepSpeed's pinned buffers and the estimators'
     # slack, offloaded frozen weights and EMA copy through training; or, when larger, every local rank loading

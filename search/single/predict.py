@@ -21,7 +21,7 @@ from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
-from search.model.states import init_cached_bytes
+from search.model.states import backward_workspace, init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.step.assemble import Step, screen_step
@@ -174,6 +174,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         "optimizer_states": states.optimizer_states,
         "reference_model": reference_bytes(workload, s, hardware),
         "buffers": work.resident,
+        **backward_workspace(coef),
     }
     # --- time --------------------------------------------------------------------------------------------
     batch = micro_batch_of(workload, s, coef, hardware)

@@ -27,10 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from search.model.moment_parts import NamedTensors
+from search.model.states import BACKWARD_WORKSPACE
 from search.model.zero3_step import adam_steps
 from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit, Zero3Init
 from search.streams.parts import Parts
+from search.streams.workspaces import place_workspaces
 from store.alloc_stream import AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 
@@ -283,7 +285,10 @@ def step_stream(
     _engines_init(parts, engines, resident_sizes, resident)
     lazy = {phase: init.lazy for phase, _, _, init, _ in engines if init.lazy}
     states = resident.get("optimizer_states", 0) - sum(lazy.values())
+    workspace = resident.get(BACKWARD_WORKSPACE, 0)  # both workspaces placed by search.streams.workspaces
     for name, nbytes in resident.items():  # held apart from the live parts of the same name
+        if name == BACKWARD_WORKSPACE:
+            continue
         target = states if name == "optimizer_states" else nbytes
         parts.grow(f"resident:{name}", target, resident_sizes.get(name, ()))
     runs = list(_runs(phases, repeats))
@@ -307,4 +312,4 @@ def step_stream(
                 out.empty_cache()
         if empties_after(empty_cache, END_STEP):
             out.empty_cache()
-    return out.build()
+    return place_workspaces(out.build(), workspace, STEP_MARK)

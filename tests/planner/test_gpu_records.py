@@ -154,7 +154,14 @@ def test_empty_cache_effect_within_three_points() -> None:
 # The engines' init replayed through the allocator port (search.streams.init, search.allocator) against what
 # the H100 reserved once deepspeed.initialize returned (torch.cuda.memory_reserved()).
 INIT_BOUND = 0.05
-INIT_NOT_YET: dict[str, str] = {}  # record id -> why its init is not yet replayed within the bound
+INIT_NOT_YET: dict[str, str] = {  # record id -> why its init is not yet replayed within the bound
+    "opt13_z3ckoff_mb8_s1024": (
+        "H200, opt-1.3b ZeRO-3 + CPU optimizer offload after deepspeed.initialize: 3.38 GiB replayed against 3.58 "
+        "(-5.5%). It was -4.6% while the replay made the cuBLAS workspace at setup; torch makes it at the first "
+        "forward's first product (search/streams/workspaces.py; no 32 MiB block is made at setup in any H200 "
+        "probe's allocator history), and the 0.2 GiB left is the offloaded init's own, not yet placed"
+    ),
+}
 
 
 def _init_cases() -> list[object]:
@@ -191,24 +198,22 @@ def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
 # (search.model.moments' named tensors: ZeRO-2's partition from the first bucket flush, on the reduction
 # stream under overlap_comm; the step's norm, flat and fp32 copies; FP16_Optimizer's upcasts) and the loss's
 # (transformers' cross-entropy: the fp32 upcast and log-softmax, the NLL's and log-softmax's gradients).
-_ZERO3_OFFLOAD = (
-    "ZeRO-3 with the optimizer on the host: the replay reserves 5.3% less than the device (allocated in the "
-    "backward 4.1% less): the reduce-and-partition stream's pool beyond the fp64 norm upcasts is not yet built "
-    "(each gradient copied into the bucket and reduce-scattered there, the old one released to that stream's events)"
-)
 _H200_ZERO0_NO_CKPT = (
     "H200, opt-1.3b ZeRO-0 without checkpointing, mb 8 x 1024, in memplan's loop and in measure_sft.py as the "
-    "user's program alike: 42.23 GB reserved against 37.18 replayed (-12%), allocated within 0.1%. On the CPU the "
-    "same job cut to 4 layers replays 5.9% under its recorded stream, and the difference is the layer forward's "
-    "own temporaries (the fc1 output freed after ReLU, about 22 tensors of 32 MiB a layer) that the built stream "
-    "does not make (benchmarks/results/large_vocab_stream.md); not yet built"
+    "user's program alike: 39.33 GiB reserved against 34.63 replayed (-12%), allocated within 0.1%. The recorded "
+    "allocator history, replayed through the same allocator model, reserves exactly 39.33 and, without the layer "
+    "forward's own temporaries (122 x 32 MiB and 24 x 128 MiB a step: q_proj before its scaling, out_proj and fc2 "
+    "before dropout, the dropout outputs, fc1 before ReLU), 34.43: their holes spread the backward's gradients into "
+    "the block FP16_Optimizer's init left free, so its flat fp32 gradient (5019 MiB) needs a segment of its own "
+    "(benchmarks/results/cuda_history_gap.md). The built stream does not make those temporaries yet"
 )
 _H200_LARGE_VOCAB = (
-    "H200, gemma-3-1b (262k vocabulary) and qwen2.5-1.5b (151k) ZeRO-2 mb 4 x 1024 without checkpointing: reserved "
-    "8.6% and 10.8% over the replay, allocated within 2% (benchmarks/results/cuda_history_gap.md)"
+    "H200, qwen2.5-1.5b (151k vocabulary) ZeRO-2 mb 4 x 1024 without checkpointing: the replay reserves 45.63 GiB "
+    "against 48.57 (-6.1%; allocated within 2%). The backward's cuBLAS workspace, made where torch makes it, "
+    "splits the free block of DeepSpeed's init-time zero fp32 gradient and moved the replay from 43.31 (gemma-3-1b's "
+    "the same way, now within 0.3%); the 2.9 GiB left is not placed (benchmarks/results/cuda_history_gap.md)"
 )
 REPLAY_NOT_YET: dict[tuple[str, str], str] = {  # (record id, scope) -> why its replay is not yet in bounds
-    **{("57c9a50b001c", phase): _ZERO3_OFFLOAD for phase in ("forward", "backward", "optimizer_step")},
     **{
         (probe, phase): _H200_ZERO0_NO_CKPT
         for probe in ("d6f25d97b90b", "bbcc9fcc0bc4", "e6120cff3ecb")
@@ -217,7 +222,7 @@ REPLAY_NOT_YET: dict[tuple[str, str], str] = {  # (record id, scope) -> why its 
     ("opt13_z3ckoff_mb8_s1024", "step"): _H200_ZERO3_OFFLOAD,
     **{
         (probe, phase): _H200_LARGE_VOCAB
-        for probe in ("2c27b9a6578d", "9b995ed32ee1")
+        for probe in ("9b995ed32ee1",)
         for phase in ("forward", "backward", "optimizer_step")
     },
 }
