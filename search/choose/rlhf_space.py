@@ -26,6 +26,7 @@ from search.rlhf.models import frozen_model, role_micro_batch, trained_init_cach
 from search.rlhf.step import generation_phase, scoring_forward
 from search.rlhf.timing import ema_time, gae_seconds
 from search.step.phases import LIVE_PARTS, Live, trained_factor
+from search.streams.workspaces import backward_workspace
 from store.records import (
     ALLOCATORS,
     DTYPE_BYTES,
@@ -242,10 +243,12 @@ def role_live_floor(
 
 
 def shared_bytes(ctx: RLHFContext) -> int:
-    """Resident bytes that belong to no model's block: the cuBLAS workspace and the rollout buffer."""
+    """Resident bytes that belong to no model's block: the cuBLAS workspaces (the forward's and the backward's,
+    :mod:`search.streams.workspaces`) and the rollout buffer."""
     job = ctx.job
     rollout = experience_bytes(job.sequences_per_gpu, job.seq_len, ctx.workload.dtype)
-    return int(ctx.coef.cublas_workspace_bytes) + rollout
+    backward = sum(backward_workspace(ctx.coef).values())
+    return int(ctx.coef.cublas_workspace_bytes) + backward + rollout
 
 
 def role_bytes(

@@ -280,19 +280,6 @@ def zero_workspace(
     )
 
 
-# The resident part of the backward's own cuBLAS workspace (search.streams.build makes it at the first backward)
-BACKWARD_WORKSPACE = "backward_workspace"
-
-
-def backward_workspace(coef: Coefficients) -> dict[str, int]:
-    """The autograd engine's device thread runs the backward with a cuBLAS handle of its own, and torch gives each
-    handle and stream its own workspace (``aten/src/ATen/cuda/CublasHandlePool.cpp``): a second
-    ``cublas_workspace_bytes`` beside the forward's, kept for the run (both seen in every H200 probe's allocator
-    history, benchmarks/results/cuda_history_gap.md). ``{}`` where there is none (the CPU backend)."""
-    nbytes = int(coef.cublas_workspace_bytes)
-    return {BACKWARD_WORKSPACE: nbytes} if nbytes else {}
-
-
 def init_cached_bytes(
     *, trainable: int, resident: int, dtype: str, zero_stage: int, offload_param: str = "none"
 ) -> int:

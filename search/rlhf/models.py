@@ -20,10 +20,11 @@ from search.model.placement import (
     frozen_placement,
     trained_placement,
 )
-from search.model.states import backward_workspace, init_cached_bytes
+from search.model.states import init_cached_bytes
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import experience_bytes
 from search.streams.sizes import Sizes, resident_sizes, sizes_of, weight_tensors
+from search.streams.workspaces import backward_workspace
 from store.ds_defaults import OVERLAP_COMM
 from store.frameworks import framework_buckets
 from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy

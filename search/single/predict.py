@@ -21,7 +21,7 @@ from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
-from search.model.states import backward_workspace, init_cached_bytes
+from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
 from search.step.assemble import Step, screen_step
@@ -29,6 +29,7 @@ from search.step.finish import finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.init import engine_init
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
+from search.streams.workspaces import backward_workspace
 from store.errors import InputError
 from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload

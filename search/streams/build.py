@@ -27,12 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from search.model.moment_parts import NamedTensors
-from search.model.states import BACKWARD_WORKSPACE
 from search.model.zero3_step import adam_steps
 from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit, Zero3Init
 from search.streams.parts import Parts
-from search.streams.workspaces import place_workspaces
+from search.streams.workspaces import BACKWARD_WORKSPACE, place_workspaces
 from store.alloc_stream import AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 

@@ -15,12 +15,22 @@ phase and makes the backward's right after the first gradient of its first backw
 
 from __future__ import annotations
 
+from search.coefficients import Coefficients
 from store.alloc_stream import ALLOC, KIND_INDEX, PHASE, AllocStream, Event
 
-__all__ = ["BACKWARD_PHASES", "place_workspaces"]
+__all__ = ["BACKWARD_PHASES", "BACKWARD_WORKSPACE", "backward_workspace", "place_workspaces"]
+
+BACKWARD_WORKSPACE = "backward_workspace"  # the resident part of the backward's own workspace
 
 BACKWARD_PHASES = frozenset({"backward", "actor_training", "critic_training"})
 _BUFFERS, _GRADIENTS = KIND_INDEX["buffers"], KIND_INDEX["gradients"]
+
+
+def backward_workspace(coef: Coefficients) -> dict[str, int]:
+    """The resident part of the autograd thread's workspace: ``cublas_workspace_bytes`` beside the forward's
+    (counted in the model's buffers), ``{}`` where there is none (the CPU backend)."""
+    nbytes = int(coef.cublas_workspace_bytes)
+    return {BACKWARD_WORKSPACE: nbytes} if nbytes else {}
 
 
 def place_workspaces(stream: AllocStream, workspace: int, step_mark: str) -> AllocStream:

@@ -131,7 +131,8 @@ def test_expandable_segments_and_empty_cache_cut_fragmentation() -> None:
     phase = {ph.name: ph.peak_reserved_bytes for ph in default.phases}
     emptied_phase = {ph.name: ph.peak_reserved_bytes for ph in emptied.phases}
     assert emptied_phase["forward"] < phase["forward"] == phase["optimizer_step"]
-    assert emptied.peak_reserved_bytes <= default.peak_reserved_bytes
+    # (not the whole step's peak: blocks kept for the run, the cuBLAS workspaces made inside the first step,
+    # pin their segments through every empty_cache, and the next step's requests land around them)
     assert emptied.step_time_s > default.step_time_s
     assert expandable.peak_allocated_bytes == default.peak_allocated_bytes
 

@@ -64,7 +64,7 @@ def test_a_device_too_small_for_the_cache_makes_the_allocator_retry_then_run_out
     allocated = max(p.allocated for p in free.phases)
     reserved = max(p.reserved for p in free.phases)
     assert reserved > allocated + 4 * 2**20  # room for a device in between
-    between = [allocated + (reserved - allocated) * tenth // 10 + 2**21 for tenth in range(10)]
+    between = [allocated + (reserved - allocated) * share // 50 + 2**21 for share in range(50)]
     tried = [(device, replay_step(step, "never", "default", COEF, device_bytes=device)) for device in between]
     fitting = [(d, r) for d, r in tried if r.oom_phase == "" and sum(p.alloc_retries for p in r.phases)]
     assert fitting, [(d, r.oom_phase) for d, r in tried]

@@ -8,7 +8,7 @@ from search.coefficients import Coefficients
 from search.single.predict import single_step
 from search.step.replayed import stream_of
 from search.streams.build import STEP_MARK
-from search.streams.workspaces import place_workspaces
+from search.streams.workspaces import backward_workspace, place_workspaces
 from store.alloc_stream import ALLOC, FREE, KIND_INDEX, PHASE, AllocStream, StreamBuilder
 from store.gpus import get_gpu
 from store.models import get_model
@@ -77,3 +77,4 @@ def test_a_cuda_plan_makes_two_workspaces_and_a_cpu_plan_none() -> None:
     assert _where(stream, workspace, BUFFERS)[:2] == [("forward", 1), ("backward", 1)]
     cpu = single_step(workload, strategy, hardware, coef.with_(cublas_workspace_bytes=0.0))
     assert "backward_workspace" not in cpu.resident
+    assert backward_workspace(coef.with_(cublas_workspace_bytes=0.0)) == {}
