@@ -10,7 +10,6 @@ config of an architecture without a formula is traced on first use and kept in t
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from store.errors import InputError
+from store.model_identity import identity_key
 from store.records import ModelSpec
 
 SHAPE_VERSION = 5  # bump when trace_model_shape reads anything differently: cached shapes are then re-traced
@@ -29,7 +29,7 @@ CATALOG_TERM_KEYS = ("2-eager", "2-sdpa")  # the catalog ships 16-bit terms; fp3
 _SPEC_FIELDS = tuple(
     f.name
     for f in dataclasses.fields(ModelSpec)
-    if f.name not in ("name", "hf_config", "activation_terms", "activation_digest")
+    if f.name not in ("name", "hf_config", "activation_terms", "activation_digest", "activation_unfitted", "identity")
 )
 _TUPLE_FIELDS = ("layer_param_counts", "expert_param_counts", "kv_windows", "attn_impls")
 
@@ -60,11 +60,10 @@ def installed_versions() -> dict[str, str]:
 
 
 def shape_key(hf_config: dict[str, Any], versions: dict[str, str]) -> str:
-    """The cache key of a config's shape: a hash of the config, the library versions and SHAPE_VERSION."""
-    text = json.dumps(
-        {"config": hf_config, "versions": versions, "shape_version": SHAPE_VERSION}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    """The cache key of a config's shape: a hash of its identity (``store.model_identity.identity_config``: the
+    config without the keys that only label it, so one shape has one entry whatever its file says of token ids
+    or dtype), the library versions and SHAPE_VERSION."""
+    return identity_key(hf_config, versions, SHAPE_VERSION)
 
 
 def spec_from_shape(name: str, hf_config: dict[str, Any], shape: dict[str, Any]) -> ModelSpec:
@@ -74,7 +73,10 @@ def spec_from_shape(name: str, hf_config: dict[str, Any], shape: dict[str, Any])
         raise ValueError(f"traced shape of {name!r} lacks {', '.join(missing)}")
     values: dict[str, Any] = {key: tuple(shape[key]) if key in _TUPLE_FIELDS else shape[key] for key in _SPEC_FIELDS}
     terms = shape.get("activation_terms") or {}
-    return ModelSpec(name=name, hf_config=dict(hf_config), activation_terms=terms, **values)
+    unfitted = {str(key): str(why) for key, why in (shape.get("activation_unfitted") or {}).items()}
+    return ModelSpec(
+        name=name, hf_config=dict(hf_config), activation_terms=terms, activation_unfitted=unfitted, **values
+    )
 
 
 def cut_traced(spec: ModelSpec, layers: int, hf_config: dict[str, Any]) -> ModelSpec:

@@ -14,6 +14,7 @@ tracing the config once and keeping the shape in the store's cache.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from store.documents import read_document
 from store.errors import InputError
 from store.model_bounds import check_config_bounds
 from store.model_catalog import CATALOG
+from store.model_identity import catalog_twin
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
 from store.model_shape import UntracedModelError, catalog_shape, cut_traced, spec_from_shape
 from store.records import ModelSpec
@@ -29,6 +31,7 @@ from store.records import ModelSpec
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "catalog_configs",
+    "catalog_name",
     "cut_config",
     "get_model",
     "model_names",
@@ -69,15 +72,41 @@ def _catalog_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 
 
 def spec_for_config(name: str, config: dict[str, Any], source: str | None = None) -> ModelSpec:
-    """The spec of an HF config dict: by formula for opt, gpt2, llama, mistral and qwen2; for any other
-    ``model_type`` UntracedModelError (the planner traces it with transformers and caches the shape). A config
-    beyond the bounds of :mod:`store.model_bounds` (layers, widths, experts) is an InputError first."""
+    """The spec of an HF config dict, named ``name``. Its identity is its shape (:mod:`store.model_identity`):
+    a config of a catalog model's shape is that model (its traced shape and activations, whatever the file says
+    of token ids or dtype). Otherwise by formula for opt, gpt2, llama, mistral and qwen2 (with the traced
+    activations of the nearest catalog model where the two differ only in rotary keys, which change no tensor's
+    size); for any other ``model_type`` UntracedModelError (the planner traces it with transformers and caches
+    the shape). ``identity`` of the spec says which catalog model it matched, or what differs from the nearest.
+    A config beyond the bounds of :mod:`store.model_bounds` (layers, widths, experts) is an InputError first."""
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if isinstance(config, dict):
         check_config_bounds(config, source or name)  # before a formula or a trace grinds on 10**7 layers
+    twin = catalog_twin(config) if isinstance(model_type, str) else None
+    if twin is not None and twin.same_shape and catalog_shape(twin.name) is not None:
+        twin_spec = _catalog_spec(twin.name, twin.config)
+        return dataclasses.replace(twin_spec, name=name, hf_config=copy.deepcopy(config), identity=twin.describe())
     if isinstance(model_type, str) and model_type not in SUPPORTED_MODEL_TYPES:
         raise UntracedModelError(name, copy.deepcopy(config), source or name)
-    return spec_from_hf_config(name, config, source=source)
+    spec = spec_from_hf_config(name, config, source=source)
+    if twin is None:
+        return dataclasses.replace(spec, identity=f"a {model_type} config of no catalog model's shape")
+    borrowed = _catalog_spec(twin.name, twin.config) if twin.same_activations else None
+    if borrowed is not None and borrowed.activation_terms and borrowed.total_params == spec.total_params:
+        return dataclasses.replace(
+            borrowed,
+            name=name,
+            hf_config=spec.hf_config,
+            max_positions=spec.max_positions,
+            identity=f"{twin.describe()}: keys that change no tensor's size, so {twin.name}'s traced activations hold",
+        )
+    return dataclasses.replace(spec, identity=twin.describe())
+
+
+def catalog_name(name: str) -> str | None:
+    """The catalog's own name of ``name`` when ``name`` is one of its names or aliases, else None."""
+    found = _BY_KEY.get(_key(name)) if isinstance(name, str) else None
+    return found[0] if found is not None else None
 
 
 def get_model(name_or_path: str) -> ModelSpec:

@@ -19,7 +19,7 @@ from typing import Any
 from store.activation_terms import TRACED_KEYS, terms_key, valid_terms
 from store.db import database_exists, open_storage
 from store.model_shape import UntracedModelError, installed_versions, shape_key, spec_from_shape
-from store.models import get_model
+from store.models import catalog_name, get_model
 from store.records import ModelSpec
 
 # Shapes traced inside ``shapes_saved_on_success``, by (database, cache key): saved when the block succeeds.
@@ -58,9 +58,13 @@ def resolve_model(
     The database is read only where it exists, and written only once a shape was traced; inside
     :func:`shapes_saved_on_success` only when the whole block succeeds."""
     try:
-        return get_model(name_or_path)
+        spec = get_model(name_or_path)
     except UntracedModelError as untraced:
         name, config, source = untraced.name, untraced.config, untraced.source
+    else:
+        if readings is not None:
+            readings.extend(identity_readings(name_or_path, spec))
+        return spec
     versions = installed_versions()
     key = shape_key(config, versions)
     pending = _PENDING.get()
@@ -84,6 +88,17 @@ def resolve_model(
             f"{versions['transformers']}'s module tree ({how})"
         )
     return spec_from_shape(name, config, shape)
+
+
+def identity_readings(given: str, spec: ModelSpec) -> list[str]:
+    """What the plan says of the model's identity: the catalog model an alias names, or where a local config's
+    shape stands against the catalog (``ModelSpec.identity``). One shape is one model, whatever its name."""
+    canonical = catalog_name(given)
+    if spec.identity:
+        return [f"model: {spec.name} is {spec.identity}"]
+    if canonical is not None and given.strip() != canonical:
+        return [f"model: {given.strip()} is the catalog's {canonical} (another name of one config: the same plan)"]
+    return []
 
 
 def _load_shape(db: str | None, key: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.job.inputs import JobSpec, job_fields, resolve
-from planner.report.plot import write_memory_plot
+from planner.report.plot import EngineTurn, write_memory_plot
 from search import replay_timeline
 from store.db import open_storage, would_create
 from store.errors import InputError
@@ -142,18 +142,22 @@ def memory_plot(
     plan_id: str | None, path: str | Path, db: str | None = None, *, force: bool = False
 ) -> tuple[Path, list[tuple[str, int, int]]]:
     """Draw a saved plan's step from the allocator replay (:mod:`planner.report.plot`) into ``path``; returns
-    the file and each phase run's (name, peak allocated, peak reserved) bytes."""
+    the file and each phase run's (name, peak allocated, peak reserved) bytes. A plan whose rollout runs on a
+    vLLM or SGLang engine draws the engine's turn as a block of its own (its weights, KV cache, awake and asleep
+    bytes, from the plan's ``predicted.rollout``), its rows first, beside the trainer's replayed phases."""
 
     record = plan(plan_id, db=db)
     document = record.document
     job = resolve(plan_job(document, record.plan_id), db)  # a traced model's shape is cached in the plan's own database
     parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
     strategy = parse(document["strategy"])
+    engine = None
     if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
-        raise InputError(
-            f"plan {record.plan_id} generates with {strategy.rollout.engine}: the allocator replay has no rollout "
-            "engine's turn, so --plot draws plans whose rollout DeepSpeed generates"
-        )
+        predicted = document.get("predicted")
+        rollout = predicted.get("rollout") if isinstance(predicted, dict) else None
+        if not isinstance(rollout, dict):
+            raise _damaged(record.plan_id, f"it generates with {strategy.rollout.engine} but has no predicted.rollout")
+        engine = EngineTurn.from_report(rollout)
     timeline = replay_timeline(job.workload, strategy, job.hardware)
     title = f"plan {record.plan_id}: {job.workload.model.name} {job.workload.kind}, {strategy.describe()}"
-    return write_memory_plot(timeline, path, title, force=force)
+    return write_memory_plot(timeline, path, title, force=force, engine=engine)

@@ -80,7 +80,7 @@ def gpu_kernels(attention: bool = True, target: str = "cuda") -> Iterator[None]:
             out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
             )
-        elif attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+        elif attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == v.shape[-1] <= 256:
             out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)
         else:
             out = torch.ops.aten._scaled_dot_product_efficient_attention(
@@ -95,13 +95,24 @@ def gpu_kernels(attention: bool = True, target: str = "cuda") -> Iterator[None]:
 
     original_dropout = functional.dropout
     if attention:
-        functional.scaled_dot_product_attention = routed
+        functional.scaled_dot_product_attention = routed  # type: ignore[assignment]
     functional.dropout = dropout
     try:
         yield
     finally:
         functional.scaled_dot_product_attention = original
         functional.dropout = original_dropout
+
+
+def _representative(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """``hf_config`` with its traced layer (the second) of the kind most of its layers are: DeepSeek's MLA
+    models (``deepseek_v2``, ``deepseek_v3``) keep their first ``first_k_dense_replace`` layers dense and route
+    the rest through experts, so the cut keeps one dense layer and traces an MoE one."""
+    dense = hf_config.get("first_k_dense_replace")
+    layers = hf_config.get("num_hidden_layers")
+    if isinstance(dense, int) and isinstance(layers, int) and 1 < dense < layers - dense:
+        return {**hf_config, "first_k_dense_replace": 1}
+    return hf_config
 
 
 def cut_model(hf_config: dict[str, Any], dtype: str, attn_impl: str, device: str = "meta") -> Any:
@@ -113,7 +124,9 @@ def cut_model(hf_config: dict[str, Any], dtype: str, attn_impl: str, device: str
     from probes.model.shape import config_object
     from store.models import cut_config
 
-    config = config_object(cut_config(hf_config, str(hf_config.get("model_type")), TRACED_LAYERS), "trace")
+    config = config_object(
+        cut_config(_representative(hf_config), str(hf_config.get("model_type")), TRACED_LAYERS), "trace"
+    )
     config._attn_implementation = "eager" if attn_impl == "eager" else "sdpa"
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     with torch.device(device):

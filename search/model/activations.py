@@ -47,6 +47,30 @@ def source(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[str, ...
     return "traced" if traced and all(w in traced["windows"] for w in windows) else "formula"
 
 
+def formula_reason(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[str, ...] = ()) -> str | None:
+    """Why the prediction's activation and loss bytes of ``model`` come from the formulas (None: they are
+    traced): the kernel no trace follows, the trace that failed and its error, a model counted by formula and
+    where its config stands against the catalog, a setting not traced, or generation and scoring not traced."""
+    key = terms_key(dtype, attn_impl)
+    if attn_impl == SDPA_MATH:
+        return "this GPU's sdpa runs the math kernel, which keeps the s x s scores: no trace follows it"
+    terms = model.activation_terms.get(key)
+    if terms is None:
+        if key in model.activation_unfitted:
+            return f"the trace of {model.model_type} ({key}) failed: {model.activation_unfitted[key]}"
+        if not model.activation_terms:
+            where = f": {model.identity}" if model.identity else ""
+            return f"{model.name} is counted by formula (model_type {model.model_type}), not traced{where}"
+        traced = ", ".join(sorted(k for k in model.activation_terms if k != key))
+        width = "4-byte (fp32)" if key.startswith("4-") else "16-bit"
+        return f"{model.name} has no trace of {width} training with {key.split('-', 1)[1]} (traced: {traced})"
+    missing = [w for w in windows if w not in terms["windows"]]
+    if missing:
+        why = terms.get("generation_unfitted") or "not traced for this model"
+        return f"generation and scoring ({', '.join(missing[:2])}...) are not traced: {why}"
+    return None
+
+
 def variant_sources(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, str]:
     """How each training variant's bytes are had: ``traced`` (the variant traced as such), ``composed`` (from
     the full fine-tune's trace: the variant could not be traced) or ``formula``."""

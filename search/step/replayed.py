@@ -215,6 +215,9 @@ class StepTimeline:
     phases: tuple[tuple[int, str], ...]  # (event index, phase name) where each phase run starts
     empty_cache: tuple[int, ...]  # event indices of the empty_cache calls
     outside: int  # bytes held outside torch's allocator at their most (drawn as a constant band)
+    # the bytes outside torch's allocator of each phase run in ``phases`` (a rollout engine's turn holds its
+    # awake engine, the trainer's phases the sleeping one): drawn phase by phase where given
+    phase_outside: tuple[int, ...] = ()
 
 
 def step_timeline(step: Step, empty_cache: str, allocator: str) -> StepTimeline:
@@ -233,4 +236,8 @@ def step_timeline(step: Step, empty_cache: str, allocator: str) -> StepTimeline:
         if i > start and op == PHASE and not stream.phases[key].startswith(STEP_MARK)
     )
     calls = tuple(i for i, event in enumerate(stream.events) if i > start and event[0] == EMPTY_CACHE)
-    return StepTimeline(samples, marks, calls, max(_outside(phase) for phase in step.phases))
+    by_name: dict[str, int] = {}
+    for phase in step.phases:
+        by_name[phase.name] = max(by_name.get(phase.name, 0), _outside(phase))
+    outside = tuple(by_name.get(name, 0) for _, name in marks)
+    return StepTimeline(samples, marks, calls, max(_outside(phase) for phase in step.phases), outside)

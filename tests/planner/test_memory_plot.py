@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -35,11 +36,26 @@ def test_plot_draws_every_phase_and_prints_the_same_as_a_table(cli, db: Path, tm
         assert 0 < allocated <= reserved  # the allocator reserves at least what it hands out
 
 
-def test_a_plan_with_a_rollout_engine_is_not_drawn(cli, db: Path, tmp_path: Path) -> None:
+def test_a_plan_with_a_rollout_engine_draws_the_engines_turn(cli, db: Path, tmp_path: Path) -> None:
+    """The engine's turn is a block of its own (awake: weights and KV cache; asleep), beside the trainer's phases,
+    whose rows are the plan's predicted phases (the engine's awake bytes in generation, asleep ones beside
+    training). Before, --plot refused every plan with a rollout engine."""
     plan_id = _plan(cli, db, "--rollout", "vllm", "--workload", "grpo")
-    result = cli("explain", plan_id, "--plot", tmp_path / "m.html", "--db", db)
-    assert_one_error_line(result, "vllm", "allocator replay")
-    assert not (tmp_path / "m.html").exists()
+    out = tmp_path / "m.svg"
+    result = cli("explain", plan_id, "--plot", out, "--db", db)
+    assert result.rc == 0, result.err
+    page = out.read_text()
+    assert "rollout engine's turn (vllm" in page and "KV cache" in page and "weights" in page
+    rows = {row[0] + (" " + row[1] if row[1] in ("awake", "asleep") else ""): row for row in
+            (line.split() for line in result.out.splitlines()[2:])}  # fmt: skip
+    assert {"vllm awake", "vllm asleep", "generation", "weight_sync"} <= set(rows)
+    doc = json.loads(cli("explain", plan_id, "--db", db).out)
+    for phase in doc["predicted"]["phases"]:
+        shown = rows[phase["name"]]
+        allocated = float(shown[1]) if shown[2] == "GiB" else float(shown[1]) / 1024
+        assert allocated == pytest.approx(phase["peak_allocated_bytes"] / 2**30, abs=0.01), phase["name"]
+    awake = float(rows["vllm awake"][2])
+    assert awake == pytest.approx(doc["predicted"]["rollout"]["awake_bytes"] / 2**30, abs=0.01)
 
 
 def test_plot_marks_the_empty_cache_calls(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     ``$PLANNER_DB`` points (a file that must never appear)."""
     folder = tmp_path / "qwen3-local"
     folder.mkdir()
-    config = catalog_configs()[MODEL]
+    # another norm epsilon: not the catalog's shape (a copy of it is the catalog model, store.model_identity)
+    config = {**catalog_configs()[MODEL], "rms_norm_eps": 1e-5}
     (folder / "config.json").write_text(json.dumps(config))
     shape = catalog_shape(MODEL)
     assert shape is not None
