@@ -13,6 +13,24 @@ that framework's source at its pinned version (``store.frameworks.VERSIONS``) an
   (``step1_supervised_finetuning/main.py``); the Trainer, TRL and memplan's own loop keep only the loss.
 - ``zero_buckets``: OpenRLHF 0.11.2 builds its own DeepSpeed config (``get_train_ds_config``: ``"auto"``
   buckets, which DeepSpeed replaces by its 5e8-element defaults); everywhere else the exported config's.
+- ``frozen_buckets``: OpenRLHF's frozen models (reference, reward) run ``get_eval_ds_config``: ZeRO-3 exactly
+  when the trained models do, DeepSpeed's 5e7-element prefetch bucket where memplan's config holds 0.9 hidden^2
+  (``store.frameworks.openrlhf_eval_buckets``; the frozen forward gathers that much ahead).
+- ``dropout``: TRL's DPO and reward trainers run with ``disable_dropout=True`` (their configs' default): the
+  model's ``nn.Dropout`` modules at p = 0, so no masks are saved and no dropout kernels run
+  (:mod:`store.module_dropout`; a family whose dropout is functional, OPT's, keeps it).
+- ``rollout_engine``: veRL 0.9.1 starts vLLM with its own ``max_num_batched_tokens`` 8192 and ``max_num_seqs``
+  256 and puts a colocated engine to sleep at level 2 (1 with LoRA) whatever the plan's level
+  (``store.frameworks.framework_engine_batch``, ``framework_sleep_level``).
+
+Not modelled (the plan stays DeepSpeed's where the framework's code differs otherwise): veRL trains with FSDP (or
+Megatron), not DeepSpeed, and its actor takes log-probs over unpadded tokens (``use_remove_padding``) with
+flash-attention's cross-entropy where installed; its ``use_dynamic_bsz`` (off by default, so the exported
+``ppo_micro_batch_size_per_gpu`` holds and ``ppo_max_token_len_per_gpu`` is unused), ``enable_chunked_prefill``
+(vLLM 0.19's V1 engine chunks prefills anyway) and ``gpu_memory_utilization`` (exported as solved) change nothing
+memplan plans. veRL serves the reward model on an inference engine, planned as a DeepSpeed frozen model. TRL's
+``precompute_ref_log_probs`` (default False), ``padding_free`` (DPO: refused in 1.16, falls back to padding) and
+``use_logits_to_keep`` (gone from 1.16's configs) change nothing at their defaults.
 
 Two more follow a framework's code outside the cost model: the search offers a Trainer-based program (``hf``,
 ``trl``) only ``never`` or ``every-step`` for ``empty_cache`` (``torch_empty_cache_steps`` is the one place
@@ -26,10 +44,18 @@ plan made for another framework.
 
 from __future__ import annotations
 
-from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, VERSIONS
+from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_NO_DROPOUT_WORKLOADS, VERSIONS, runs_without_module_dropout
 from store.workload_kinds import traits
 
-ASPECTS: tuple[str, ...] = ("lm_head", "sft_output", "dpo_reference", "zero_buckets")
+ASPECTS: tuple[str, ...] = (
+    "lm_head",
+    "sft_output",
+    "dpo_reference",
+    "zero_buckets",
+    "frozen_buckets",
+    "dropout",
+    "rollout_engine",
+)
 
 
 def modelled(framework: str, kind: str) -> dict[str, str]:
@@ -57,8 +83,22 @@ def modelled(framework: str, kind: str) -> dict[str, str]:
     if implies.rlhf:
         if framework == "openrlhf":
             out["zero_buckets"] = "OpenRLHF's own DeepSpeed config (DeepSpeed's default buckets, 5e8 elements)"
+            out["frozen_buckets"] = "frozen models under OpenRLHF's eval config (DeepSpeed's 5e7-element prefetch)"
         else:
             out["zero_buckets"] = "the exported DeepSpeed config's ZeRO buckets"
+            out["frozen_buckets"] = "frozen models under the exported config (0.9 hidden^2 prefetch)"
+        if framework == "verl":
+            out["rollout_engine"] = "veRL's vLLM limits (8192 batched tokens, 256 sequences) and sleep level 2"
+        else:
+            out["rollout_engine"] = "the engine's own batch limits and the plan's sleep level"
+    if kind in TRL_NO_DROPOUT_WORKLOADS:
+        if runs_without_module_dropout(framework, kind):
+            out["dropout"] = (
+                "the model's nn.Dropout modules at p = 0 (TRL's disable_dropout): no masks, no kernels (GPT-2's "
+                "dropout; OPT's is functional and stays)"
+            )
+        else:
+            out["dropout"] = "the model's own dropout (its masks kept for the backward)"
     return out
 
 

@@ -185,14 +185,23 @@ class FrozenPlacement:
 
 @lru_cache(maxsize=1024)
 def frozen_placement(
-    model: ModelSpec, lm_head: bool, block: FrozenModelStrategy, dtype: str, world_size: int
+    model: ModelSpec,
+    lm_head: bool,
+    block: FrozenModelStrategy,
+    dtype: str,
+    world_size: int,
+    prefetch_bucket_size: int | None = None,
 ) -> FrozenPlacement:
-    """16-bit weights whole (ZeRO-0), partitioned (ZeRO-3) or on the host (ZeRO-3 + offload)."""
+    """16-bit weights whole (ZeRO-0), partitioned (ZeRO-3) or on the host (ZeRO-3 + offload). Under ZeRO-3 its
+    forward gathers the live module and up to ``prefetch_bucket_size`` parameters ahead (None: memplan's config's,
+    ``store.ds_defaults.zero3_buckets``; a framework that builds its own config passes its own:
+    ``store.frameworks.framework_frozen_buckets``)."""
     d = DTYPE_BYTES[dtype]
     params = resident_params(model, 0, lm_head=lm_head)
     if block.zero_stage == 0:
         return FrozenPlacement(model, lm_head, block, params, d * params, 0, 0)
-    gathered = d * (largest_module_params(model) + zero3_buckets(model).prefetch_bucket_size)
+    prefetch = zero3_buckets(model).prefetch_bucket_size if prefetch_bucket_size is None else prefetch_bucket_size
+    gathered = d * (largest_module_params(model) + prefetch)
     partition = d * params // world_size
     if block.offload != "none":
         return FrozenPlacement(model, lm_head, block, params, 0, gathered, partition)

@@ -21,6 +21,7 @@ from search.rollout.engine_shape import EngineRefusal, context_bytes, weights_pe
 from search.rollout.sglang_rules import sglang_memory
 from search.rollout.solve import utilization_range
 from search.rollout.vllm_rules import vllm_default_batch, vllm_memory
+from store.frameworks import framework_engine_batch
 from store.records import ModelSpec
 from store.rollout import RolloutStrategy
 
@@ -42,8 +43,12 @@ class EngineLimits:
     block: int
 
 
-def engine_limits(engine: str, gpu_memory_bytes: int, gpu_name: str) -> EngineLimits:
-    """The limits of ``engine`` on this GPU (see :class:`EngineLimits`)."""
+def engine_limits(engine: str, gpu_memory_bytes: int, gpu_name: str, framework: str = "deepspeed") -> EngineLimits:
+    """The limits of ``engine`` on this GPU (see :class:`EngineLimits`) as ``framework`` starts it: veRL passes its
+    own ``max_num_batched_tokens`` and ``max_num_seqs`` (``store.frameworks.framework_engine_batch``)."""
+    own = framework_engine_batch(framework, engine)
+    if own is not None:
+        return EngineLimits(own[1], own[0], VLLM_BLOCK_SIZE)
     if engine == "vllm":
         tokens, seqs = vllm_default_batch(gpu_memory_bytes, gpu_name)
         return EngineLimits(seqs, tokens, VLLM_BLOCK_SIZE)
@@ -138,7 +143,7 @@ def utilization_span(
     """:func:`search.rollout.solve.utilization_range` for ``rollout`` on the trainer's GPU of ``ctx``: ``running``
     sequences of prompt + generation tokens at once, ``room_bytes`` beside the trainer, ``free_at_start`` free."""
     w, hw = ctx.workload, ctx.hardware
-    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name, w.framework)
     return utilization_range(
         rollout.engine,
         w.model,
@@ -210,7 +215,7 @@ def resolve_engine(
         room, free_at_start = budget - beside, max(0, hw.gpu_memory_bytes - beside)
     else:
         room, free_at_start = budget, hw.gpu_memory_bytes
-    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name, w.framework)
     running = min(sequences, limits.max_num_seqs)
 
     def fitting_range(room_bytes: int) -> tuple[float, float] | None:

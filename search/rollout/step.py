@@ -40,6 +40,7 @@ from search.step.assemble import Step, gpu_budget_bytes
 from search.step.phases import Live, StepPhase, live
 from search.streams.init import engine_init
 from search.streams.sizes import weight_tensors
+from store.frameworks import framework_sleep_level
 from store.records import Hardware, RLHFStrategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -147,7 +148,12 @@ def engine_phases(
 
 @lru_cache(maxsize=4096)
 def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
-    """A (valid) strategy's step with a rollout engine; ``ctx`` is the trainer's (see :func:`trainer_hardware`)."""
+    """A (valid) strategy's step with a rollout engine; ``ctx`` is the trainer's (see :func:`trainer_hardware`).
+    The engine sleeps at the level its framework puts it to (veRL: ``store.frameworks.framework_sleep_level``)."""
+    assert s.rollout is not None
+    level = framework_sleep_level(ctx.workload.framework, s.rollout.sleep_level, s.actor.lora_rank)
+    if level != s.rollout.sleep_level:
+        s = replace(s, rollout=s.rollout.with_(sleep_level=level))
     rollout = s.rollout
     assert rollout is not None
     w, coef, job = ctx.workload, ctx.coef, ctx.job

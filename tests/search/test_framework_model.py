@@ -212,10 +212,12 @@ def test_differences_name_each_modelled_aspect_once() -> None:
     assert differences("trl", "trl", "dpo") == []
     assert differences("deepspeed-chat", "deepspeed", "dpo") == []  # nothing modelled apart for dpo
     lines = differences("trl", "deepspeed", "dpo")
-    assert len(lines) == 2 and "fused log-prob head" in lines[0] and "reference forward" in lines[1]
+    assert len(lines) == 3 and "fused log-prob head" in lines[0] and "reference forward" in lines[1]
+    assert "nn.Dropout modules at p = 0" in lines[2]  # TRL's disable_dropout (tests/search/test_framework_mechanisms)
     assert len(differences("trl", "hf", "sft")) == 1
-    assert differences("openrlhf", "verl", "ppo") == [
+    assert differences("openrlhf", "verl", "ppo")[0] == (
         "planned for openrlhf (OpenRLHF's own DeepSpeed config (DeepSpeed's default buckets, 5e8 elements)); veRL "
         "0.9.1 runs the exported DeepSpeed config's ZeRO buckets"
-    ]
+    )
+    assert len(differences("openrlhf", "verl", "ppo")) == 3  # and the frozen models' prefetch, the rollout engine
     assert "lm_head" not in modelled("trl", "reward")
