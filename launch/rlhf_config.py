@@ -101,7 +101,8 @@ def trained_model_strategy(strategy: RLHFStrategy, role: str) -> Strategy:
 
 
 def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict]:
-    """Return one DeepSpeed config per model: keys ``actor``, ``critic`` (PPO only), ``reference``, ``reward``.
+    """Return one DeepSpeed config per model: keys ``actor``, ``critic`` (PPO only), ``reference`` (unless the KL
+    coefficient is 0), ``reward`` (unless the rewards are rule-based).
 
     Raises:
         InputError: the workload is not RLHF, has no prompt/generation lengths, is PPO without a critic
@@ -121,8 +122,10 @@ def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware:
     if "critic" in specs:
         critic_strategy = trained_model_strategy(strategy, "critic")
         configs["critic"] = render_ds_config(critic_strategy, replace(workload, model=specs["critic"]), hardware)
-    configs["reference"] = _frozen_config(strategy.reference, specs["reference"], strategy, workload, hardware)
-    configs["reward"] = _frozen_config(strategy.reward, specs["reward"], strategy, workload, hardware)
+    # a KL coefficient of 0 loads no reference, rule-based rewards no reward model (Workload.role_models): no config
+    for role, block in (("reference", strategy.reference), ("reward", strategy.reward)):
+        if role in specs:
+            configs[role] = _frozen_config(block, specs[role], strategy, workload, hardware)
     return configs
 
 

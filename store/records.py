@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -94,6 +95,11 @@ class ModelSpec:
     # Activation and loss bytes traced from the model's code (store.activation_terms), by terms_key; empty:
     # the cost model uses its formulas (search.model.activations).
     activation_terms: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # The settings (terms keys) the trace could not fit, and why: the plan names them where it uses the formulas
+    activation_unfitted: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    # Where a local config's shape stands against the catalog (store.model_identity.Twin.describe): the catalog
+    # model of the same shape, or what differs from the nearest one; empty for a catalog name
+    identity: str = field(default="", compare=False, hash=False)
     # What makes two specs with different terms unequal (predictions are cached by spec): their digest.
     activation_digest: str = field(init=False, default="", repr=False)
 
@@ -232,6 +238,8 @@ class Hardware:
 
 
 MODEL_ROLES: tuple[str, ...] = ("actor", "critic", "reference", "reward")
+# ``--reward-model none`` and a document's ``"reward_model": "none"``: rewards from rules, no reward model
+RULE_REWARD = "none"
 
 
 @dataclass(frozen=True)
@@ -258,10 +266,31 @@ class Workload:
     samples_per_prompt: int = 1  # grpo: k completions per prompt
     # the program that runs the plan (store.frameworks.FRAMEWORKS); "deepspeed", memplan's own loop, is the default
     framework: str = "deepspeed"
+    # RLHF: rewards from rules (a verifiable reward: a function of the text, ``--reward-model none``), so no reward
+    # model is held and none scores the rollouts
+    rule_reward: bool = False
+    # RLHF: the KL coefficient against the reference (TRL's ``beta``, OpenRLHF's ``--algo.kl.init_coef``, veRL's
+    # ``kl_loss_coef``); 0 loads no reference model and computes no reference log-probs. None: memplan's own loop,
+    # a KL penalty with a reference held (DeepSpeed-Chat's fixed ``kl_ctl`` 0.1)
+    kl_coef: float | None = None
 
     @property
     def is_rlhf(self) -> bool:
         return traits(self.kind).rlhf
+
+    @property
+    def holds_reference(self) -> bool:
+        """A frozen reference model is loaded: DPO always; RLHF unless its KL coefficient is 0 (TRL's
+        GRPOTrainer ``if self.beta == 0.0: self.ref_model = None``; OpenRLHF's ``train_ppo_ray`` builds the
+        ReferenceModelActor only ``if args.algo.kl.init_coef > 0``; veRL only with ``use_kl_loss`` or
+        ``use_kl_in_reward``)."""
+        kind = traits(self.kind)
+        return kind.reference_model and not (kind.rlhf and self.kl_coef == 0)
+
+    @property
+    def holds_reward_model(self) -> bool:
+        """A reward model scores the rollouts: RLHF unless its rewards come from rules (``rule_reward``)."""
+        return traits(self.kind).rlhf and not self.rule_reward
 
     @property
     def has_critic(self) -> bool:
@@ -291,7 +320,12 @@ class Workload:
         """Each role of this workload and its model: RLHF has actor, critic (PPO only), reference, reward;
         DPO has actor and reference; the other single-model kinds the actor alone."""
         kind = traits(self.kind)
-        held = {"actor": True, "critic": kind.trains_critic, "reference": kind.reference_model, "reward": kind.rlhf}
+        held = {
+            "actor": True,
+            "critic": kind.trains_critic,
+            "reference": self.holds_reference,
+            "reward": self.holds_reward_model,
+        }
         return {role: self.model_for(role) for role in MODEL_ROLES if held[role]}
 
     @property
@@ -312,6 +346,10 @@ class Workload:
             spec = getattr(self, role)
             if spec is not None:
                 out[role] = spec.name
+        if self.rule_reward:
+            out["reward_model"] = RULE_REWARD  # as --reward-model takes it: rule-based rewards, no model
+        if self.kl_coef is not None:
+            out["kl_coef"] = self.kl_coef
         for name in ("prompt_len", "gen_len"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -603,12 +641,15 @@ class RLHFStrategy:
     def with_(self, **changes: Any) -> RLHFStrategy:
         return replace(self, **changes)
 
-    def describe(self) -> str:
+    def describe(self, roles: Collection[str] | None = None) -> str:
+        """A short label; with ``roles`` (the job's roles), a frozen model the job does not hold (no reference at
+        a KL coefficient of 0, no reward model with rule-based rewards) is said to be absent instead of placed."""
         parts = [f"actor {self.actor.describe()}"]
         if self.critic is not None:
             parts.append(f"critic {self.critic.describe()}")
-        parts.append(f"ref {self.reference.describe()}")
-        parts.append(f"rm {self.reward.describe()}")
+        held = set(roles) if roles is not None else {"reference", "reward"}
+        parts.append(f"ref {self.reference.describe()}" if "reference" in held else "no ref")
+        parts.append(f"rm {self.reward.describe()}" if "reward" in held else "no rm")
         parts.append(f"gen {self.generation_batch}, mb {self.micro_batch}x{self.grad_accum}")
         if self.hybrid_engine:
             parts.append("HE")

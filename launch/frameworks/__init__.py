@@ -64,9 +64,16 @@ def file_layout(fmt: str, output: str) -> dict[str, str]:
 
 
 def render(
-    fmt: str, strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardware, paths: dict[str, str]
+    fmt: str,
+    strategy: Strategy | RLHFStrategy,
+    workload: Workload,
+    hardware: Hardware,
+    paths: dict[str, str],
+    more_gaps: tuple[str, ...] = (),
 ) -> Rendered:
-    """The files and gaps of ``fmt`` (not ``deepspeed``) for the plan; ``paths`` from :func:`file_layout`.
+    """The files and gaps of ``fmt`` (not ``deepspeed``) for the plan; ``paths`` from :func:`file_layout`;
+    ``more_gaps``: lines the caller found (an engine the framework runs in place of the plan's) put first among
+    the gaps, in the files too.
 
     Raises:
         InputError: the format does not apply to the workload (one line saying which formats do).
@@ -81,14 +88,14 @@ def render(
         if fmt == "openrlhf":
             from launch.frameworks import openrlhf
 
-            return openrlhf.script(strategy, workload, hardware)
+            return openrlhf.script(strategy, workload, hardware, more_gaps)
         from launch.frameworks import verl
 
-        return verl.script(strategy, workload, hardware)
+        return verl.script(strategy, workload, hardware, more_gaps)
     if fmt == "trl":
         from launch.frameworks import trl
 
-        return trl.render(strategy, workload, hardware, paths)
+        return trl.render(strategy, workload, hardware, paths, more_gaps)
     if fmt in ("hf", "accelerate"):
         if isinstance(strategy, RLHFStrategy):
             raise InputError(

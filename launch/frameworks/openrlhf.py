@@ -77,7 +77,13 @@ _NAMES: dict[str, tuple[str, str]] = {
     "vllm_sleep": ("--vllm_enable_sleep", "--vllm.enable_sleep"),
     "ds_sleep": ("--deepspeed_enable_sleep", "--ds.enable_sleep"),
     "enforce_eager": ("--enforce_eager", "--vllm.enforce_eager"),
+    "kl_coef": ("--init_kl_coef", "--algo.kl.init_coef"),
 }
+# Rule-based rewards: train_ppo_ray takes ``--reward.remote_url`` (0.9: ``--remote_rm_url``) instead of a reward
+# model; a path ending in ``.py`` is loaded as the user's ``reward_func(queries, prompts, labels)``
+# (openrlhf/utils/agent.py, 0.11.2: ``if self.reward_endpoints[0].endswith(".py")``), and ``train`` builds no
+# RewardModelActor group ``if not args.reward.remote_url`` fails (openrlhf/cli/train_ppo_ray.py).
+REWARD_FUNC_VAR = "REWARD_FUNC"
 ESTIMATORS = {"ppo": None, "grpo": "group_norm", "remax": "reinforce"}
 ZERO12_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
 ZERO3_KEYS = (
@@ -116,10 +122,11 @@ def flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style:
     out = [name("zero_stage"), str(actor.zero_stage)]
     out += [name("adam_offload")] if adam_offload else []
     out += [name("gradient_checkpointing")] if actor.gradient_checkpointing else []
+    frozen = _frozen_roles(strategy, workload)
     if dotted:
-        out += ["--ref.offload"] if strategy.reference.offload != "none" else []
-        out += ["--reward.offload"] if strategy.reward.offload != "none" else []
-    elif strategy.reference.offload != "none" or strategy.reward.offload != "none":
+        out += ["--ref.offload"] if frozen.get("reference", "none") != "none" else []
+        out += ["--reward.offload"] if frozen.get("reward", "none") != "none" else []
+    elif any(offload != "none" for offload in frozen.values()):
         out.append("--ref_reward_offload")
     scoring = strategy.generation_batch * (workload.samples_per_prompt if dotted else 1)
     for key, value in (
@@ -143,9 +150,20 @@ def flags(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style:
     out += [name("ema")] if strategy.ema else []
     estimator = ESTIMATORS[workload.kind]
     out += [name("estimator"), estimator] if estimator else []
+    # the plan's KL coefficient (None: the plan holds a reference at OpenRLHF's own default 0.01, which loads one);
+    # train_ppo_ray builds the ReferenceModelActor group only ``if args.algo.kl.init_coef > 0``
+    out += [name("kl_coef"), f"{workload.kl_coef:g}"] if workload.kl_coef is not None else []
     if traits(workload.kind).group_samples or workload.samples_per_prompt > 1:
         out += [name("n_samples"), str(workload.samples_per_prompt)]
     return out + _placement(strategy, workload, hardware, dotted)
+
+
+def _frozen_roles(strategy: RLHFStrategy, workload: Workload) -> dict[str, str]:
+    """The offload of each frozen model the plan holds (none at a KL coefficient of 0, none with rule-based
+    rewards)."""
+    held = {"reference": workload.holds_reference, "reward": workload.holds_reward_model}
+    blocks = {"reference": strategy.reference, "reward": strategy.reward}
+    return {role: blocks[role].offload for role in blocks if held[role]}
 
 
 def planned_buckets(strategy: RLHFStrategy, workload: Workload) -> ZeroBuckets:
@@ -174,7 +192,9 @@ def _placement(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, d
     """Where the models and the vLLM engines run: colocation switches, per-role GPU counts, engine flags."""
     names = {key: pair[1 if dotted else 0] for key, pair in _NAMES.items()}
     rollout = strategy.rollout
-    roles = ("actor", "critic", "ref", "reward") if workload.has_critic else ("actor", "ref", "reward")
+    roles = ["actor", "critic", "ref", "reward"] if workload.has_critic else ["actor", "ref", "reward"]
+    held = {"ref": workload.holds_reference, "reward": workload.holds_reward_model}
+    roles = [role for role in roles if held.get(role, True)]  # no group for a model OpenRLHF does not build
     if rollout is None:
         if not dotted:
             return []  # OpenRLHF up to 0.9 generates with the actor's own generate() without vLLM engines
@@ -183,7 +203,7 @@ def _placement(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, d
         out = [names["colocate_all"]]
     else:
         out = [names["colocate_actor_ref"]]
-        out += [names["colocate_critic_reward"]] if workload.has_critic else []
+        out += [names["colocate_critic_reward"]] if workload.has_critic and workload.holds_reward_model else []
     gpus = trainer_gpus_per_node(strategy, hardware)
     for role in roles:
         out += [_role_count(role, "num_nodes", dotted), str(hardware.nodes)]
@@ -225,13 +245,14 @@ def gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, style: 
         if block.offload_optimizer == "nvme":
             out.append(f"OpenRLHF offloads the {role}'s optimizer to the CPU only, not NVMe")
     frozen_stage = 3 if actor.zero_stage == 3 else 0
+    held = {"reference": workload.holds_reference, "reward": workload.holds_reward_model}
     for role, frozen in (("reference", strategy.reference), ("reward", strategy.reward)):
-        if frozen.zero_stage != frozen_stage:
+        if held[role] and frozen.zero_stage != frozen_stage:
             out.append(
                 f"OpenRLHF holds the {role} model at ZeRO-{frozen_stage} (ZeRO-3 exactly when --zero_stage is 3); "
                 f"the strategy asks for ZeRO-{frozen.zero_stage}"
             )
-    if not dotted and strategy.reference.offload != strategy.reward.offload:
+    if not dotted and len(set(_frozen_roles(strategy, workload).values())) > 1:
         out.append("--ref_reward_offload offloads reference and reward together; the strategy offloads one")
     if not dotted and workload.dtype == "fp16":
         out.append("classic OpenRLHF has --bf16 only (else fp32); fp16 cannot be asked for")
@@ -290,16 +311,19 @@ def _rollout_gaps(strategy: RLHFStrategy, workload: Workload, hardware: Hardware
     return out
 
 
-def script(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> Rendered:
-    """``run_openrlhf.sh``: the 0.11 flags with the model and data placeholders, and the gaps as comments."""
+def script(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, more_gaps: tuple[str, ...] = ()) -> Rendered:
+    """``run_openrlhf.sh``: the 0.11 flags with the model and data placeholders, and the gaps as comments
+    (``more_gaps`` first)."""
     rlhf_only("openrlhf", workload)
-    found = gaps(strategy, workload, hardware, style="dotted")
+    found = [*more_gaps, *gaps(strategy, workload, hardware, style="dotted")]
     models = {"--actor.model_name_or_path": "$" + MODEL_VARS["actor"]}
-    models["--reward.model_name_or_path"] = "$" + MODEL_VARS["reward"]
-    wanted = {
-        MODEL_VARS["actor"]: f"the HF id or path of the actor ({workload.model_for('actor').name})",
-        MODEL_VARS["reward"]: f"the HF id or path of the reward model ({workload.model_for('reward').name})",
-    }
+    wanted = {MODEL_VARS["actor"]: f"the HF id or path of the actor ({workload.model_for('actor').name})"}
+    if workload.holds_reward_model:
+        models["--reward.model_name_or_path"] = "$" + MODEL_VARS["reward"]
+        wanted[MODEL_VARS["reward"]] = f"the HF id or path of the reward model ({workload.model_for('reward').name})"
+    else:  # rule-based rewards: the user's reward_func in a Python file, no reward model
+        models["--reward.remote_url"] = "$" + REWARD_FUNC_VAR
+        wanted[REWARD_FUNC_VAR] = "a .py file defining reward_func(queries, prompts, labels) (rule-based rewards)"
     if workload.has_critic:
         models["--critic.model_name_or_path"] = "$" + MODEL_VARS["critic"]
         wanted[MODEL_VARS["critic"]] = f"the HF id or path of the critic ({workload.model_for('critic').name})"

@@ -4,8 +4,10 @@
 - ``grpo``: ``GRPOConfig``. A rollout engine is ``use_vllm=True`` with ``vllm_mode="colocate"`` (the engine in
   the training processes: ``vllm_gpu_memory_utilization``, ``vllm_tensor_parallel_size``,
   ``vllm_enable_sleep_mode``) or ``"server"`` (a ``trl vllm-serve`` process on the engine's own GPUs, whose
-  command the notes give). Without one TRL generates with transformers' ``generate()``. ``beta=0.001`` keeps
-  the reference model the plan holds (TRL loads none at its default ``beta=0.0``).
+  command the notes give). Without one TRL generates with transformers' ``generate()``. ``beta`` is the plan's
+  KL coefficient (``Workload.kl_coef``; 0 loads no reference: ``GRPOTrainer.__init__`` ``if self.beta == 0.0:
+  self.ref_model = None``); a plan made without one holds a reference, kept by ``beta=0.001``. Rule-based rewards
+  (no reward model) are the user's ``reward_funcs`` callables.
 - ``sft``, ``reward``, ``dpo``: ``SFTConfig``, ``RewardConfig``, ``DPOConfig`` (``max_length`` = the sequence).
 - ``ppo`` and ``remax``: TRL 1.16 has no such trainer (``PPOConfig`` is gone; its online RL trainers are GRPO
   and RLOO): one InputError line.
@@ -107,7 +109,7 @@ def config_kwargs(
             "num_generations": workload.samples_per_prompt,
             "max_completion_length": workload.gen_len,
             "num_iterations": workload.ppo_epochs,
-            "beta": GRPO_BETA,
+            "beta": GRPO_BETA if workload.kl_coef is None else workload.kl_coef,
             "use_vllm": strategy.rollout is not None,
         }
     )
@@ -145,7 +147,7 @@ def gaps(strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardwa
     if not isinstance(strategy, RLHFStrategy):
         return single_model_gaps(strategy, "TRL") + _loss_gaps(strategy, workload)
     found = single_model_gaps(_actor_strategy(strategy), "TRL") + _loss_gaps(_actor_strategy(strategy), workload)
-    found += _frozen_gaps(strategy)
+    found += _frozen_gaps(strategy, workload)
     if workload.samples_per_prompt < 2:
         found.append("GRPOConfig refuses num_generations < 2 (GRPO's advantage needs a group); plan with k >= 2")
     found.append(
@@ -180,13 +182,14 @@ def _loss_gaps(strategy: Strategy, workload: Workload) -> list[str]:
     ]
 
 
-def _frozen_gaps(strategy: RLHFStrategy) -> list[str]:
+def _frozen_gaps(strategy: RLHFStrategy, workload: Workload) -> list[str]:
     actor = strategy.actor
     stage = 3 if actor.zero_stage == 3 else 0
     offload = "cpu" if stage == 3 and actor.offload_param != "none" else "none"
     found = []
+    held = {"reference": workload.holds_reference, "reward": workload.holds_reward_model}
     for role, block in (("reference", strategy.reference), ("reward", strategy.reward)):
-        if (block.zero_stage, block.offload) != (stage, offload):
+        if held[role] and (block.zero_stage, block.offload) != (stage, offload):
             found.append(
                 f"TRL prepares the {role} model with the trainer's DeepSpeed config (ZeRO-{stage}, offload {offload}); "
                 f"the plan holds it at ZeRO-{block.zero_stage}, offload {block.offload}"
@@ -224,11 +227,16 @@ def _rollout_gaps(strategy: RLHFStrategy, hardware: Hardware) -> list[str]:
 
 
 def render(
-    strategy: Strategy | RLHFStrategy, workload: Workload, hardware: Hardware, paths: dict[str, str]
+    strategy: Strategy | RLHFStrategy,
+    workload: Workload,
+    hardware: Hardware,
+    paths: dict[str, str],
+    more_gaps: tuple[str, ...] = (),
 ) -> Rendered:
-    """The keywords as a ``.py`` snippet and as YAML, and the ``"auto"`` DeepSpeed config they point at."""
+    """The keywords as a ``.py`` snippet and as YAML, and the ``"auto"`` DeepSpeed config they point at (the gaps,
+    ``more_gaps`` first, as comments)."""
     kwargs = config_kwargs(strategy, workload, hardware, paths["ds_config"])
-    found = gaps(strategy, workload, hardware)
+    found = [*more_gaps, *gaps(strategy, workload, hardware)]
     cls = CONFIG_CLASSES[workload.kind]
     if isinstance(strategy, RLHFStrategy):
         actor = _actor_strategy(strategy)
@@ -240,10 +248,16 @@ def render(
         serve = server_command(strategy, workload)
         if serve:
             notes.insert(0, "start the engine on its own GPUs first: " + " ".join(serve))
-        notes.append(
-            f'the reward model: GRPOTrainer(model="${MODEL_VARS["actor"]}", reward_funcs="${MODEL_VARS["reward"]}", '
-            "args=config, train_dataset=...)"
-        )
+        if workload.holds_reward_model:
+            notes.append(
+                f'the reward model: GRPOTrainer(model="${MODEL_VARS["actor"]}", '
+                f'reward_funcs="${MODEL_VARS["reward"]}", args=config, train_dataset=...)'
+            )
+        else:
+            notes.append(
+                f'rule-based rewards, no reward model: GRPOTrainer(model="${MODEL_VARS["actor"]}", '
+                "reward_funcs=[your_reward(completions, **kwargs) -> list[float]], args=config, train_dataset=...)"
+            )
     else:
         ds = auto_ds_config(strategy, workload, hardware)
         notes = setup_notes(strategy, hardware)

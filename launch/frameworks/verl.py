@@ -13,8 +13,12 @@ veRL trains with FSDP (its default ``model_engine: dp``), not DeepSpeed. The ZeR
 Rollout: ``actor_rollout_ref.rollout.*`` (vLLM or SGLang; ``free_cache_engine`` for a sleeping engine, which veRL
 puts to sleep at level 2, level 1 with LoRA). A separate engine is veRL's ``separate_async`` trainer with a
 standalone rollout pool (``rollout.nnodes`` x ``rollout.n_gpus_per_node``). The reference is kept by
-``use_kl_loss`` (GRPO) or ``use_kl_in_reward`` (PPO, ReMax); the reward model is served by an inference engine
-(``reward.reward_model``), so its ZeRO layout does not carry over.
+``use_kl_loss`` (GRPO) or ``use_kl_in_reward`` (PPO, ReMax), both off for a plan whose KL coefficient is 0
+(``need_reference_policy`` in verl/trainer/ppo/utils.py is their ``or``: no reference worker); the coefficient is
+``actor_rollout_ref.actor.kl_loss_coef`` or ``algorithm.kl_ctrl.kl_coef`` (veRL's 0.001 for a plan made without
+one). The reward model is served by an inference engine (``reward.reward_model``), so its ZeRO layout does not
+carry over; rule-based rewards are ``reward.reward_model.enable=False``, veRL's default, whose reward manager
+scores with its rule-based ``default_compute_score`` or the user's ``reward.custom_reward_function``.
 """
 
 from __future__ import annotations
@@ -116,12 +120,12 @@ def _build(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> tu
         "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.model", "actor", strategy.actor, offload_training
     )
     out += layout
-    kl = "actor_rollout_ref.actor.use_kl_loss" if traits(workload.kind).kl_in_loss else "algorithm.use_kl_in_reward"
-    out.append(f"{kl}=True")  # keeps the reference model the plan holds
-    out += _reference(strategy.reference)
+    out += _kl(workload)
     scoring = strategy.generation_batch * k
+    if workload.holds_reference:
+        out += _reference(strategy.reference)
+        out.append(f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={scoring}")
     out += [
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={scoring}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={scoring}",
         f"actor_rollout_ref.rollout.n={k}",
     ]
@@ -148,12 +152,13 @@ def _build(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> tu
     out += more_out
     found += more
     out += reward_engine(strategy, workload, hardware)
-    found.append(
-        "veRL 0.9 serves the reward model on an inference engine (reward.reward_model.rollout) with one full copy "
-        f"per GPU, not as an FSDP model: the plan's reward layout (ZeRO-{strategy.reward.zero_stage}, offload "
-        f"{strategy.reward.offload}) does not carry over, and the engine's own profiling forward and CUDA context "
-        "come on top of the share it is given"
-    )
+    if workload.holds_reward_model:
+        found.append(
+            "veRL 0.9 serves the reward model on an inference engine (reward.reward_model.rollout) with one full "
+            f"copy per GPU, not as an FSDP model: the plan's reward layout (ZeRO-{strategy.reward.zero_stage}, "
+            f"offload {strategy.reward.offload}) does not carry over, and the engine's own profiling forward and "
+            "CUDA context come on top of the share it is given"
+        )
     if strategy.ema:
         found.append("veRL keeps no EMA copy of the actor")
     if strategy.allocator == "default":
@@ -165,8 +170,24 @@ def _build(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> tu
     return out, found + allocator_gaps(strategy, "veRL")
 
 
+def _kl(workload: Workload) -> list[str]:
+    """The KL overrides: the reference is kept by ``actor_rollout_ref.actor.use_kl_loss`` (GRPO: the KL is a term
+    of the actor's loss, coefficient ``kl_loss_coef``) or ``algorithm.use_kl_in_reward`` (PPO, ReMax: folded into
+    the reward, ``algorithm.kl_ctrl.kl_coef``); both ``False`` at a KL coefficient of 0 (no reference worker:
+    ``need_reference_policy``, verl/trainer/ppo/utils.py). Without a coefficient in the plan veRL's own (0.001 in
+    _generated_ppo_trainer.yaml) holds."""
+    in_loss = traits(workload.kind).kl_in_loss
+    use = "actor_rollout_ref.actor.use_kl_loss" if in_loss else "algorithm.use_kl_in_reward"
+    coef = "actor_rollout_ref.actor.kl_loss_coef" if in_loss else "algorithm.kl_ctrl.kl_coef"
+    if not workload.holds_reference:
+        return ["actor_rollout_ref.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
+    out = [f"{use}=True"]  # keeps the reference model the plan holds
+    return out + ([f"{coef}={workload.kl_coef:g}"] if workload.kl_coef is not None else [])
+
+
 def reward_engine(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> list[str]:
-    """The overrides of veRL's reward-model engine (``reward.reward_model.rollout``, a ``RolloutConfig``).
+    """The overrides of veRL's reward-model engine (``reward.reward_model.rollout``, a ``RolloutConfig``); with
+    rule-based rewards (no reward model) ``reward.reward_model.enable=False`` alone, veRL's default.
 
     - ``name``: the rollout's engine (vLLM without one). The config leaves it ``???`` (mandatory), and
       ``init_workers`` stops with ``MissingMandatoryValue`` on reading it.
@@ -180,6 +201,8 @@ def reward_engine(strategy: RLHFStrategy, workload: Workload, hardware: Hardware
     - ``max_model_len`` (default: the model's whole context, whose KV cache vLLM must be able to hold) and
       ``dtype``: the plan's.
     """
+    if not workload.holds_reward_model:
+        return ["reward.reward_model.enable=False"]
     model = workload.model_for("reward")
     dtype_bytes = DTYPE_BYTES[workload.dtype]
     tokens = strategy.generation_batch * workload.samples_per_prompt * max_out_tokens(workload)
@@ -245,22 +268,19 @@ def _gpus(strategy: RLHFStrategy, hardware: Hardware) -> list[str]:
     return [f"trainer.nnodes={hardware.nodes}", f"trainer.n_gpus_per_node={trainer_gpus_per_node(strategy, hardware)}"]
 
 
-def script(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> Rendered:
-    """``run_verl.sh``: the overrides with model and data placeholders, and the gaps as comments."""
+def script(strategy: RLHFStrategy, workload: Workload, hardware: Hardware, more_gaps: tuple[str, ...] = ()) -> Rendered:
+    """``run_verl.sh``: the overrides with model and data placeholders, and the gaps as comments (``more_gaps``
+    first)."""
     rlhf_only("verl", workload)
-    args, found = _build(strategy, workload, hardware)
-    wanted = {
-        MODEL_VARS["actor"]: f"the HF id or path of the actor ({workload.model_for('actor').name})",
-        MODEL_VARS["reward"]: f"the HF id or path of the reward model ({workload.model_for('reward').name})",
-        "TRAIN_FILES": "the training prompts (parquet)",
-        "VAL_FILES": "the validation prompts (parquet)",
-    }
-    paths = [
-        f"actor_rollout_ref.model.path=${MODEL_VARS['actor']}",
-        f"reward.reward_model.model_path=${MODEL_VARS['reward']}",
-        "data.train_files=$TRAIN_FILES",
-        "data.val_files=$VAL_FILES",
-    ]
+    args, own = _build(strategy, workload, hardware)
+    found = [*more_gaps, *own]
+    wanted = {MODEL_VARS["actor"]: f"the HF id or path of the actor ({workload.model_for('actor').name})"}
+    paths = [f"actor_rollout_ref.model.path=${MODEL_VARS['actor']}"]
+    if workload.holds_reward_model:
+        wanted[MODEL_VARS["reward"]] = f"the HF id or path of the reward model ({workload.model_for('reward').name})"
+        paths.append(f"reward.reward_model.model_path=${MODEL_VARS['reward']}")
+    wanted.update({"TRAIN_FILES": "the training prompts (parquet)", "VAL_FILES": "the validation prompts (parquet)"})
+    paths += ["data.train_files=$TRAIN_FILES", "data.val_files=$VAL_FILES"]
     if workload.has_critic:
         wanted[MODEL_VARS["critic"]] = f"the HF id or path of the critic ({workload.model_for('critic').name})"
         paths.append(f"critic.model.path=${MODEL_VARS['critic']}")

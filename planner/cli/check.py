@@ -12,7 +12,15 @@ from planner.job.inputs import CONFIG_WORKLOAD, JobSpec
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.
 # --batch stays: it fills a transformers config's "auto" batch keys (and must agree with a config's own batch)
-NOT_IN_A_CONFIG = ("prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt")
+NOT_IN_A_CONFIG = (
+    "prompt_len",
+    "gen_len",
+    "critic_model",
+    "reward_model",
+    "ppo_epochs",
+    "samples_per_prompt",
+    "kl_coef",
+)
 # What planner export wrote beside the config (planner.planning.outside): the plan's knobs outside DeepSpeed's keys.
 EXPORTED = "the plan's, from <config>.memplan.json beside a config planner export wrote"
 

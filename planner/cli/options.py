@@ -156,7 +156,24 @@ RefModel = Annotated[
     str | None, typer.Option("--ref-model", help="Frozen reference model (RLHF, dpo).", rich_help_panel=JOB)
 ]
 CriticModel = Annotated[str | None, typer.Option("--critic-model", help="Critic model (ppo).", rich_help_panel=JOB)]
-RewardModel = Annotated[str | None, typer.Option("--reward-model", help="Reward model (RLHF).", rich_help_panel=JOB)]
+RewardModel = Annotated[
+    str | None,
+    typer.Option(
+        "--reward-model",
+        help="Reward model (RLHF), or none: rule-based (verifiable) rewards, no reward model loaded or run.",
+        rich_help_panel=JOB,
+    ),
+]
+KlCoef = Annotated[
+    float | None,
+    typer.Option(
+        "--kl-coef",
+        help="RLHF: KL coefficient against the reference (TRL's beta, OpenRLHF's --algo.kl.init_coef, veRL's "
+        "kl_loss_coef); 0 loads no reference model. Default: the framework's (trl 0, openrlhf 0.01, verl 0), else "
+        "a reference held as DeepSpeed-Chat holds it.",
+        rich_help_panel=JOB,
+    ),
+]
 Db = Annotated[
     str | None, typer.Option("--db", help="Database URL or SQLite file (default: $PLANNER_DB or the user data folder).")
 ]
@@ -194,6 +211,7 @@ JOB_OPTIONS: dict[str, Any] = {
     "ppo_epochs": PpoEpochs,
     "samples_per_prompt": SamplesPerPrompt,
     "framework": Framework,
+    "kl_coef": KlCoef,
 }
 
 Command = Callable[..., int]

@@ -5,17 +5,26 @@ Every check of user input lives here, so that each bad value gets one clear Inpu
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypedDict
 
 from planner.job.model_shapes import resolve_model, shapes_saved_on_success
 from store.errors import InputError
-from store.frameworks import DEFAULT_FRAMEWORK, VERSIONS, check_framework, default_attention
+from store.frameworks import (
+    DEFAULT_FRAMEWORK,
+    KL_COEF_REFUSED,
+    RULE_REWARD_REFUSED,
+    VERSIONS,
+    check_framework,
+    default_attention,
+    default_kl_coef,
+)
 from store.frameworks import FRAMEWORKS as FRAMEWORKS  # for the CLI, which reaches data through planner.job.inputs
 from store.gpus import GENERIC_PREFIX, bf16_refusal, generic_gpu, get_gpu, gpus_without_bf16
 from store.nodes import NodeSpec, get_node, least_host_memory_ratio, reference_node
-from store.records import ATTN_IMPLS, DTYPES, WORKLOAD_KINDS, Hardware, Strategy, Workload
+from store.records import ATTN_IMPLS, DTYPES, RULE_REWARD, WORKLOAD_KINDS, Hardware, Strategy, Workload
 from store.sizes import describe_size, format_bytes, parse_size
 from store.workload_kinds import traits
 
@@ -73,6 +82,8 @@ class JobSpec:
     ppo_epochs: int = 1
     samples_per_prompt: int | None = None
     framework: str = DEFAULT_FRAMEWORK
+    # RLHF: the KL coefficient; None: the framework's default (store.frameworks.DEFAULT_KL_COEF); 0: no reference
+    kl_coef: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -107,6 +118,7 @@ class JobKeywords(TypedDict, total=False):
     ppo_epochs: int
     samples_per_prompt: int | None
     framework: str
+    kl_coef: float | None
 
 
 @dataclass(frozen=True)
@@ -406,6 +418,16 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
             raise InputError(f"{', '.join(extra) or '--ref-model'} only applies to RLHF workloads (ppo, remax, grpo)")
     if rlhf and not kind.trains_critic and others["critic_model"]:
         raise InputError(f"--critic-model: {spec.workload} trains no critic (only ppo does)")
+    rule_reward = rlhf and _rule_reward(others["reward_model"], framework, readings)
+    if rule_reward:
+        others["reward_model"] = None
+    kl_coef = _kl_coef(spec.kl_coef, framework, rlhf, readings)
+    if kl_coef == 0 and others["ref_model"]:
+        given = "--kl-coef 0" if spec.kl_coef is not None else f"{VERSIONS[framework]}'s default KL coefficient 0"
+        raise InputError(
+            f"--ref-model {others['ref_model']}: with {given} no reference model is loaded; drop --ref-model or pass "
+            "--kl-coef C > 0"
+        )
     specs = {role: resolve_model(name, readings, db, setting) if name else None for role, name in others.items()}
     for role, spec_model in [("--model", model)] + [(f"--{r.replace('_', '-')}", m) for r, m in specs.items() if m]:
         if seq_len > spec_model.max_positions:
@@ -443,7 +465,55 @@ def resolve_workload(spec: JobSpec, hardware: Hardware, readings: list[str], db:
         ppo_epochs=_positive_int(spec.ppo_epochs, "--ppo-epochs"),
         samples_per_prompt=samples,
         framework=framework,
+        rule_reward=rule_reward,
+        kl_coef=kl_coef,
     )
+
+
+def _rule_reward(reward_model: Any, framework: str, readings: list[str]) -> bool:
+    """Whether ``--reward-model`` says ``none``: rule-based (verifiable) rewards, no reward model loaded or run.
+    One InputError line where ``framework`` always scores with a reward model
+    (``store.frameworks.RULE_REWARD_REFUSED``)."""
+    if not isinstance(reward_model, str) or reward_model.strip().lower() != RULE_REWARD:
+        return False
+    if framework in RULE_REWARD_REFUSED:
+        raise InputError(f"--reward-model none: {RULE_REWARD_REFUSED[framework]}")
+    readings.append("reward: rule-based (--reward-model none): no reward model is loaded, none scores the rollouts")
+    return True
+
+
+def _kl_coef(given: Any, framework: str, rlhf: bool, readings: list[str]) -> float | None:
+    """The RLHF KL coefficient: ``given`` (``--kl-coef``), else the framework's default
+    (``store.frameworks.DEFAULT_KL_COEF``; None where the program fixes it with a reference held); None for the
+    single-model kinds. One InputError line for a value that is not a number >= 0, a single-model workload, or a
+    framework that has no setting for it."""
+    if given is None:
+        if not rlhf:
+            return None
+        value = default_kl_coef(framework)
+        if value is not None:
+            held = "no reference model is loaded" if value == 0 else "the reference model is loaded"
+            readings.append(f"KL coefficient: {value:g} ({VERSIONS[framework]}'s default): {held} (pass --kl-coef)")
+        return value
+    if not rlhf:
+        raise InputError(
+            "--kl-coef only applies to RLHF workloads (ppo, remax, grpo); dpo's beta scales its loss and always "
+            "needs the reference"
+        )
+    if framework in KL_COEF_REFUSED:
+        raise InputError(f"--kl-coef: {KL_COEF_REFUSED[framework]}")
+    number = given if isinstance(given, int | float) and not isinstance(given, bool) else None
+    if isinstance(given, str):
+        try:
+            number = float(given)
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number) or number < 0:
+        shown = repr(given) if len(repr(given)) <= 32 else repr(given)[:29] + "..."
+        raise InputError(f"--kl-coef must be a number >= 0 (0: no reference model), not {shown}")
+    if number == 0:
+        readings.append("KL coefficient: 0: no reference model is loaded and no reference log-probs are computed")
+    return float(number)
 
 
 def _rlhf_lengths(spec: JobSpec, readings: list[str]) -> tuple[int, int]:
@@ -500,7 +570,7 @@ def job_fields(workload: dict[str, Any], hardware: dict[str, Any]) -> dict[str, 
         "dtype": w["dtype"],
         "attn_impl": w["attn_impl"],
     }
-    for name in ("ref_model", "critic_model", "reward_model", "prompt_len", "gen_len", "ppo_epochs"):
+    for name in ("ref_model", "critic_model", "reward_model", "prompt_len", "gen_len", "ppo_epochs", "kl_coef"):
         if w.get(name) is not None:
             fields[name] = w[name]
     if "prompt_len" not in w:

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from launch.frameworks import DEFAULT_OUTPUTS, check_format, file_layout, render
 from planner.files.atomic import checked_output, write_configs, write_texts
-from planner.job.inputs import resolve
+from planner.job.calibrated import calibrated
+from planner.job.inputs import ResolvedJob, resolve
 from planner.planning.outside import sidecar_document, sidecar_path
 from planner.planning.saved import plan, plan_job
+from search.coefficients import DEFAULT_COEFFICIENTS
 from search.frameworks import differences
-from store.frameworks import DEFAULT_FRAMEWORK
+from search.rollout.retarget import for_engine
+from store.frameworks import DEFAULT_FRAMEWORK, ROLLOUT_ENGINES_RUN
 from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
 
 if TYPE_CHECKING:
@@ -55,10 +58,30 @@ def write_export(
     parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
     strategy = parse(document["strategy"])
     layout = file_layout(fmt, str(target))
-    rendered = render(fmt, strategy, job.workload, job.hardware, layout)
+    engine_lines: tuple[str, ...] = ()
+    if isinstance(strategy, RLHFStrategy):  # the engine the framework runs, at memplan's budget for it
+        strategy, engine_lines = _framework_engine(document, job, strategy, fmt, db)
+    rendered = render(fmt, strategy, job.workload, job.hardware, layout, engine_lines)
     paths = write_texts({Path(layout[role]): text for role, text in rendered.files.items()}, force=force)
     block = {"format": fmt, "files": layout, "gaps": list(rendered.gaps), "notes": list(rendered.notes)}
     return paths, {**document, "plan_id": record.plan_id, "export": block, **extra}
+
+
+def _framework_engine(
+    document: dict[str, Any], job: ResolvedJob, strategy: RLHFStrategy, fmt: str, db: str | None
+) -> tuple[RLHFStrategy, tuple[str, ...]]:
+    """The plan's strategy with its rollout engine as ``fmt`` runs it (``store.frameworks.ROLLOUT_ENGINES_RUN``):
+    an engine the framework does not run becomes the framework's, at the utilization memplan predicts for it
+    under the plan's own calibration (:func:`search.rollout.retarget.for_engine`), with the line that says so."""
+    engines = ROLLOUT_ENGINES_RUN.get(fmt)
+    if strategy.rollout is None or not engines or strategy.rollout.engine in engines:
+        return strategy, ()
+    block = document.get("calibration") or {}
+    found_id = block.get("id") if isinstance(block, dict) else None
+    choice = found_id if isinstance(found_id, str) else "none"
+    job, coef, _ = calibrated(job, DEFAULT_COEFFICIENTS, choice=choice, db=db)
+    found = for_engine(job.workload, strategy, job.hardware, engines[0], coef)
+    return found.strategy, found.lines
 
 
 def _json(data: Any) -> str:

@@ -152,7 +152,7 @@ def recommend(
     overhead = None
     if fastest is not None and result.best is not None:
         overhead = chosen.prediction.step_time_s / fastest.prediction.step_time_s - 1.0
-    report = prediction_report(resolved, chosen.strategy, chosen.prediction, calibration_block)
+    report = prediction_report(resolved, chosen.strategy, chosen.prediction, calibration_block, coefficients)
     others = [c for c in result.feasible if c is not chosen][:top]
     result_plan = Plan(
         **dict(report),
@@ -242,7 +242,7 @@ def predict(
         fixed = strategy if isinstance(strategy, Strategy) else Strategy.from_dict(_as_dict(strategy))
         resolved = _with_batch_of(resolved, fixed, given=spec.batch is not None)
     prediction = predict_strategy(resolved.workload, fixed, resolved.hardware, coef)
-    return prediction_report(resolved, fixed, prediction, calibration_block)
+    return prediction_report(resolved, fixed, prediction, calibration_block, coef)
 
 
 def _as_dict(strategy: Strategy | RLHFStrategy | dict[str, Any]) -> dict[str, Any]:
@@ -365,7 +365,7 @@ def check(
         check_with_deepspeed(raw, resolved.hardware.world_size, strategy.micro_batch, strategy.grad_accum)
     resolved = _with_batch_of(resolved, strategy, given=spec.batch is not None)
     prediction = predict_strategy(resolved.workload, strategy, resolved.hardware, coef)
-    report = prediction_report(resolved, strategy, prediction, calibration_block)
+    report = prediction_report(resolved, strategy, prediction, calibration_block, coef)
     reasons: list[str] = []
     if not prediction.fits_gpu:
         reasons.append(

@@ -18,10 +18,11 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 GIB = 2**30
 
 
-def describe(strategy: dict[str, Any]) -> str:
-    """A short label of a strategy document, single-model or RLHF."""
+def describe(strategy: dict[str, Any], roles: dict[str, Any] | None = None) -> str:
+    """A short label of a strategy document, single-model or RLHF (``roles``: the job's, from its workload
+    document; a frozen model the job does not hold is labelled absent)."""
     if "actor" in strategy:
-        return RLHFStrategy.from_dict(strategy).describe()
+        return RLHFStrategy.from_dict(strategy).describe(roles)
     return Strategy.from_dict(strategy).describe()
 
 
@@ -41,6 +42,10 @@ def _header(report: PredictionReport) -> None:
     size = f"{params:.2f} B params{active}"
     if "prompt_len" in w and w["kind"] in RLHF_WORKLOADS:
         roles = [f"{role} {name}" for role, name in w.get("roles", {}).items() if role != "actor"]
+        if "reference" not in w.get("roles", {}):
+            roles.append(f"no reference (KL coefficient {w.get('kl_coef', 0):g})")
+        if w.get("reward_model") == "none":
+            roles.append("rule-based rewards (no reward model)")
         per = f" x {w['samples_per_prompt']} samples" if w.get("samples_per_prompt", 1) > 1 else ""
         console.print(
             f"[bold]{w['model']}[/bold] ({size}) · {w['kind']} · {w['global_batch']} prompts{per} "
@@ -68,7 +73,13 @@ def _header(report: PredictionReport) -> None:
             + (f"traced as such but {', '.join(dict.fromkeys(composed))} (composed)" if composed else "traced as such")
         )
     elif "formula" in sources:
-        console.print("activation and loss bytes from formulas (no trace of this model for this dtype and attention)")
+        shapes = w.get("shapes", {})
+        for role, shape in shapes.items():
+            if shape.get("activations") != "formula":
+                continue
+            who = f"{role} {shape.get('name', '')}" if len(shapes) > 1 else str(shape.get("name", w["model"]))
+            why = shape.get("activations_reason") or "no trace of this model for this dtype and attention"
+            console.print(f"activation and loss bytes of {who} from the formula because {why}", soft_wrap=True)
     console.print(
         f"{h['gpus']} x {h['gpu']} per node x {h['nodes']} node(s)"
         + (f" ({h['node']})" if h.get("node") else "")
@@ -176,7 +187,7 @@ def render_prediction(report: PredictionReport) -> None:
     _header(report)
     p = report.predicted
     verdict = "[green]fits[/green]" if report.fits else "[red]does not fit[/red]"
-    console.print(f"\nStrategy: [bold]{describe(report.strategy)}[/bold] · {verdict}")
+    console.print(f"\nStrategy: [bold]{describe(report.strategy, report.workload.get('roles'))}[/bold] · {verdict}")
     console.print(
         f"peak allocated {_gib(p.peak_allocated_bytes)} · peak reserved {_gib(p.peak_reserved_bytes)} · "
         f"host {_gib(p.host_bytes)} of {_gib(p.host_budget_bytes)} · step {_seconds(p.step_time_s)}"
@@ -268,7 +279,7 @@ def render_plan(plan: Plan) -> None:
         overhead = f"+{100 * (p.step_time_s / fastest - 1):.0f}%" if fastest else "-"
         table.add_row(
             label,
-            describe(strategy),
+            describe(strategy, plan.workload.get("roles")),
             _gib(p.peak_reserved_bytes),
             _gib(p.gpu_budget_bytes - p.peak_reserved_bytes),
             _gib(p.host_bytes),
@@ -280,7 +291,7 @@ def render_plan(plan: Plan) -> None:
         f = plan.fastest_ignoring_memory
         console.print(
             f"[dim]overhead is against the fastest strategy if memory were unlimited: "
-            f"{describe(f.strategy)}, {_seconds(f.predicted.step_time_s)}, "
+            f"{describe(f.strategy, plan.workload.get('roles'))}, {_seconds(f.predicted.step_time_s)}, "
             f"{_gib(f.predicted.peak_reserved_bytes)} peak"
             f"{' (the search screen, not replayed)' if f.predicted.reserved_from == 'screen' else ''}[/dim]"
         )

@@ -26,6 +26,7 @@ from store.gpus import generic_gpu, get_gpu
 from store.measurements import ProbeRequest
 from store.models import get_model, with_layers
 from store.records import (
+    RULE_REWARD,
     WORKLOAD_KINDS,
     Hardware,
     ModelSpec,
@@ -114,11 +115,12 @@ def workload_from_dict(data: dict[str, Any]) -> Workload:
     kind = data.get("kind")
     if kind not in WORKLOAD_KINDS:
         raise InputError(f"probe request: workload.kind must be one of {', '.join(WORKLOAD_KINDS)}, not {kind!r}")
-    specs = {role: _spec(data, role) for role in ROLES}
+    rule_reward = data.get("reward_model") == RULE_REWARD  # Workload.to_dict: rule-based rewards, no model
+    specs = {role: None if role == "reward_model" and rule_reward else _spec(data, role) for role in ROLES}
     if specs["model"] is None:
         raise InputError("probe request: workload.model is missing")
     known = {"seq_len", "global_batch", "dtype", "attn_impl", "prompt_len", "gen_len"}
-    known |= {"ppo_epochs", "samples_per_prompt"}
+    known |= {"ppo_epochs", "samples_per_prompt", "kl_coef"}
     values = {key: data[key] for key in known if data.get(key) is not None}
     if "seq_len" not in values and traits(kind).rlhf and "prompt_len" in values and "gen_len" in values:
         values["seq_len"] = values["prompt_len"] + values["gen_len"]
@@ -127,7 +129,17 @@ def workload_from_dict(data: dict[str, Any]) -> Workload:
             raise InputError(f"probe request: workload.{key} is missing")
     if traits(kind).rlhf and ("prompt_len" not in values or "gen_len" not in values):
         raise InputError(f"probe request: a {kind} workload needs prompt_len and gen_len")
-    return Workload(kind=kind, model=specs["model"], **{r: specs[r] for r in ROLES[1:]}, **values)
+    if "kl_coef" in values and not isinstance(values["kl_coef"], int | float):
+        raise InputError(f"probe request: workload.kl_coef must be a number, not {values['kl_coef']!r}")
+    return Workload(
+        kind=kind,
+        model=specs["model"],
+        ref_model=specs["ref_model"],
+        critic_model=specs["critic_model"],
+        reward_model=specs["reward_model"],
+        rule_reward=rule_reward,
+        **values,
+    )
 
 
 def hardware_from_dict(data: dict[str, Any]) -> Hardware:

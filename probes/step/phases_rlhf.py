@@ -83,8 +83,10 @@ class RLHFRun:
         self.critic = None
         if "critic" in self.specs:
             self.critic = init_engine(trained("critic", True), self.configs["critic"], trained=True)
-        self.reference = self._frozen("reference", build_causal_lm, attn, seed=2)
-        self.reward = self._frozen("reward", build_value_model, attn, seed=3)
+        # a KL coefficient of 0 loads no reference, rule-based rewards no reward model (Workload.role_models)
+        self.reference = self._frozen("reference", build_causal_lm, attn, seed=2) if "reference" in self.specs else None
+        self.reward = self._frozen("reward", build_value_model, attn, seed=3) if "reward" in self.specs else None
+        self.kl_coef = KL_COEF if workload.kl_coef is None else workload.kl_coef
         engines = {"actor": self.actor, "critic": self.critic, "reference": self.reference, "reward": self.reward}
         extra["engines"] = {role: type(engine).__name__ for role, engine in engines.items() if engine is not None}
         self.generator = torch.Generator(device=self.device).manual_seed(1234)
@@ -161,13 +163,18 @@ class RLHFRun:
         mask = torch.zeros(sequences.shape[0], sequences.shape[1] - 1, device=sequences.device)
         mask[:, w.prompt_len - 1 :] = 1.0  # log-prob positions of the generated tokens
         old_logp = token_logprobs(self.actor(input_ids=sequences, use_cache=False).logits, sequences)
-        ref_logp = token_logprobs(self.reference(input_ids=sequences, use_cache=False).logits, sequences)
-        score = self.reward(sequences).float()[:, -1]
+        # no reference (KL coefficient 0): no reference log-probs, the KL terms vanish
+        ref_logp = (
+            old_logp
+            if self.reference is None
+            else token_logprobs(self.reference(input_ids=sequences, use_cache=False).logits, sequences)
+        )
+        score = self._reward(sequences)
         kl = (old_logp - ref_logp) * mask
         out = {"sequences": sequences, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
         if traits(w.kind).gae_advantages:
             values = self.critic(sequences).float()[:, :-1]
-            rewards = -KL_COEF * kl
+            rewards = -self.kl_coef * kl
             rewards[:, -1] += score
             advantages = torch.zeros_like(rewards)
             last = torch.zeros(rewards.shape[0], device=rewards.device)
@@ -177,14 +184,21 @@ class RLHFRun:
                 advantages[:, t] = last
             out.update(advantages=advantages, old_values=values, returns=advantages + values)
         elif traits(w.kind).greedy_baseline:
-            base = self.reward(baseline).float()[:, -1]
-            advantage = (score - base) - KL_COEF * kl.sum(-1)
+            base = self._reward(baseline)
+            advantage = (score - base) - self.kl_coef * kl.sum(-1)
             out["advantages"] = advantage.unsqueeze(-1) * mask
         else:  # grpo: normalize within each prompt's group of samples
             groups = score.view(-1, w.samples_per_prompt)
             normed = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True, unbiased=False) + 1e-6)
             out["advantages"] = normed.reshape(-1).unsqueeze(-1) * mask
         return out
+
+    def _reward(self, sequences: Any) -> Any:
+        """One score per sequence: the reward model's last value, or with rule-based rewards (no reward model) a
+        rule on the text: whether the last token is even (a few elementwise kernels, as a verifier's are)."""
+        if self.reward is None:
+            return (sequences[:, -1] % 2 == 0).float()
+        return self.reward(sequences).float()[:, -1]
 
     def _micro_batches(self) -> list[list[int]]:
         mb = self.strategy.micro_batch
@@ -201,9 +215,9 @@ class RLHFRun:
         else:
             ratio = torch.exp(logp - old)
             per_token = torch.max(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP))
-            if traits(self.workload.kind).kl_in_loss:
+            if traits(self.workload.kind).kl_in_loss and self.reference is not None:  # TRL: only if beta != 0
                 delta = exp["ref_logp"][index] - logp
-                per_token = per_token + KL_COEF * (torch.exp(delta) - delta - 1)
+                per_token = per_token + self.kl_coef * (torch.exp(delta) - delta - 1)
         loss = (per_token * mask).sum() / mask.sum()
         self.actor.backward(loss)
         self.actor.step()

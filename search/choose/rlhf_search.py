@@ -21,6 +21,7 @@ from search.choose.rlhf_space import (
     frozen_blocks,
     rlhf_outer_points,
     rlhf_strategy_at,
+    role_blocks,
     trained_layouts,
 )
 from search.choose.rlhf_tpe import rlhf_key, tpe_rlhf
@@ -210,8 +211,12 @@ def fastest_rlhf_ignoring_memory(
         point = replace(point, actor=actor, hybrid_engine=he, rollout=rollout)
         if workload.has_critic:
             point = replace(point, critic=min(layouts, key=lambda c: role_time(replace(point, critic=c), "critic")))
-        point = replace(point, reference=min(blocks, key=lambda b: role_time(replace(point, reference=b), "reference")))
-        point = replace(point, reward=min(blocks, key=lambda b: role_time(replace(point, reward=b), "reward")))
+        # one block for a model the workload does not hold (role_blocks)
+        references, rewards = role_blocks(workload, hardware, "reference"), role_blocks(workload, hardware, "reward")
+        point = replace(
+            point, reference=min(references, key=lambda b: role_time(replace(point, reference=b), "reference"))
+        )
+        point = replace(point, reward=min(rewards, key=lambda b: role_time(replace(point, reward=b), "reward")))
         strategy = rlhf_strategy_at(point, batches)
         candidate = Candidate(strategy, screen_rlhf(workload, strategy, hardware, coef))
         if fastest is None or candidate.prediction.step_time_s < fastest.prediction.step_time_s:

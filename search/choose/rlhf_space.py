@@ -22,7 +22,7 @@ from search.model.host import trained_host_bytes
 from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
-from search.rlhf.models import frozen_model, role_micro_batch, trained_init_cached, trained_model
+from search.rlhf.models import frozen_model, holds_role, role_micro_batch, trained_init_cached, trained_model
 from search.rlhf.step import generation_phase, scoring_forward
 from search.rlhf.timing import ema_time, gae_seconds
 from search.step.phases import LIVE_PARTS, Live, trained_factor
@@ -78,6 +78,14 @@ def frozen_blocks(hardware: Hardware) -> tuple[FrozenModelStrategy, ...]:
     return FROZEN_BLOCKS
 
 
+def role_blocks(workload: Workload, hardware: Hardware, role: str) -> tuple[FrozenModelStrategy, ...]:
+    """The blocks searched for a frozen ``role``: :func:`frozen_blocks`, or only the first where the workload
+    holds no such model (no reference at a KL coefficient of 0, no reward model with rule-based rewards): its
+    block places nothing, and one stands for all."""
+    blocks = frozen_blocks(hardware)
+    return blocks if holds_role(workload, role) else blocks[:1]
+
+
 def generation_options(
     rollouts: tuple[RolloutStrategy, ...] = (), deepspeed: bool = True
 ) -> tuple[tuple[bool, RolloutStrategy | None], ...]:
@@ -95,14 +103,14 @@ def rlhf_outer_points(
 ) -> Iterator[RLHFOuterPoint]:
     """Every outer point in a fixed order (what the exhaustive search walks). LoRA applies to actor and critic."""
     rlhf_job(workload, hardware)  # the workload must be an RLHF step whose batch splits over the GPUs
-    blocks = frozen_blocks(hardware)
+    references, rewards = role_blocks(workload, hardware, "reference"), role_blocks(workload, hardware, "reward")
     for rank in lora_ranks:
         layouts = trained_layouts(workload, hardware, rank)
         critics: list[TrainedModelStrategy | None] = list(layouts) if workload.has_critic else [None]
         for actor in layouts:
             for critic in critics:
-                for reference in blocks:
-                    for reward in blocks:
+                for reference in references:
+                    for reward in rewards:
                         for hybrid_engine, rollout in generations:
                             yield RLHFOuterPoint(actor, critic, reference, reward, hybrid_engine, rollout)
 
@@ -173,7 +181,8 @@ def role_seconds(
     accumulation) split: the step's ``role_time[role]``, which depends on no other model's block."""
     generation_batch, micro_batch, grad_accum = batches
     if role in ("reference", "reward"):
-        return scoring_forward(ctx, frozen_model(ctx, role, block), generation_batch)[1]
+        frozen = frozen_model(ctx, role, block)
+        return 0.0 if frozen is None else scoring_forward(ctx, frozen, generation_batch)[1]
     placed = trained_model(ctx, role, block, 1)
     seconds = scoring_forward(ctx, placed, generation_batch)[1]
     if role == "actor":
@@ -219,7 +228,10 @@ def role_live_floor(
     generation_batch, micro_batch, grad_accum = batches
     moments: list[tuple[Live, float]] = []
     if role in ("reference", "reward"):
-        live, _, factor = scoring_forward(ctx, frozen_model(ctx, role, block), generation_batch)
+        frozen = frozen_model(ctx, role, block)
+        if frozen is None:  # a model the workload does not hold: no moment of its own
+            return 0
+        live, _, factor = scoring_forward(ctx, frozen, generation_batch)
         moments.append((live, factor))
     else:
         placed = trained_model(ctx, role, block, 1)
@@ -258,6 +270,8 @@ def role_bytes(
     n, d, coef = ctx.hardware.world_size, DTYPE_BYTES[ctx.workload.dtype], ctx.coef
     if role in ("reference", "reward"):
         frozen = frozen_model(ctx, role, block)
+        if frozen is None:
+            return 0, 0, 0
         return frozen.resident, frozen.host, d * frozen.params // (n if frozen.block.zero_stage == 3 else 1)
     p = trained_model(ctx, role, block, 1)
     resident = p.states.parameters + p.states.optimizer_states + p.persistent_gradients + p.buffers

@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Callable
 
 from search.choose.candidates import Candidate
-from search.choose.rlhf_space import RLHFOuterPoint, frozen_blocks
+from search.choose.rlhf_space import RLHFOuterPoint
 from search.choose.rollout_space import generation_name
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
 
@@ -49,13 +49,15 @@ def tpe_rlhf(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     points = list(by_key.values())
     layouts = list(dict.fromkeys(trained_name(p.actor) for p in points))
-    blocks = [frozen_name(b) for b in frozen_blocks(hardware)]
+    # a frozen model the workload does not hold (KL 0, rule-based rewards) has one block in the points
+    references = list(dict.fromkeys(frozen_name(p.reference) for p in points))
+    rewards = list(dict.fromkeys(frozen_name(p.reward) for p in points))
     space: dict[str, list] = {"actor": layouts, "actor_checkpointing": [False, True]}
     if workload.has_critic:
         space.update(critic=layouts, critic_checkpointing=[False, True])
     ranks = list(dict.fromkeys(p.actor.lora_rank for p in points))
     generations = list(dict.fromkeys(generation_name(p.hybrid_engine, p.rollout) for p in points))
-    space.update(reference=blocks, reward=blocks, generation=generations, lora_rank=ranks)
+    space.update(reference=references, reward=rewards, generation=generations, lora_rank=ranks)
 
     def objective(trial: optuna.Trial) -> float:
         values = {name: trial.suggest_categorical(name, choices) for name, choices in space.items()}

@@ -154,7 +154,7 @@ def engine_seconds(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> f
     w, job, coef, hw = ctx.workload, ctx.job, ctx.coef, ctx.hardware
     tp = rollout.tensor_parallel
     sequences = replica_sequences(ctx, rollout)
-    running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name).max_num_seqs)
+    running = min(sequences, engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name, w.framework).max_num_seqs)
     generate = job.generate_passes * rollout_seconds(
         w.model,
         sequences=sequences,
@@ -209,7 +209,7 @@ def engine_floor_bytes(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
 @lru_cache(maxsize=1024)
 def _engine_floor(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
     w, hw = ctx.workload, ctx.hardware
-    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name)
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name, w.framework)
     running = min(replica_sequences(ctx, rollout), limits.max_num_seqs)
     fitting = utilization_span(ctx, rollout, running, 2**62, hw.gpu_memory_bytes)
     if fitting is None:

@@ -1,7 +1,9 @@
 """Where the four models of an RLHF step live, and the bytes that stay resident through every phase.
 
 Each role's model is ``Workload.model_for(role)``; trained models (actor, critic) are placed exactly as a
-single trained model is (:mod:`search.model.placement`), frozen ones (reference, reward) by their block.
+single trained model is (:mod:`search.model.placement`), frozen ones (reference, reward) by their block. A frozen
+role the workload does not hold is None: no reference at a KL coefficient of 0 (``Workload.holds_reference``), no
+reward model with rule-based rewards (``Workload.holds_reward_model``): no bytes, no scoring forward.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from search.rlhf.memory import experience_bytes
 from search.streams.sizes import Sizes, resident_sizes, sizes_of, weight_tensors
 from search.streams.workspaces import backward_workspace
 from store.ds_defaults import OVERLAP_COMM
-from store.frameworks import framework_buckets
-from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy
+from store.frameworks import framework_buckets, framework_frozen_buckets
+from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy, Workload
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,8 +38,8 @@ class Models:
 
     actor: TrainedPlacement
     critic: TrainedPlacement | None
-    reference: FrozenPlacement
-    reward: FrozenPlacement
+    reference: FrozenPlacement | None  # None: KL coefficient 0, no reference loaded
+    reward: FrozenPlacement | None  # None: rule-based rewards, no reward model
     resident: dict[str, int]
     host: HostMemory  # host memory per node by phase and part
     host_states: int  # bytes per GPU in host memory (offloaded states, staging buffers), without slack
@@ -50,6 +52,11 @@ class Models:
     @property
     def trained(self) -> list[TrainedPlacement]:
         return [self.actor] + ([self.critic] if self.critic else [])
+
+    @property
+    def frozen(self) -> list[FrozenPlacement]:
+        """The frozen models the step holds (reference, reward), in that order."""
+        return [p for p in (self.reference, self.reward) if p is not None]
 
 
 @lru_cache(maxsize=4096)
@@ -92,11 +99,28 @@ def role_micro_batch(ctx: RLHFContext, role: str, lora_rank: int, micro_batch: i
 
 
 @lru_cache(maxsize=1024)
-def frozen_model(ctx: RLHFContext, role: str, block: FrozenModelStrategy) -> FrozenPlacement:
-    """The reference (LM head) or the reward model (scalar head) under ``block``."""
+def frozen_model(ctx: RLHFContext, role: str, block: FrozenModelStrategy) -> FrozenPlacement | None:
+    """The reference (LM head) or the reward model (scalar head) under ``block``; None when the workload holds
+    no such model (:func:`holds_role`)."""
     w = ctx.workload
+    if not holds_role(w, role):
+        return None
     model = w.model_for(role)
-    return frozen_placement(model, role == "reference", block, w.dtype, ctx.hardware.world_size)
+    # a framework that builds its own config for frozen models gathers ahead by its own prefetch bucket
+    # (OpenRLHF's get_eval_ds_config: store.frameworks.framework_frozen_buckets)
+    own = framework_frozen_buckets(w.framework, model.hidden_size)
+    prefetch = None if own is None else own.prefetch_bucket_size
+    return frozen_placement(model, role == "reference", block, w.dtype, ctx.hardware.world_size, prefetch)
+
+
+def holds_role(workload: Workload, role: str) -> bool:
+    """Whether the step loads the frozen model of ``role``: the reference unless the KL coefficient is 0, the
+    reward model unless the rewards come from rules (``Workload.role_models``)."""
+    if role == "reference":
+        return workload.holds_reference
+    if role == "reward":
+        return workload.holds_reward_model
+    return True
 
 
 @lru_cache(maxsize=16384)
@@ -120,8 +144,8 @@ def place_models(
         "parameters": sum(p.states.parameters for p in trained),
         "optimizer_states": sum(p.states.optimizer_states for p in trained),
         "gradients": sum(p.persistent_gradients for p in trained),  # ZeRO-3's partitions, kept from init on
-        "reference_model": reference.resident,
-        "reward_model": reward.resident,
+        **({"reference_model": reference.resident} if reference is not None else {}),
+        **({"reward_model": reward.resident} if reward is not None else {}),
         "ema": ema_gpu,
         "experience": experience_bytes(ctx.job.sequences_per_gpu, ctx.job.seq_len, dtype),
         "buffers": int(coef.cublas_workspace_bytes) + sum(p.buffers for p in trained),
@@ -132,13 +156,15 @@ def place_models(
     # one model's 16-bit copy before training (one model at a time).
     g = ctx.hardware.gpus
     steady = add_parts(*(trained_host(p, coef) for p in trained))
-    steady.update(frozen_models=reference.host + reward.host, ema=ema_host)
+    frozen = [p for p in (reference, reward) if p is not None]
+    frozen_host = sum(p.host for p in frozen)
+    steady.update(frozen_models=frozen_host, ema=ema_host)
     loading = max(
         [d * p.resident // (n if p.layout.zero_stage == 3 else 1) for p in trained]
-        + [d * p.params // (n if p.block.zero_stage == 3 else 1) for p in (reference, reward)]
+        + [d * p.params // (n if p.block.zero_stage == 3 else 1) for p in frozen]
     )
     host = HostMemory({STEADY: per_node(steady, g), LOADING: {"model_loading": loading * g}})
-    host_states = sum(p.states.host + p.work.host for p in trained) + reference.host + reward.host + ema_host
+    host_states = sum(p.states.host + p.work.host for p in trained) + frozen_host + ema_host
     return Models(actor, critic, reference, reward, resident, host, host_states)
 
 
@@ -153,12 +179,12 @@ def models_resident_sizes(ctx: RLHFContext, models: Models) -> Sizes:
         s = p.layout
         weights += resident_sizes(p.model, dtype, s.lora_rank, flat=s.zero_stage in (1, 2) and not s.lora_rank)
         states += (p.states.optimizer_states // 3,) * 3
-    return sizes_of(
-        parameters=weights,
-        optimizer_states=states,
-        reference_model=weight_tensors(models.reference.model, dtype),
-        reward_model=weight_tensors(models.reward.model, dtype),
-    )
+    frozen = {
+        f"{role}_model": weight_tensors(p.model, dtype)
+        for role, p in (("reference", models.reference), ("reward", models.reward))
+        if p is not None
+    }
+    return sizes_of(parameters=weights, optimizer_states=states, **frozen)
 
 
 def trained_init_cached(p: TrainedPlacement, dtype: str) -> int:

@@ -4,8 +4,10 @@ Per GPU a step takes ``global_batch / world_size`` prompts. They are generated `
 per call, each prompt giving ``samples_per_prompt`` sequences of prompt + generation tokens (ReMax adds a
 greedy generate call per batch for its baseline). Every generated batch is then scored: no-grad forwards of
 the actor and the reference (log-probs over the vocabulary), the reward model and, for PPO, the critic
-(scalar heads). Training runs ``ppo_epochs`` passes over the step's sequences, ``micro_batch`` sequences per
-micro-step and ``grad_accum`` micro-steps per optimizer step, actor and critic micro-steps interleaved.
+(scalar heads). A KL coefficient of 0 holds no reference and rule-based rewards no reward model
+(:func:`search.rlhf.models.holds_role`): their bytes and forwards drop out. Training runs ``ppo_epochs``
+passes over the step's sequences, ``micro_batch`` sequences per micro-step and ``grad_accum`` micro-steps per
+optimizer step, actor and critic micro-steps interleaved.
 
 Phases: ``generation``, ``scoring``, ``actor_training``, ``critic_training`` (PPO only). Every phase gets a
 peak allocated (all resident model bytes plus its own live bytes), a peak reserved (plus the caching
@@ -269,7 +271,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
     notes = []
     if s.hybrid_engine:
         notes.append("the hybrid engine's KV cache and workspace are cudaMalloc'ed outside torch's allocator")
-    if s.actor.lora_rank and ctx.workload.model_for("reference") == ctx.workload.model:
+    if models.reference is not None and s.actor.lora_rank and ctx.workload.model_for("reference") == ctx.workload.model:
         reference = models.reference.resident / 2**30
         notes.append(
             f"the reference is a separate copy as in DeepSpeed-Chat ({reference:.1f} GiB here); running the LoRA "

@@ -32,6 +32,7 @@ from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weigh
 from search.streams.workspaces import backward_workspace
 from store.errors import InputError
 from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
+from store.module_dropout import workload_as_run
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 from store.workload_kinds import traits
 
@@ -285,8 +286,9 @@ def checked_step(workload: Workload, strategy: Strategy, hardware: Hardware, coe
 
 @lru_cache(maxsize=4096)
 def _policy_free_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
-    """One Step for every ``empty_cache`` policy and allocator of a strategy (a Step holds neither)."""
-    return single_step(workload, strategy, hardware, coef)
+    """One Step for every ``empty_cache`` policy and allocator of a strategy (a Step holds neither), of the
+    models as the framework runs them (TRL's ``disable_dropout``: ``store.module_dropout.workload_as_run``)."""
+    return single_step(workload_as_run(workload), strategy, hardware, coef)
 
 
 @lru_cache(maxsize=4096)  # a search's confirmation and the report ask for the same plan again

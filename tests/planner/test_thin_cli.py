@@ -30,7 +30,7 @@ NOT_OFFERED = {
     "recommend": set(),
     "predict": set(),
     # check's --batch fills a transformers config's "auto" batch keys
-    "check": {"prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt"},
+    "check": {"prompt_len", "gen_len", "critic_model", "reward_model", "ppo_epochs", "samples_per_prompt", "kl_coef"},
     # a probe runs on this machine, one node of a plan: no catalog node, no network between nodes
     "probe": {"nvme_path", "safety_margin", "framework", "node", "inter_node_gbps"},
 }
