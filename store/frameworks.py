@@ -53,6 +53,9 @@ TRL_HEAD_OUTPUTS: dict[str, tuple[str, ...]] = {
 # trainers' __init__ call ``trl.trainer.utils.disable_dropout_in_model``; ``GRPOConfig`` defaults to False,
 # ``SFTConfig`` has no such key): the model runs with its ``nn.Dropout`` modules at p = 0 (``store.module_dropout``).
 TRL_NO_DROPOUT_WORKLOADS: tuple[str, ...] = ("dpo", "reward")
+# GRPOConfig's default (trl/trainer/grpo_config.py, TRL 1.16): with vLLM the old policy's log-probs are always
+# computed, to correct for the engine's sampling distribution (GRPOTrainer._generate_and_score_completions)
+TRL_VLLM_IMPORTANCE_SAMPLING_CORRECTION = True
 # train_ppo_ray's --ds.attn_implementation default (openrlhf/cli/train_ppo_ray.py, 0.11.2)
 DEFAULT_ATTENTION: dict[str, str] = {"openrlhf": "flash_attention_2"}
 # The KL coefficient each program runs an RLHF workload with when the user gives none (``--kl-coef``); 0 loads no
@@ -198,3 +201,47 @@ def framework_sleep_level(framework: str, sleep_level: int, lora_rank: int) -> i
     if framework == "verl" and sleep_level > 0:
         return 1 if lora_rank else 2
     return sleep_level
+
+
+def trl_old_logps_forward(
+    gradient_accumulation_steps: int,
+    steps_per_generation: int,
+    num_iterations: int,
+    use_vllm: bool,
+    vllm_importance_sampling_correction: bool,
+) -> bool:
+    """Whether TRL 1.16's GRPOTrainer runs the old policy's log-prob forward over a generation batch, its own
+    condition (trl/trainer/grpo_trainer.py, ``GRPOTrainer._generate_and_score_completions``)::
+
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self.args.gradient_accumulation_steps % generate_every != 0 or (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        ):
+
+    Otherwise ``old_per_token_logps = None`` and ``_compute_loss`` takes ``per_token_logps.detach()``."""
+    generate_every = steps_per_generation * num_iterations
+    return gradient_accumulation_steps % generate_every != 0 or (use_vllm and vllm_importance_sampling_correction)
+
+
+def scores_old_policy(framework: str, kind: str, ppo_epochs: int, grad_accum: int, rollout_engine: bool) -> bool:
+    """Whether the step runs the actor's no-grad scoring forward (the old policy's log-probs). memplan's own loop
+    and the other programs always do; TRL's GRPO as :mod:`launch.frameworks.trl` exports it decides by
+    :func:`trl_old_logps_forward` with ``num_iterations = ppo_epochs``, ``use_vllm`` = a rollout engine,
+    ``gradient_accumulation_steps = grad_accum``, and ``steps_per_generation`` left unset, which
+    ``GRPOConfig.__post_init__`` makes ``gradient_accumulation_steps``; ``vllm_importance_sampling_correction`` at
+    its default (:data:`TRL_VLLM_IMPORTANCE_SAMPLING_CORRECTION`). So TRL skips it at one iteration without vLLM."""
+    if framework != "trl" or kind != "grpo":
+        return True
+    return trl_old_logps_forward(
+        grad_accum, grad_accum, ppo_epochs, rollout_engine, TRL_VLLM_IMPORTANCE_SAMPLING_CORRECTION
+    )
+
+
+def reference_through_actor(framework: str, kind: str, holds_reference: bool, lora_rank: int) -> bool:
+    """Whether the reference's log-probs come from the LoRA actor with its adapters off, with no copy of its own.
+
+    TRL 1.16's ``GRPOTrainer.__init__`` (trl/trainer/grpo_trainer.py): ``elif is_peft_model(model): ...
+    self.ref_model = None``; ``_generate_and_score_completions`` then scores the reference with ``self.model``
+    under ``use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)`` (adapters disabled
+    for a new adapter). The pass runs as long as ``beta != 0.0`` (``holds_reference``)."""
+    return framework == "trl" and kind == "grpo" and holds_reference and lora_rank > 0

@@ -49,7 +49,7 @@ def _trainer_bounds(
     bytes offload_states can move)."""
     generation_batch, micro_batch, grad_accum = batches
     models = place_models(ctx, actor, critic, reference, reward, ema)
-    scoring = scoring_half(ctx, models, generation_batch, 1)
+    scoring = scoring_half(ctx, models, generation_batch, 1, micro_batch, grad_accum, rollout_engine=True)
     training = training_half(ctx, actor, critic, ema, micro_batch, grad_accum)
     seconds = sum(scoring.time.values()) + sum(training.time.values())
     floor = reserved_floor(models, (scoring, training), ctx.coef, ctx.workload.dtype)

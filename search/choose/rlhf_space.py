@@ -23,6 +23,7 @@ from search.model.training_time import training_time
 from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
 from search.rlhf.models import frozen_model, holds_role, role_micro_batch, trained_init_cached, trained_model
+from search.rlhf.scoring import reference_is_actor, reference_may_be_actor, scores_actor
 from search.rlhf.step import generation_phase, scoring_forward
 from search.rlhf.timing import ema_time, gae_seconds
 from search.step.phases import LIVE_PARTS, Live, trained_factor
@@ -182,9 +183,16 @@ def role_seconds(
     generation_batch, micro_batch, grad_accum = batches
     if role in ("reference", "reward"):
         frozen = frozen_model(ctx, role, block)
-        return 0.0 if frozen is None else scoring_forward(ctx, frozen, generation_batch)[1]
+        if frozen is None or (role == "reference" and reference_may_be_actor(ctx)):
+            return 0.0  # TRL: a LoRA actor runs the reference pass, counted with the actor's seconds
+        return scoring_forward(ctx, frozen, generation_batch, micro_batch)[1]
     placed = trained_model(ctx, role, block, 1)
-    seconds = scoring_forward(ctx, placed, generation_batch)[1]
+    scores = (
+        [scores_actor(ctx, grad_accum, False), reference_is_actor(ctx, placed.layout.lora_rank)]
+        if role == "actor"
+        else [1]
+    )
+    seconds = sum(scores) * scoring_forward(ctx, placed, generation_batch, micro_batch)[1]
     if role == "actor":
         seconds = generation_phase(ctx, placed, hybrid_engine, generation_batch).time_s + seconds
     w, job = ctx.workload, ctx.job
@@ -229,14 +237,15 @@ def role_live_floor(
     moments: list[tuple[Live, float]] = []
     if role in ("reference", "reward"):
         frozen = frozen_model(ctx, role, block)
-        if frozen is None:  # a model the workload does not hold: no moment of its own
-            return 0
-        live, _, factor = scoring_forward(ctx, frozen, generation_batch)
+        if frozen is None or (role == "reference" and reference_may_be_actor(ctx)):
+            return 0  # a model the workload does not hold (or TRL's LoRA actor runs it): no moment of its own
+        live, _, factor = scoring_forward(ctx, frozen, generation_batch, micro_batch)
         moments.append((live, factor))
     else:
         placed = trained_model(ctx, role, block, 1)
-        live, _, factor = scoring_forward(ctx, placed, generation_batch)
-        moments.append((live, factor))
+        if role != "actor" or scores_actor(ctx, grad_accum, False) or reference_is_actor(ctx, placed.layout.lora_rank):
+            live, _, factor = scoring_forward(ctx, placed, generation_batch, micro_batch)
+            moments.append((live, factor))
         if role == "actor" and generates:  # DeepSpeed's generation (a rollout engine's bytes only add)
             generation = generation_phase(ctx, placed, hybrid_engine, generation_batch)
             moments += [(m, generation.factor) for m in generation.moments]
@@ -270,8 +279,8 @@ def role_bytes(
     n, d, coef = ctx.hardware.world_size, DTYPE_BYTES[ctx.workload.dtype], ctx.coef
     if role in ("reference", "reward"):
         frozen = frozen_model(ctx, role, block)
-        if frozen is None:
-            return 0, 0, 0
+        if frozen is None or (role == "reference" and reference_may_be_actor(ctx)):
+            return 0, 0, 0  # TRL: no copy where the actor is LoRA (a bound over every actor)
         return frozen.resident, frozen.host, d * frozen.params // (n if frozen.block.zero_stage == 3 else 1)
     p = trained_model(ctx, role, block, 1)
     resident = p.states.parameters + p.states.optimizer_states + p.persistent_gradients + p.buffers

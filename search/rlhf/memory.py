@@ -149,17 +149,22 @@ def forward_live(
     dtype: str,
     attn_impl: str,
     coef: Coefficients,
+    fused_head: int | None = None,
 ) -> Live:
     """One model's no-grad forward: a layer's working set, logits with the fp32 log-softmax (LM heads
     only, as single-model inference counts them), and its ZeRO-3 gathered module. Traced where the model has
     traced scoring windows: the forward until its LM head, then the logits and ``token_logprobs`` as the RLHF
-    probe scores (the larger of the two is the moment; ``logits`` is what the head adds above the forward)."""
+    probe scores (the larger of the two is the moment; ``logits`` is what the head adds above the forward).
+    ``fused_head``: the bytes of TRL's fused head in place of the logits (``FusedHead.forward``,
+    :mod:`search.rlhf.scoring`); the working set until the head stays the forward's (traced or formula)."""
     working = activations(model, sequences, seq_len, dtype, attn_impl, False, coef).forward_working
     logits = logits_bytes(model, sequences, seq_len, dtype, coef)[1] if lm_head else 0
     windows = traced_windows(model, dtype, attn_impl)
     if windows is not None:  # traced: the forward until its LM head, then the logits and token_logprobs
         working, whole = traced_moment(windows, "scoring_forward", "scoring_head", sequences, seq_len)
         logits = whole - working if lm_head else 0
+    if fused_head is not None:
+        logits = fused_head
     return live(zero3_gathered=gathered, activations=working, logits=logits, transient=gathered + working + logits)
 
 

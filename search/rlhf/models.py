@@ -28,7 +28,7 @@ from search.rlhf.memory import experience_bytes
 from search.streams.sizes import Sizes, resident_sizes, sizes_of, weight_tensors
 from search.streams.workspaces import backward_workspace
 from store.ds_defaults import OVERLAP_COMM
-from store.frameworks import framework_buckets, framework_frozen_buckets
+from store.frameworks import framework_buckets, framework_frozen_buckets, reference_through_actor
 from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy, Workload
 
 
@@ -38,7 +38,7 @@ class Models:
 
     actor: TrainedPlacement
     critic: TrainedPlacement | None
-    reference: FrozenPlacement | None  # None: KL coefficient 0, no reference loaded
+    reference: FrozenPlacement | None  # None: KL coefficient 0, or TRL's LoRA actor with adapters off is the reference
     reward: FrozenPlacement | None  # None: rule-based rewards, no reward model
     resident: dict[str, int]
     host: HostMemory  # host memory per node by phase and part
@@ -138,6 +138,8 @@ def place_models(
     actor = trained_model(ctx, "actor", actor_layout, 1)
     critic = trained_model(ctx, "critic", critic_layout, 1) if critic_layout is not None else None
     reference, reward = frozen_model(ctx, "reference", reference_block), frozen_model(ctx, "reward", reward_block)
+    if reference_through_actor(w.framework, w.kind, w.holds_reference, actor_layout.lora_rank):
+        reference = None  # TRL: the LoRA actor with its adapters off is the reference (search.rlhf.scoring)
     trained = [actor] + ([critic] if critic else [])
     ema_gpu, ema_host = ema_bytes(actor, dtype, n) if ema else (0, 0)
     resident = {

@@ -16,8 +16,9 @@ it allocates and frees, and leaves a share of it cached for the phases after it,
 releases them (``never``; ``after-generation``; ``after-inference``: after generation and after scoring;
 ``after-phase``; ``every-step``: between steps only).
 
-The reference is always a separate model, as DeepSpeed-Chat keeps it, even when the actor is LoRA-tuned
-from the same base (TRL would run the actor with adapters disabled instead and save its bytes).
+The reference is a separate model, as DeepSpeed-Chat keeps it, even when the actor is LoRA-tuned from the same
+base; TRL's GRPO runs the LoRA actor with its adapters off instead, scores in micro-batches through its fused
+head and may skip the old policy's forward (:mod:`search.rlhf.scoring`).
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ from search.rlhf.models import (
     role_micro_batch,
     trained_model,
 )
+from search.rlhf.scoring import reference_is_actor, scorers, scoring_chunks, scoring_head
 from search.rlhf.timing import ema_time, frozen_forward_time, gae_seconds, generation_time, trained_forward_time
 from search.step.assemble import Step
 from search.step.assemble import reserved_floor as step_reserved_floor
 from search.step.phases import INFERENCE, TRAINING, Live, StepPhase, frozen_factor, trained_factor
+from search.step.phases import live as moment_of
 from search.streams.init import engine_init
-from search.streams.sizes import inference_sizes, training_sizes, weight_tensors
+from search.streams.sizes import Sizes, inference_sizes, sizes_of, training_sizes, weight_tensors
 from store.records import RLHFStrategy, TrainedModelStrategy
 from store.workload_kinds import traits
 
@@ -96,11 +99,12 @@ def generation_phase(
 
 @lru_cache(maxsize=4096)
 def scoring_forward(
-    ctx: RLHFContext, model: TrainedPlacement | FrozenPlacement, generation_batch: int
+    ctx: RLHFContext, model: TrainedPlacement | FrozenPlacement, generation_batch: int, micro_batch: int
 ) -> tuple[Live, float, float]:
-    """(live bytes, seconds per step, fragmentation factor) of one model's scoring forwards."""
+    """(live bytes, seconds per step, fragmentation factor) of one model's scoring forwards: one per generate
+    call, or TRL's, ``micro_batch`` sequences each through its fused head (:mod:`search.rlhf.scoring`)."""
     w, hw, coef, job = ctx.workload, ctx.hardware, ctx.coef, ctx.job
-    batch, calls = generation_batch * job.samples_per_prompt, job.prompts_per_gpu // generation_batch
+    batch, forwards = scoring_chunks(ctx, generation_batch, micro_batch)
     if isinstance(model, TrainedPlacement):
         gathered = model.states.zero3_gathered // 2  # parameters of the live module, no gradients
         seconds = trained_forward_time(model, batch, job.seq_len, w.dtype, hw, coef)
@@ -109,6 +113,7 @@ def scoring_forward(
         gathered = model.gathered
         seconds = frozen_forward_time(model, batch, job.seq_len, w.dtype, hw, coef)
         factor = frozen_factor(model, coef)
+    head = scoring_head(ctx, model, batch)
     live = forward_live(
         model.model,
         model.lm_head,
@@ -118,60 +123,89 @@ def scoring_forward(
         dtype=w.dtype,
         attn_impl=w.attn_impl,
         coef=coef,
+        fused_head=None if head is None else head.forward,
     )
-    return live, calls * seconds, factor
+    return live, forwards * seconds, factor
+
+
+def live_of_nothing() -> Live:
+    """A moment that holds no bytes (a scoring phase in which no model runs)."""
+    return moment_of(transient=0)
+
+
+def scoring_sizes(
+    ctx: RLHFContext, model: TrainedPlacement | FrozenPlacement, generation_batch: int, micro_batch: int
+) -> Sizes:
+    """The tensor sizes of one model's scoring forward: the logits (and their fp32 upcast), or TRL's fused head's
+    hidden copy, tile and fp32 vectors in their place."""
+    w, job = ctx.workload, ctx.job
+    batch, _ = scoring_chunks(ctx, generation_batch, micro_batch)
+    head = scoring_head(ctx, model, batch)
+    logit_tokens = job.seq_len if model.lm_head and head is None else 0
+    sizes = inference_sizes(model.model, batch, job.seq_len, w.dtype, w.attn_impl, ctx.coef, logit_tokens)
+    if head is None:
+        return sizes
+    kept = tuple(pair for pair in sizes if pair[0] != "logits")
+    return kept + sizes_of(logits=(head.hidden_copy, head.tile, head.vectors))
 
 
 @lru_cache(maxsize=16384)
-def scoring_half(ctx: RLHFContext, models: Models, generation_batch: int, generate_calls: int) -> StepHalf:
-    """The scoring forwards of the step's generated sequences, ``generation_batch`` prompts per call, and the
-    per-call overhead of ``generate_calls`` generate calls (the generation phase itself is the caller's)."""
+def scoring_half(
+    ctx: RLHFContext,
+    models: Models,
+    generation_batch: int,
+    generate_calls: int,
+    micro_batch: int,
+    grad_accum: int,
+    rollout_engine: bool,
+) -> StepHalf:
+    """The scoring forwards of the step's generated sequences (:func:`search.rlhf.scoring.scorers`: which models
+    score, and TRL's micro-batches of ``micro_batch`` sequences), and the per-call overhead of ``generate_calls``
+    generate calls (the generation phase itself is the caller's). ``grad_accum`` and ``rollout_engine`` (a vLLM or
+    SGLang engine generates) decide whether TRL's old-policy forward runs. A reference run through the LoRA actor
+    counts as the actor's seconds: the actor's weights and layout run it."""
     job = ctx.job
-    roles = [("actor", models.actor), ("critic", models.critic), ("reference", models.reference)]
-    roles.append(("reward", models.reward))
-    forwards = {role: scoring_forward(ctx, p, generation_batch) for role, p in roles if p is not None}
-    role_time = {role: forwards[role][1] if role in forwards else 0.0 for role, _ in roles}
+    runs = scorers(ctx, models, grad_accum, rollout_engine)
+    forwards = [(role, p, scoring_forward(ctx, p, generation_batch, micro_batch)) for role, p in runs]
+    role_time = dict.fromkeys(("actor", "critic", "reference", "reward"), 0.0)
+    for role, p, (_, seconds, _) in forwards:
+        role_time["actor" if p is models.actor else role] += seconds
     calls = job.prompts_per_gpu // generation_batch
     overhead = role_time["shared"] = ctx.coef.step_overhead_s * (calls + generate_calls)
-    scoring_seconds = sum(seconds for _, seconds, _ in forwards.values())
+    scoring_seconds = sum(seconds for _, _, (_, seconds, _) in forwards)
     if traits(ctx.workload.kind).gae_advantages:  # GAE: a Python loop over the generated positions, per call
         advantages = calls * gae_seconds(job.gen_len, ctx.coef)
         scoring_seconds += advantages
         role_time["shared"] += advantages  # no model's: the bound walk counts it with the shared seconds
+    # TRL's GRPO with rule-based rewards, no reference and no old-policy forward scores with no model at all: the
+    # phase stays, holding nothing (its rewards are computed on the CPU)
+    moments = tuple(live for _, _, (live, _, _) in forwards) or (live_of_nothing(),)
     scoring = StepPhase(
         "scoring",
         INFERENCE,
-        tuple(live for live, _, _ in forwards.values()),
-        max(factor for _, _, factor in forwards.values()),
+        moments,
+        max((factor for _, _, (_, _, factor) in forwards), default=1.0),
         ctx.coef.frag_inference_carried,
         scoring_seconds,
         calls,
-        moment_sizes=tuple(
-            inference_sizes(
-                p.model,
-                generation_batch * job.samples_per_prompt,
-                job.seq_len,
-                ctx.workload.dtype,
-                ctx.workload.attn_impl,
-                ctx.coef,
-                job.seq_len if p.lm_head else 0,
-            )
-            for role, p in roles
-            if p is not None
-        ),
+        moment_sizes=tuple(scoring_sizes(ctx, p, generation_batch, micro_batch) for _, p, _ in forwards) or ((),),
     )
     time = {"generation": 0.0, "scoring": scoring_seconds, "overhead": overhead}
     return _half([scoring], time, role_time)
 
 
 @lru_cache(maxsize=16384)
-def inference_half(ctx: RLHFContext, models: Models, hybrid_engine: bool, generation_batch: int) -> StepHalf:
+def inference_half(
+    ctx: RLHFContext, models: Models, hybrid_engine: bool, generation_batch: int, micro_batch: int, grad_accum: int
+) -> StepHalf:
     """Generation (DeepSpeed's: the hybrid engine or HF generate) and scoring of the step's prompts,
-    ``generation_batch`` prompts per call."""
+    ``generation_batch`` prompts per call (TRL scores ``micro_batch`` sequences per forward)."""
     job = ctx.job
     generation = generation_phase(ctx, models.actor, hybrid_engine, generation_batch)
     calls = job.prompts_per_gpu // generation_batch
-    scoring = scoring_half(ctx, models, generation_batch, calls * job.generate_passes)
+    scoring = scoring_half(
+        ctx, models, generation_batch, calls * job.generate_passes, micro_batch, grad_accum, rollout_engine=False
+    )
     role_time = dict(scoring.role_time)
     role_time["actor"] += generation.time_s
     time = dict(scoring.time, generation=generation.time_s)
@@ -248,7 +282,7 @@ def step_halves(ctx: RLHFContext, s: RLHFStrategy) -> tuple[Models, StepHalf, St
     models = place_models(ctx, s.actor, s.critic, s.reference, s.reward, s.ema)
     return (
         models,
-        inference_half(ctx, models, s.hybrid_engine, s.generation_batch),
+        inference_half(ctx, models, s.hybrid_engine, s.generation_batch, s.micro_batch, s.grad_accum),
         training_half(ctx, s.actor, s.critic, s.ema, s.micro_batch, s.grad_accum),
     )
 
@@ -277,6 +311,8 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
             f"the reference is a separate copy as in DeepSpeed-Chat ({reference:.1f} GiB here); running the LoRA "
             "actor with its adapters disabled (TRL) would save it"
         )
+    if models.reference is None and reference_is_actor(ctx, s.actor.lora_rank):
+        notes.append("the reference log-probs come from the LoRA actor with its adapters disabled (TRL): no copy")
     return Step(
         resident=models.resident,
         phases=inference.phases + training.phases,

@@ -158,7 +158,7 @@ def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
     assert rollout is not None
     w, coef, job = ctx.workload, ctx.coef, ctx.job
     models = place_models(ctx, s.actor, s.critic, s.reference, s.reward, s.ema)
-    scoring = scoring_half(ctx, models, s.generation_batch, 1)
+    scoring = scoring_half(ctx, models, s.generation_batch, 1, s.micro_batch, s.grad_accum, rollout_engine=True)
     training = training_half(ctx, s.actor, s.critic, s.ema, s.micro_batch, s.grad_accum)
     resident = sum(models.resident.values())
     offloaded = offloadable_states(models, rollout) if rollout.colocated else 0
