@@ -27,6 +27,7 @@ from store.ds_buckets import DS_SUB_GROUP_SIZE
 from store.ds_defaults import GRADIENT_CLIPPING, LEARNING_RATE, PIN_MEMORY, WEIGHT_DECAY, buckets_of
 from store.errors import InputError
 from store.phases import EMPTY_CACHE_PLACEMENT
+from store.quantization import qlora_loading
 from store.records import EMPTY_CACHE_POLICIES, Hardware, Strategy, Workload
 
 __all__ = ["render_ds_config", "outside_settings", "EMPTY_CACHE_PLACEMENT"]
@@ -172,4 +173,6 @@ def outside_settings(strategy: Strategy) -> dict[str, str]:
             f'peft.get_peft_model(model, LoraConfig(r={rank}, target_modules="all-linear", '
             'task_type="CAUSAL_LM")) before deepspeed.initialize; the DeepSpeed config needs nothing extra'
         )
+    if strategy.quantization != "none":
+        settings["quantization"] = qlora_loading(strategy.quantization, None)
     return settings

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from store.ds_buckets import ZeroBuckets
 from store.errors import InputError, refuse_unknown_keys
 from store.loss_chunks import LOSSES
+from store.quantization import QUANTIZATIONS, quantization_label
 from store.rollout import RolloutStrategy
 from store.workload_kinds import KINDS, traits
 
@@ -380,6 +381,8 @@ class Strategy:
     # the ZeRO bucket keys a user's DeepSpeed config runs with (``planner check``); None: memplan's own, the
     # values its exported config carries (store.ds_defaults)
     ds_buckets: ZeroBuckets | None = None
+    # the base weights as bitsandbytes holds them (store.quantization): "none" (16-bit), "nf4" or "int8" (QLoRA)
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         problems = strategy_problems(self)
@@ -394,6 +397,8 @@ class Strategy:
             del shape["loss"]
         if self.ds_buckets is None:
             del shape["ds_buckets"]
+        if self.quantization == "none":  # only when quantized: older documents stay as they are
+            del shape["quantization"]
         return shape
 
     @classmethod
@@ -419,7 +424,7 @@ class Strategy:
         if self.gradient_checkpointing:
             parts.append("ckpt")
         if self.lora_rank:
-            parts.append(f"LoRA r{self.lora_rank}")
+            parts.append(quantization_label(self.quantization, self.lora_rank))
         parts.append(f"mb {self.micro_batch}x{self.grad_accum}")
         if self.empty_cache != "never":
             parts.append(f"empty_cache {self.empty_cache}")
@@ -464,6 +469,29 @@ def layout_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
         value = getattr(s, name)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
             problems.append(f"{name} must be a whole number from 0 to {MAX_COUNT}, not {_shown(value)}")
+    problems.extend(quantization_problems(s))
+    return problems
+
+
+def quantization_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
+    """What makes a QLoRA layout impossible or unmodeled: quantized base weights train only through LoRA
+    adapters, and ZeRO-3 is not modeled for them (transformers 5.23 ``modeling_utils.py:1435`` skips
+    ``zero.Init`` for a quantized model, so every rank loads the whole 4-bit model, and PEFT's DeepSpeed guide
+    needs ``bnb_4bit_quant_storage`` set to the compute dtype for ZeRO-3 to flatten the packed weights)."""
+    q = s.quantization
+    if q not in QUANTIZATIONS:
+        return [f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {_shown(q)}"]
+    if q == "none":
+        return []
+    problems: list[str] = []
+    if not (isinstance(s.lora_rank, int) and s.lora_rank > 0):
+        problems.append(f"quantization {q} (QLoRA) trains LoRA adapters on frozen quantized weights: set lora_rank > 0")
+    if s.zero_stage == 3:
+        problems.append(
+            f"quantization {q} with zero_stage 3 is not planned: transformers loads a bitsandbytes model without "
+            "zero.Init (every rank holds the whole quantized model) and ZeRO-3 needs bnb_4bit_quant_storage "
+            "to partition it; use zero_stage 0, 1 or 2 (the adapters' optimizer states may be offloaded)"
+        )
     return problems
 
 
@@ -498,6 +526,7 @@ class TrainedModelStrategy:
     offload_param: str = "none"
     gradient_checkpointing: bool = False
     lora_rank: int = 0
+    quantization: str = "none"  # QLoRA's base weights (store.quantization); last, so positional callers stay
 
     def __post_init__(self) -> None:
         problems = layout_problems(self)
@@ -505,7 +534,10 @@ class TrainedModelStrategy:
             raise InputError("strategy: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shape = asdict(self)
+        if self.quantization == "none":  # only when quantized: older documents stay as they are
+            del shape["quantization"]
+        return shape
 
     def describe(self) -> str:
         parts = [f"Z{self.zero_stage}"]
@@ -516,7 +548,7 @@ class TrainedModelStrategy:
         if self.gradient_checkpointing:
             parts.append("ckpt")
         if self.lora_rank:
-            parts.append(f"LoRA r{self.lora_rank}")
+            parts.append(quantization_label(self.quantization, self.lora_rank))
         return " ".join(parts)
 
 
@@ -586,6 +618,12 @@ class RLHFStrategy:
             problems.append(f"empty_cache must be one of {', '.join(EMPTY_CACHE_POLICIES)}, not {self.empty_cache!r}")
         if self.allocator not in ALLOCATORS:
             problems.append(f"allocator must be one of {', '.join(ALLOCATORS)}, not {self.allocator!r}")
+        for role, block in (("actor", self.actor), ("critic", self.critic)):
+            if isinstance(block, TrainedModelStrategy) and block.quantization != "none":
+                problems.append(
+                    f"{role} quantization {block.quantization}: QLoRA is planned for single-model training (sft, "
+                    "reward, dpo) only; DeepSpeed-Chat, OpenRLHF and veRL exports have no bitsandbytes loading"
+                )
         if problems:
             raise InputError("strategy: " + "; ".join(problems))
 

@@ -28,6 +28,7 @@ from launch.common import (
 )
 from launch.ds_config import ADAM_BETAS, ADAM_EPS, render_ds_config
 from store.ds_defaults import GRADIENT_CLIPPING, LEARNING_RATE, WEIGHT_DECAY
+from store.quantization import qlora_loading
 from store.records import Hardware, Strategy, Workload
 from store.workload_kinds import traits
 
@@ -101,8 +102,9 @@ def single_model_gaps(strategy: Strategy, framework: str) -> list[str]:
     return gaps
 
 
-def setup_notes(strategy: Strategy, hardware: Hardware) -> list[str]:
-    """What the user does beside the keywords: LoRA, the allocator, the launch."""
+def setup_notes(strategy: Strategy, hardware: Hardware, dtype: str = "bf16") -> list[str]:
+    """What the user does beside the keywords: LoRA (QLoRA's quantized loading in ``dtype``), the allocator, the
+    launch."""
     notes = [
         f"launch on {hardware.nodes} x {hardware.gpus} GPUs: deepspeed --num_nodes {hardware.nodes} --num_gpus "
         f"{hardware.gpus} train.py (or torchrun / accelerate launch with as many processes)",
@@ -112,6 +114,8 @@ def setup_notes(strategy: Strategy, hardware: Hardware) -> list[str]:
             f"LoRA rank {strategy.lora_rank}: peft.get_peft_model(model, LoraConfig(r={strategy.lora_rank}, "
             'target_modules="all-linear", task_type="CAUSAL_LM")) before the Trainer (TRL: peft_config=)'
         )
+    if strategy.quantization != "none":
+        notes.append(qlora_loading(strategy.quantization, dtype))
     notes += [f"export {name}={value} before launching" for name, value in allocator_env(strategy).items()]
     return notes
 
@@ -122,7 +126,7 @@ def render(strategy: Strategy, workload: Workload, hardware: Hardware, paths: di
     gaps = single_model_gaps(strategy, "transformers' Trainer")
     if traits(workload.kind).reference_forward:
         gaps.append("transformers' Trainer has no DPO loss: run these arguments through TRL (--format trl, DPOConfig)")
-    notes = setup_notes(strategy, hardware)
+    notes = setup_notes(strategy, hardware, workload.dtype)
     kwargs = training_kwargs(strategy, workload, paths["ds_config"])
     snippet = comment_block(
         [

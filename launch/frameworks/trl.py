@@ -38,6 +38,8 @@ from launch.common import (
 )
 from launch.frameworks.hf import auto_ds_config, setup_notes, single_model_gaps, training_kwargs
 from store.errors import InputError
+from store.frameworks import reference_through_actor
+from store.quantization import NF4_DOUBLE_QUANT
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 from store.workload_kinds import traits
 
@@ -87,12 +89,18 @@ def model_config(strategy: Strategy | RLHFStrategy, workload: Workload) -> dict[
     rank = _actor_strategy(strategy).lora_rank if isinstance(strategy, RLHFStrategy) else strategy.lora_rank
     if not rank:
         return {}
-    return {
+    keys: dict[str, Any] = {
         "use_peft": True,
         "lora_r": rank,
         "lora_target_modules": ["all-linear"],
         "lora_task_type": "SEQ_CLS" if traits(workload.kind).scalar_head else "CAUSAL_LM",
     }
+    quantization = "none" if isinstance(strategy, RLHFStrategy) else strategy.quantization
+    if quantization == "nf4":  # ModelConfig's bitsandbytes keys (get_quantization_config builds BitsAndBytesConfig)
+        keys.update({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": NF4_DOUBLE_QUANT})
+    elif quantization == "int8":
+        keys["load_in_8bit"] = True
+    return keys
 
 
 def config_kwargs(
@@ -187,7 +195,9 @@ def _frozen_gaps(strategy: RLHFStrategy, workload: Workload) -> list[str]:
     stage = 3 if actor.zero_stage == 3 else 0
     offload = "cpu" if stage == 3 and actor.offload_param != "none" else "none"
     found = []
-    held = {"reference": workload.holds_reference, "reward": workload.holds_reward_model}
+    # a LoRA actor is its own reference, adapters off (store.frameworks.reference_through_actor): no block to match
+    own = reference_through_actor("trl", workload.kind, workload.holds_reference, actor.lora_rank)
+    held = {"reference": workload.holds_reference and not own, "reward": workload.holds_reward_model}
     for role, block in (("reference", strategy.reference), ("reward", strategy.reward)):
         if held[role] and (block.zero_stage, block.offload) != (stage, offload):
             found.append(
@@ -260,7 +270,7 @@ def render(
             )
     else:
         ds = auto_ds_config(strategy, workload, hardware)
-        notes = setup_notes(strategy, hardware)
+        notes = setup_notes(strategy, hardware, workload.dtype)
     head = [
         f"TRL {VERSION} {cls} for this plan: {workload.kind} of {workload.model.name} on {hardware.nodes} x "
         f"{hardware.gpus} GPUs; {paths['ds_config']} holds the DeepSpeed config it points at.",

@@ -139,15 +139,29 @@ def recommend(
             result, used_fallback = retry, True
         elif not result.ranked:  # its bounds proved that nothing fits: rank the closest now
             result = searched[first] = searching(lora_ranks=first)
+    # QLoRA (4-bit base weights, a different recipe) only where no 16-bit plan fits, LoRA included
+    adapters = fallback or tuple(r for r in first if r > 0)
+    used_qlora = False
+    if result.best is None and adapters and not workload.is_rlhf:
+        quantized = searching(lora_ranks=adapters, closest=False, quantizations=("nf4",))
+        if quantized.best is not None:
+            result, used_qlora = quantized, True
     chosen = result.best or result.ranked[0]
     suggestions: list[str] = []
-    if used_fallback:
+    if used_qlora:
+        suggestions.append(
+            f"no 16-bit plan fits, LoRA included, so this plan trains QLoRA: NF4 4-bit base weights (bitsandbytes) "
+            f"with LoRA rank {adapters[0]} adapters, a different recipe from 16-bit LoRA "
+            "(pass --lora-rank 0 to see the closest full fine-tune)"
+        )
+    elif used_fallback:
         suggestions.append(
             f"no full fine-tune fits, so this plan trains LoRA rank {DEFAULT_LORA_RANK} adapters "
             "(pass --lora-rank 0 to see the closest full fine-tune)"
         )
-    if result.best is None or used_fallback:
-        suggestions.extend(what_would_fit(resolved, coefficients, include_lora=not used_fallback, searched=searched))
+    if result.best is None or used_fallback or used_qlora:
+        include_lora = not (used_fallback or used_qlora)
+        suggestions.extend(what_would_fit(resolved, coefficients, include_lora=include_lora, searched=searched))
     fastest = result.fastest_ignoring_memory  # a yardstick of time: its memory is the screen's (not replayed)
     overhead = None
     if fastest is not None and result.best is not None:

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 from planner.job.inputs import ResolvedJob
 from search import Candidate, Coefficients, SearchResult
+from search import predict as predict_strategy
 from search import search as run_search
-from store.records import Hardware, Workload
+from store.records import Hardware, Strategy, Workload
 from store.sizes import format_bytes
 
 MAX_GPUS_PER_NODE = 8
@@ -49,6 +50,9 @@ def what_would_fit(
         if found:
             lines.append(f"LoRA rank {rank} fits: {found} (--lora-rank {rank})")
             break
+    else:
+        if include_lora and not workload.is_rlhf:
+            lines.append(qlora_needs(workload, hardware, coef))
     gpus = hardware.gpus
     while gpus < MAX_GPUS_PER_NODE:
         gpus *= 2
@@ -75,6 +79,28 @@ def what_would_fit(
     if not lines:
         lines.append("none of LoRA, up to 8 GPUs per node, 4x host memory or half the sequence length would fit")
     return lines
+
+
+def qlora_needs(workload: Workload, hardware: Hardware, coef: Coefficients) -> str:
+    """The GPU memory QLoRA's leanest layout needs (NF4 base, rank-16 adapters, ZeRO-2 with the adapters' optimizer
+    states on the CPU, checkpointing, micro-batch 1): ZeRO-0/1/2 hold the whole quantized model on every GPU, so
+    more GPUs do not lower it, and ZeRO-3 with bitsandbytes weights is not planned (store.records)."""
+    rank = LORA_RANKS[0]
+    leanest = Strategy(
+        zero_stage=2,
+        offload_optimizer="cpu",
+        gradient_checkpointing=True,
+        lora_rank=rank,
+        micro_batch=1,
+        grad_accum=workload.global_batch // hardware.world_size or 1,
+        quantization="nf4",
+    )
+    needed = predict_strategy(workload, leanest, hardware, coef).peak_reserved_bytes
+    return (
+        f"QLoRA nf4 r{rank} ({leanest.describe()}) needs {format_bytes(needed)} of GPU memory plus the CUDA context "
+        "and margin: a GPU with that much fits it (ZeRO-0/1/2 keep the whole 4-bit model on every GPU, and ZeRO-3 "
+        "with bitsandbytes weights is not planned, so more GPUs do not lower it)"
+    )
 
 
 def _half_length(workload: Workload) -> tuple[Workload, str]:

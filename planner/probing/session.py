@@ -34,6 +34,7 @@ from search import DEFAULT_COEFFICIENTS, Coefficients
 from store.db import open_storage
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
+from store.records import RLHFStrategy, Strategy
 from store.sizes import parse_size
 
 
@@ -80,6 +81,7 @@ def probe(
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     depths = parse_layers(layers, resolved.workload.model.num_layers)
     chosen = choose_strategies(resolved, strategies, coefficients)
+    refuse_quantized_probe(chosen, device)
     probed, notes = one_node(resolved)
     planned = plan_probes(
         probed,
@@ -189,3 +191,16 @@ def _calibrated(
 
 def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:
     return result.fingerprint.to_dict() if result.fingerprint else None
+
+
+def refuse_quantized_probe(chosen: list[Strategy | RLHFStrategy], device: str) -> None:
+    """QLoRA's bitsandbytes kernels run on CUDA only, and memplan's probe does not load a quantized model yet:
+    a quantized strategy is refused with one line (InputError) rather than probed as a 16-bit LoRA."""
+    for strategy in chosen:
+        if isinstance(strategy, Strategy) and strategy.quantization != "none":
+            where = (
+                "bitsandbytes' 4/8-bit kernels run on CUDA only, not on the CPU"
+                if device == "cpu"
+                else "memplan's probe does not load bitsandbytes models yet (it would measure a 16-bit LoRA)"
+            )
+            raise InputError(f"cannot probe {strategy.describe()}: {where}; probe quantization none instead")

@@ -31,6 +31,7 @@ def screen_search(
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
     closest: bool = True,
     alternatives: int = RLHF_ALTERNATIVES - 1,
+    quantizations: tuple[str, ...] = ("none",),
 ) -> SearchResult:
     """Rank the strategies a search evaluated by the screen (peak reserved from the fragment coefficients),
     fastest fitting first (seeded: same inputs, same ranking). Arguments as for :func:`search`."""
@@ -46,7 +47,9 @@ def screen_search(
             closest=closest,
             alternatives=alternatives,
         )
-    return search_single(workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler)
+    return search_single(
+        workload, hardware, coef, lora_ranks=lora_ranks, seed=seed, sampler=sampler, quantizations=quantizations
+    )
 
 
 def search(
@@ -60,6 +63,7 @@ def search(
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
     closest: bool = True,
     alternatives: int = RLHF_ALTERNATIVES - 1,
+    quantizations: tuple[str, ...] = ("none",),
 ) -> SearchResult:
     """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan), every
     prediction replayed through the allocator port: the screen's ranking (:func:`screen_search`) confirmed
@@ -68,7 +72,9 @@ def search(
     ``rollouts``: what may generate an RLHF rollout ("hybrid-engine" for DeepSpeed's own, "vllm", "sglang").
     ``closest`` False (RLHF): when the search's bounds prove that nothing fits, return at once with nothing
     ranked instead of ranking the closest strategies (for a caller that reads only ``best``). ``alternatives``:
-    how many fitting strategies after the best to rank (RLHF: the bound walk ranks that many exactly)."""
+    how many fitting strategies after the best to rank (RLHF: the bound walk ranks that many exactly).
+    ``quantizations``: the base weights a single-model search tries ("none": 16-bit; "nf4": QLoRA, with LoRA
+    ranks above 0 only)."""
     screened = screen_search(
         workload,
         hardware,
@@ -79,6 +85,7 @@ def search(
         rollouts=rollouts,
         closest=closest,
         alternatives=alternatives,
+        quantizations=quantizations,
     )
     if workload.is_rlhf:
         return confirm(
@@ -105,6 +112,7 @@ def single_variants(workload: Workload, hardware: Hardware, strategy: Strategy) 
         strategy.offload_param,
         strategy.gradient_checkpointing,
         strategy.lora_rank,
+        strategy.quantization,
     )
     return [strategy_at(point, inner) for inner in inner_choices(workload, hardware)]
 
@@ -126,9 +134,10 @@ def exhaustive(
     *,
     lora_ranks: tuple[int, ...] = (0,),
     rollouts: tuple[str, ...] = ROLLOUT_FAMILIES,
+    quantizations: tuple[str, ...] = ("none",),
 ) -> Candidate | None:
     """The fastest strategy the screen says fits, by trying every point of the whole space (for tests of the
     screen search :func:`screen_search`)."""
     if workload.is_rlhf:
         return exhaustive_rlhf(workload, hardware, coef, lora_ranks=lora_ranks, rollouts=rollouts)
-    return exhaustive_single(workload, hardware, coef, lora_ranks=lora_ranks)
+    return exhaustive_single(workload, hardware, coef, lora_ranks=lora_ranks, quantizations=quantizations)

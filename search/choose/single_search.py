@@ -41,24 +41,30 @@ def search_single(
     lora_ranks: tuple[int, ...] = (0,),
     seed: int = 0,
     sampler: str = "auto",
+    quantizations: tuple[str, ...] = ("none",),
 ) -> SearchResult:
     """Run the Optuna study over the outer knobs and rank what it evaluated (fastest fitting first)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    points = list(outer_points(workload, hardware, lora_ranks))
+    points = list(outer_points(workload, hardware, lora_ranks, quantizations))
     by_key = {_key(p): p for p in points}
     if sampler == "auto":
         sampler = "grid" if len(points) <= GRID_LIMIT else "tpe"
     layouts = list(dict.fromkeys(_layout(p) for p in points))
     loras = list(dict.fromkeys(p.lora_rank for p in points))
+    bases = list(dict.fromkeys(p.quantization for p in points)) or ["none"]  # the base weights the points hold
     evaluated: dict[tuple, Candidate] = {}
 
     def objective(trial: optuna.Trial) -> float:
         layout = trial.suggest_categorical("layout", layouts)
         ckpt = trial.suggest_categorical("gradient_checkpointing", [False, True])
         lora = trial.suggest_categorical("lora_rank", loras)
-        key = (*_parse_layout(layout), ckpt, lora)
+        quantized = trial.suggest_categorical("quantization", bases) if len(bases) > 1 else bases[0]
+        key = (*_parse_layout(layout), ckpt, lora, quantized)
+        if key not in by_key:  # a grid corner no point has (QLoRA under ZeRO-3, or without LoRA)
+            trial.set_user_attr("fits", False)
+            return float("inf")
         if key not in evaluated:
             evaluated[key] = best_inner(by_key[key], workload, hardware, coef)
         candidate = evaluated[key]
@@ -66,6 +72,9 @@ def search_single(
         return candidate.score
 
     grid: dict[str, list[Any]] = {"layout": layouts, "gradient_checkpointing": [False, True], "lora_rank": loras}
+    if len(bases) > 1:
+        grid["quantization"] = bases
+    grid_size = len(layouts) * 2 * len(loras) * len(bases)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if sampler == "grid":
@@ -80,7 +89,7 @@ def search_single(
 
         study.optimize(
             objective,
-            n_trials=len(points) if sampler == "grid" else TPE_TRIALS,
+            n_trials=grid_size if sampler == "grid" else TPE_TRIALS,
             callbacks=[stop_when_all_seen],
         )
     order = {_key(p): i for i, p in enumerate(points)}
@@ -108,11 +117,16 @@ def fastest_ignoring_memory(
 
 
 def exhaustive_single(
-    workload: Workload, hardware: Hardware, coef: Coefficients, *, lora_ranks: tuple[int, ...] = (0,)
+    workload: Workload,
+    hardware: Hardware,
+    coef: Coefficients,
+    *,
+    lora_ranks: tuple[int, ...] = (0,),
+    quantizations: tuple[str, ...] = ("none",),
 ) -> Candidate | None:
     """The fastest fitting strategy by trying every point of the whole space (for tests and checks)."""
     best: Candidate | None = None
-    for strategy in all_strategies(workload, hardware, lora_ranks):
+    for strategy in all_strategies(workload, hardware, lora_ranks, quantizations):
         candidate = Candidate(strategy, screen_single_model(workload, strategy, hardware, coef))
         if candidate.prediction.fits and (best is None or candidate.rank_key < best.rank_key):
             best = candidate
@@ -120,7 +134,7 @@ def exhaustive_single(
 
 
 def _key(p: OuterPoint) -> tuple:
-    return (p.zero_stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing, p.lora_rank)
+    return (p.zero_stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing, p.lora_rank, p.quantization)
 
 
 def _layout(p: OuterPoint) -> str:

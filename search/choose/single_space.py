@@ -26,6 +26,7 @@ class OuterPoint:
     offload_param: str
     gradient_checkpointing: bool
     lora_rank: int
+    quantization: str = "none"  # QLoRA's base weights (store.quantization): with LoRA only, ZeRO-0/1/2 only
 
 
 def offload_targets(hardware: Hardware) -> tuple[str, ...]:
@@ -61,8 +62,18 @@ def inner_choices(workload: Workload, hardware: Hardware) -> list[Inner]:
     ]
 
 
-def outer_points(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...]) -> Iterator[OuterPoint]:
-    """Every valid outer point, in a fixed order (the exhaustive enumeration tests compare against)."""
+def quantizations_of(lora_rank: int, zero_stage: int, searched: tuple[str, ...]) -> tuple[str, ...]:
+    """The base-weight quantizations of ``searched`` valid at a LoRA rank and ZeRO stage: QLoRA needs LoRA and is
+    not planned under ZeRO-3 (``store.records.quantization_problems``)."""
+    return tuple(q for q in searched if q == "none" or (lora_rank > 0 and zero_stage != 3))
+
+
+def outer_points(
+    workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...], quantizations: tuple[str, ...] = ("none",)
+) -> Iterator[OuterPoint]:
+    """Every valid outer point, in a fixed order (the exhaustive enumeration tests compare against).
+    ``quantizations``: the base weights searched ("none": 16-bit; QLoRA's "nf4" only where a caller asks, a
+    different training recipe that the planner falls back to when no 16-bit plan fits)."""
     per_gpu_batch(workload, hardware)  # the batch must split over the GPUs
     targets = offload_targets(hardware)
     for lora_rank in lora_ranks:
@@ -71,7 +82,10 @@ def outer_points(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, 
             for offload_optimizer in targets if zero_stage == 3 else ("none", "cpu") if zero_stage else ("none",):
                 for offload_param in targets if zero_stage == 3 and offload_optimizer != "none" else ("none",):
                     for checkpointing in (False, True):
-                        yield OuterPoint(zero_stage, offload_optimizer, offload_param, checkpointing, lora_rank)
+                        for quantization in quantizations_of(lora_rank, zero_stage, quantizations):
+                            yield OuterPoint(
+                                zero_stage, offload_optimizer, offload_param, checkpointing, lora_rank, quantization
+                            )
 
 
 def strategy_at(point: OuterPoint, inner: Inner) -> Strategy:
@@ -88,11 +102,14 @@ def strategy_at(point: OuterPoint, inner: Inner) -> Strategy:
         empty_cache=empty_cache,
         allocator=allocator,
         loss=loss,
+        quantization=point.quantization,
     )
 
 
-def all_strategies(workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...]) -> Iterator[Strategy]:
+def all_strategies(
+    workload: Workload, hardware: Hardware, lora_ranks: tuple[int, ...], quantizations: tuple[str, ...] = ("none",)
+) -> Iterator[Strategy]:
     """The whole space, outer x inner: what an exhaustive search would try."""
-    for point in outer_points(workload, hardware, lora_ranks):
+    for point in outer_points(workload, hardware, lora_ranks, quantizations):
         for inner in inner_choices(workload, hardware):
             yield strategy_at(point, inner)

@@ -9,7 +9,7 @@ thousands of strategies that share these pieces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from search.coefficients import Coefficients
@@ -17,6 +17,7 @@ from search.model.activations import Activations, LossLogits, activations, loss_
 from search.model.fused_head import trl_loss_logits
 from search.model.micro_batch import MicroBatchContext
 from search.model.moments import Moment, TrainingMoments, between_micro_steps, training_moments
+from search.model.quantized import dequant_workspace, quantized_base_bytes
 from search.model.shapes import largest_module_params, resident_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
 from store.ds_buckets import ZeroBuckets
@@ -67,6 +68,8 @@ def trained_placement(
     trainable = trainable_params(model, layout.lora_rank, lm_head=lm_head)
     resident = resident_params(model, layout.lora_rank, lm_head=lm_head)
     buckets = buckets_of(ds_buckets, model, layout.zero_stage)
+    quantized = layout.quantization != "none"
+    frozen_bytes = quantized_base_bytes(model, layout.quantization, dtype, lm_head=lm_head) if quantized else None
     states = model_states(
         model=model,
         trainable=trainable,
@@ -78,6 +81,7 @@ def trained_placement(
         world_size=world_size,
         grad_accum=grad_accum,
         sub_group_size=buckets.sub_group_size,
+        frozen_bytes=frozen_bytes,
     )
     work = zero_workspace(
         model=model,
@@ -92,6 +96,8 @@ def trained_placement(
         coef=coef,
         buckets=buckets,
     )
+    if quantized:  # the backward's dequantized 16-bit weight (search.model.quantized), held as a working buffer
+        work = replace(work, resident=work.resident + dequant_workspace(model, dtype))
     # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
     buffers = work.resident - int(coef.cublas_workspace_bytes)
     return TrainedPlacement(

@@ -47,20 +47,23 @@ def model_states(
     world_size: int,
     grad_accum: int,
     sub_group_size: int = ZERO3_SUB_GROUP_SIZE,
+    frozen_bytes: int | None = None,
 ) -> ModelStates:
     """Model-state bytes per GPU for one trainable model under a ZeRO stage and offload choice (ZeRO-3 steps
-    the optimizer ``sub_group_size`` elements at a time)."""
+    the optimizer ``sub_group_size`` elements at a time). ``frozen_bytes``: the frozen base's bytes when they are
+    not ``d`` per parameter (QLoRA's quantized weights, :mod:`search.model.quantized`; ZeRO-0/1/2 only)."""
     d = DTYPE_BYTES[dtype]
     n = world_size
     t, f = trainable, frozen
     mixed = dtype != "fp32"
     offload_opt = offload_optimizer != "none"
+    held = d * (t + f) if frozen_bytes is None else d * t + frozen_bytes  # ZeRO-0/1/2: every rank holds them
     if zero_stage == 0:
         # No ZeRO: FP16_Optimizer (bf16 too) keeps fp32 master, m, v; at step() it upcasts every 16-bit
         # grad to fp32 and flattens those copies (fused_optimizer.py step: _flatten_dense_tensors over
         # p.grad.to(fp32)), so 4T + 4T live beside the 16-bit grads. In fp32 the torch optimizer holds m, v.
         return ModelStates(
-            parameters=d * (t + f),
+            parameters=held,
             gradients=d * t,
             optimizer_states=(12 if mixed else 8) * t,
             zero3_gathered=0,
@@ -74,7 +77,7 @@ def model_states(
         lp_grads = d * t if full_lp_grads else d * t // n
         if offload_opt:
             return ModelStates(
-                parameters=d * (t + f),
+                parameters=held,
                 gradients=d * t if full_lp_grads else 0,
                 optimizer_states=0,
                 zero3_gathered=0,
@@ -83,7 +86,7 @@ def model_states(
             )
         # The reduced 16-bit partition (grads_in_partition) persists; its fp32 copy exists during step().
         return ModelStates(
-            parameters=d * (t + f),
+            parameters=held,
             gradients=lp_grads,
             optimizer_states=12 * t // n,
             zero3_gathered=0,

@@ -23,6 +23,7 @@ from search.model.passes import (
     trainable_tensors,
 )
 from search.model.placement import TrainedPlacement
+from search.model.quantized import dequant_seconds, forward_dequantizes
 from search.model.roofline import PassSeconds, add_terms, hbm_seconds, host_seconds
 from search.model.timing import collective_time, nvme_time, pcie_time, zero_comm_bytes
 from search.model.zero3_time import zero3_offload, zero3_passes
@@ -78,6 +79,13 @@ def training_time(
         issue = fwd.host["host_launch"]
         fwd = fwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_forward_overhead * issue})
         bwd = bwd + PassSeconds(host={"checkpoint_hooks": coef.checkpoint_backward_overhead * issue})
+    if s.quantization != "none":  # the input gradient dequantizes every block linear (search.model.quantized)
+        dequant = dequant_seconds(model, s.quantization, dtype, gpu, coef)
+        bwd = bwd + dequant
+        if forward_dequantizes(s.quantization, micro_batch * seq_len):  # and so does a forward past the fused rows
+            fwd = fwd + dequant
+            if s.gradient_checkpointing:  # the recompute's forward
+                bwd = bwd + dequant
     if loss == "chunked" and trained.lm_head:
         bwd = bwd + chunked_loss_extra(model, micro_batch, seq_len, dtype, gpu, coef, rank)
     if loss == "trl" and trained.lm_head:

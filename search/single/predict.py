@@ -41,7 +41,7 @@ def layout_of(strategy: Strategy) -> TrainedModelStrategy:
     """The per-model knobs of a single-model strategy: the layout an RLHF actor would have."""
     s = strategy
     return TrainedModelStrategy(
-        s.zero_stage, s.offload_optimizer, s.offload_param, s.gradient_checkpointing, s.lora_rank
+        s.zero_stage, s.offload_optimizer, s.offload_param, s.gradient_checkpointing, s.lora_rank, s.quantization
     )
 
 
@@ -226,6 +226,8 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     # estimators' slack through training; or, when larger, every local rank loading its 16-bit copy of the
     # model before deepspeed.initialize (ZeRO-3 builds it partitioned under zero.Init).
     loading = hardware.gpus * d * placed.resident // (n if s.zero_stage == 3 else 1)
+    if s.quantization != "none":  # bitsandbytes quantizes each shard as it loads: the host holds the 4/8-bit copy
+        loading = hardware.gpus * states.parameters
     held = per_node(trained_host(placed, coef), hardware.gpus)
     host = HostMemory({STEADY: held, LOADING: {"model_loading": loading}})
     notes = []
