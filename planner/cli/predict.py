@@ -32,6 +32,12 @@ def predict_command(
     lora_rank: Annotated[
         int | None, typer.Option("--lora-rank", help="LoRA rank (0: full).", rich_help_panel=KNOBS)
     ] = None,
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            "--quantization", help="Base weights under LoRA: none, nf4 or int8 (QLoRA).", rich_help_panel=KNOBS
+        ),
+    ] = None,
     micro_batch: Annotated[
         int | None,
         typer.Option(
@@ -63,6 +69,7 @@ def predict_command(
         "offload_param": offload_param,
         "gradient_checkpointing": grad_ckpt,
         "lora_rank": lora_rank,
+        "quantization": quantization,
         "micro_batch": micro_batch,
         "empty_cache": empty_cache,
         "allocator": allocator,

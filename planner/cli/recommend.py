@@ -18,6 +18,13 @@ def recommend_command(
     lora_rank: Annotated[
         str, typer.Option("--lora-rank", help="auto (LoRA only if no full fine-tune fits), 0 (never) or a rank.")
     ] = "auto",
+    quantization: Annotated[
+        str,
+        typer.Option(
+            "--quantization",
+            help="Base weights under LoRA: auto (16-bit; QLoRA nf4 only if no 16-bit plan fits), none, nf4 or int8.",
+        ),
+    ] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the Optuna sampler.")] = 0,
     json_out: Json = False,
     db: Db = None,
@@ -50,7 +57,15 @@ def recommend_command(
     from planner.api import recommend
 
     plan = recommend(
-        job, top=top, lora_rank=lora_rank, seed=seed, db=db, calibration=calibration, rollout=rollout, program=program
+        job,
+        top=top,
+        lora_rank=lora_rank,
+        seed=seed,
+        db=db,
+        calibration=calibration,
+        rollout=rollout,
+        program=program,
+        quantization=quantization,
     )
     if json_out:
         print(plan.to_json())

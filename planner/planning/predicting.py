@@ -66,6 +66,9 @@ def rollout_families(rollout: str) -> tuple[str, ...]:
     return names
 
 
+QUANTIZATION_CHOICES = ("auto", "none", "nf4", "int8")
+
+
 def _lora_ranks(lora_rank: int | str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(ranks to search first, ranks to fall back to when nothing fits)."""
     if lora_rank == "auto":
@@ -92,9 +95,15 @@ def recommend(
     calibration: str = "auto",
     rollout: str = "auto",
     program: str | None = None,
+    quantization: str = "auto",
     **job: Unpack[JobKeywords],
 ) -> Plan:
     """The fastest strategy predicted to fit, with its DeepSpeed config and the next best.
+
+    ``quantization``: the base weights under LoRA. ``"auto"`` plans 16-bit weights and falls back to QLoRA (NF4
+    4-bit base weights with LoRA adapters, bitsandbytes; a different recipe) only when no 16-bit plan fits, LoRA
+    included; ``"none"`` never quantizes; ``"nf4"`` or ``"int8"`` plans QLoRA with those weights only (with
+    ``lora_rank="auto"``, at rank 16).
 
     ``lora_rank="auto"`` fine-tunes every weight when some strategy fits, and falls back to LoRA
     (rank 16) only when none does; an integer fixes the rank (0 = full fine-tune). The plan is saved
@@ -125,11 +134,24 @@ def recommend(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         shown = str(seed) if len(str(seed)) <= 24 else str(seed)[:21] + "..."
         raise InputError(f"--seed must be a whole number from 0 to {2**32 - 1} (the sampler's range), not {shown}")
+    if quantization not in QUANTIZATION_CHOICES:
+        raise InputError(f"--quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, not {quantization!r}")
     first, fallback = _lora_ranks(lora_rank)
+    bases: tuple[str, ...] = ("none",)
+    if quantization in ("nf4", "int8"):
+        if workload.is_rlhf:
+            raise InputError("--quantization: QLoRA is planned for sft, reward and dpo, not for RLHF's trained models")
+        if first == (0,) and not fallback:
+            raise InputError("--quantization needs LoRA adapters: QLoRA trains adapters over 4-bit weights")
+        first, fallback, bases = fallback or first, (), (quantization,)
     rollouts = rollout_families(rollout)
     # with a LoRA fallback, the closest full fine-tune is ranked only if LoRA does not fit either
     # the RLHF bound walk ranks the best and ``top`` alternatives exactly
-    searching = partial(run_search, workload, hardware, coefficients, seed=seed, rollouts=rollouts, alternatives=top)
+    searching = partial(
+        run_search, workload, hardware, coefficients, seed=seed, rollouts=rollouts, alternatives=top
+    )
+    if bases != ("none",):
+        searching = partial(searching, quantizations=bases)
     result = searching(lora_ranks=first, closest=not fallback)
     searched = {first: result}
     used_fallback = False
@@ -142,7 +164,7 @@ def recommend(
     # QLoRA (4-bit base weights, a different recipe) only where no 16-bit plan fits, LoRA included
     adapters = fallback or tuple(r for r in first if r > 0)
     used_qlora = False
-    if result.best is None and adapters and not workload.is_rlhf:
+    if result.best is None and adapters and not workload.is_rlhf and quantization == "auto":
         quantized = searching(lora_ranks=adapters, closest=False, quantizations=("nf4",))
         if quantized.best is not None:
             result, used_qlora = quantized, True

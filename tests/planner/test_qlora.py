@@ -156,3 +156,21 @@ def test_qlora_is_the_fallback_only_where_no_16bit_plan_fits(tmp_path: Path) -> 
     assert doc["fits"] and doc["strategy"]["lora_rank"] > 0
     assert doc["strategy"].get("quantization", "none") == "none"
     assert all(alt["strategy"].get("quantization", "none") == "none" for alt in doc["alternatives"])
+
+
+def test_quantization_asked_for_plans_qlora_and_bad_values_are_one_line(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    job = ["--model", "llama-2-7b", "--gpu-mem", "24G", "--cpu-mem", "16G", "--workload", "sft", "--db", db]
+    asked = run_main(["recommend", *job, "--quantization", "nf4", "--json"])
+    assert asked.rc == 0, asked.err
+    doc = asked.json()
+    assert doc["strategy"]["quantization"] == "nf4" and doc["strategy"]["lora_rank"] == 16
+    for bad, fragment in (
+        (["--quantization", "q3"], "must be one of"),
+        (["--quantization", "nf4", "--lora-rank", "0"], "needs LoRA"),
+    ):
+        result = run_main(["recommend", *job, *bad])
+        assert_one_error_line(result, fragment)
+    predicted = run_main(["predict", *job, "--zero", "2", "--lora-rank", "16", "--quantization", "nf4", "--json"])
+    assert predicted.rc == 0, predicted.err
+    assert predicted.json()["strategy"]["quantization"] == "nf4"
