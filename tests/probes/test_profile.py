@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from tiny_models import tiny_llama_hf_config
 
 from probes.step.profile import PROFILE_ENV, PhaseProfiler, kernel_kind, profile_enabled, union_seconds
 from store.measurements import ProbeRequest
 
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 512,
-    "max_position_embeddings": 64,
-    "tie_word_embeddings": False,
-}
+LLAMA = {"model_type": "llama", **tiny_llama_hf_config()}
 
 
 def test_kernels_are_sorted_by_what_they_do() -> None:
