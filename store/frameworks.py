@@ -14,6 +14,7 @@ from typing import Any
 from store.ds_buckets import ZeroBuckets, buckets_from_zero_config
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS
+from store.workload_kinds import traits
 
 DEFAULT_FRAMEWORK = "deepspeed"
 FRAMEWORKS: tuple[str, ...] = ("deepspeed", "hf", "accelerate", "trl", "openrlhf", "verl", "deepspeed-chat")
@@ -203,6 +204,12 @@ def framework_sleep_level(framework: str, sleep_level: int, lora_rank: int) -> i
     return sleep_level
 
 
+def trl_grpo(framework: str, kind: str) -> bool:
+    """Whether the step is TRL's GRPOTrainer: TRL 1.16 has no other RLHF trainer (FRAMEWORK_WORKLOADS), so an RLHF
+    kind planned for TRL is its GRPO."""
+    return framework == "trl" and traits(kind).rlhf
+
+
 def trl_old_logps_forward(
     gradient_accumulation_steps: int,
     steps_per_generation: int,
@@ -230,7 +237,7 @@ def scores_old_policy(framework: str, kind: str, ppo_epochs: int, grad_accum: in
     ``gradient_accumulation_steps = grad_accum``, and ``steps_per_generation`` left unset, which
     ``GRPOConfig.__post_init__`` makes ``gradient_accumulation_steps``; ``vllm_importance_sampling_correction`` at
     its default (:data:`TRL_VLLM_IMPORTANCE_SAMPLING_CORRECTION`). So TRL skips it at one iteration without vLLM."""
-    if framework != "trl" or kind != "grpo":
+    if not trl_grpo(framework, kind):
         return True
     return trl_old_logps_forward(
         grad_accum, grad_accum, ppo_epochs, rollout_engine, TRL_VLLM_IMPORTANCE_SAMPLING_CORRECTION
@@ -244,4 +251,4 @@ def reference_through_actor(framework: str, kind: str, holds_reference: bool, lo
     self.ref_model = None``; ``_generate_and_score_completions`` then scores the reference with ``self.model``
     under ``use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)`` (adapters disabled
     for a new adapter). The pass runs as long as ``beta != 0.0`` (``holds_reference``)."""
-    return framework == "trl" and kind == "grpo" and holds_reference and lora_rank > 0
+    return trl_grpo(framework, kind) and holds_reference and lora_rank > 0

@@ -21,7 +21,8 @@ from search.choose.rollout_space import engine_floor_bytes, engine_seconds, knob
 from search.coefficients import Coefficients
 from search.rlhf.job import RLHFContext, rlhf_context
 from search.rlhf.models import place_models
-from search.rlhf.step import reserved_floor, scoring_half, training_half
+from search.rlhf.scoring_phase import scoring_half
+from search.rlhf.step import reserved_floor, training_half
 from search.rollout.step import engine_step_of, offloadable_states, trainer_hardware
 from search.rollout.timing import (
     offload_states_seconds,

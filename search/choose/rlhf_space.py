@@ -24,7 +24,8 @@ from search.rlhf.job import RLHFContext, rlhf_job
 from search.rlhf.memory import experience_bytes, training_live
 from search.rlhf.models import frozen_model, holds_role, role_micro_batch, trained_init_cached, trained_model
 from search.rlhf.scoring import reference_is_actor, reference_may_be_actor, scores_actor
-from search.rlhf.step import generation_phase, scoring_forward
+from search.rlhf.scoring_phase import scoring_forward
+from search.rlhf.step import generation_phase
 from search.rlhf.timing import ema_time, gae_seconds
 from search.step.phases import LIVE_PARTS, Live, trained_factor
 from search.streams.workspaces import backward_workspace

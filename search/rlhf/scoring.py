@@ -26,7 +26,7 @@ from search.model.fused_head import FusedHead, scored_tokens, trl_fused_head
 from search.model.placement import FrozenPlacement, TrainedPlacement
 from search.rlhf.job import RLHFContext
 from search.rlhf.models import Models
-from store.frameworks import reference_through_actor, scores_old_policy
+from store.frameworks import reference_through_actor, scores_old_policy, trl_grpo
 
 # TRL 1.16 patches the policy with outputs=("log_probs", "entropy") and the reference copy with the default
 # ("log_probs",) (GRPOTrainer.__init__, add_fused_lm_head); a LoRA actor's reference pass runs the policy's head
@@ -38,7 +38,7 @@ Scorer = tuple[str, TrainedPlacement | FrozenPlacement]
 
 def trl_scoring(ctx: RLHFContext) -> bool:
     """Whether the step is TRL's GRPOTrainer, which scores in micro-batches through its fused head."""
-    return ctx.workload.framework == "trl" and ctx.workload.kind == "grpo"
+    return trl_grpo(ctx.workload.framework, ctx.workload.kind)
 
 
 def scoring_chunks(ctx: RLHFContext, generation_batch: int, micro_batch: int) -> tuple[int, int]:

@@ -28,7 +28,8 @@ from search.coefficients import Coefficients
 from search.model.host import STEADY
 from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
 from search.rlhf.models import Models, models_init_cached, models_resident_sizes, place_models
-from search.rlhf.step import scoring_half, training_half
+from search.rlhf.scoring_phase import scoring_half
+from search.rlhf.step import training_half
 from search.rollout.engine import ResolvedEngine, resolve_engine
 from search.rollout.timing import (
     offload_states_seconds,

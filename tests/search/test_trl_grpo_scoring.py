@@ -22,7 +22,8 @@ from search.model.fused_head import trl_fused_head
 from search.rlhf.job import rlhf_context
 from search.rlhf.memory import forward_live
 from search.rlhf.models import place_models
-from search.rlhf.step import scoring_half, step_halves, step_of
+from search.rlhf.scoring_phase import scoring_half
+from search.rlhf.step import step_halves, step_of
 from search.rlhf.timing import trained_forward_time
 from search.step.phases import LIVE_PARTS
 from store.frameworks import scores_old_policy, trl_old_logps_forward
