@@ -147,9 +147,7 @@ def recommend(
     rollouts = rollout_families(rollout)
     # with a LoRA fallback, the closest full fine-tune is ranked only if LoRA does not fit either
     # the RLHF bound walk ranks the best and ``top`` alternatives exactly
-    searching = partial(
-        run_search, workload, hardware, coefficients, seed=seed, rollouts=rollouts, alternatives=top
-    )
+    searching = partial(run_search, workload, hardware, coefficients, seed=seed, rollouts=rollouts, alternatives=top)
     if bases != ("none",):
         searching = partial(searching, quantizations=bases)
     result = searching(lora_ranks=first, closest=not fallback)
