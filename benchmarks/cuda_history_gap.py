@@ -17,9 +17,9 @@ and prints:
    first measured one); then, for each large cudaMalloc that a cached segment could have served had a few
    live blocks not split it, those blocks (oldest first).
 3. **What-ifs**, each replayed: the recorded sequence with its late never-freed 1-64 MiB allocations (the
-   cuBLAS workspaces) made first, or without the forward's / backward's temporaries; the built stream with
-   its cuBLAS workspace made where torch makes them (one per thread: first forward and first backward
-   matmul), or (``--temp-sizes-mib``) with a same-size temporary before each forward activation of the sizes.
+   cuBLAS workspaces) made first, or without the forward's / backward's temporaries; the built stream (which
+   makes the cuBLAS workspaces where torch makes them since this analysis: ``search.streams.workspaces``), or
+   (``--temp-sizes-mib``) with a same-size temporary before each forward activation of the sizes.
 4. **Allocations of one steady step, by size and phase** (``--step``, default 2, the first measured one):
    counts and bytes per request size in the recorded and the built stream, the largest differences first,
    split into tensors freed within the phase (``temp``) and tensors that outlive it (``kept``).
@@ -52,7 +52,6 @@ GiB, MiB = 2**30, 2**20
 STEP = "step:"  # the step marker of search.streams.build (STEP_MARK), used for the recorded stream too
 PHASES = ("forward", "backward", "optimizer_step")
 BIG_SEGMENT = 256 * MiB  # cudaMallocs at least this large are listed one by one
-WORKSPACE = 32 * MiB  # torch's cuBLAS workspace on Hopper (memplan's cublas_workspace_bytes)
 WORKSPACE_MAX = 64 * MiB  # late never-freed allocations up to this size are taken for cuBLAS workspaces
 SLACK_MS = 5.0  # widening of the window in which a measured phase boundary is looked for
 SIGNATURE = 6  # trace entries either side of a phase boundary compared when aligning an unmeasured step
@@ -366,33 +365,6 @@ def without_temporaries(
     return AllocStream(kept, stream.phases)
 
 
-def built_with_late_workspaces(built: AllocStream, workspace: int = WORKSPACE) -> AllocStream:
-    """The built stream with its one cuBLAS workspace (a ``buffers`` allocation of ``workspace`` bytes made at
-    the setup) made where torch makes the real ones: one at the first forward's first allocation (the main
-    thread's handle) and one right after the first backward's first gradient (autograd's device thread has a
-    handle of its own, and its first matrix product is the LM head's weight gradient)."""
-    events: list[Any] = []
-    key = max((e[1] for e in built.events), default=0) + 1
-    step, phase, dropped, forward, backward = 0, "setup", False, False, False
-    buffers, gradients = KINDS.index("buffers"), KINDS.index("gradients")
-    for event in built.events:
-        op, _, size, _, kind = event
-        if op == PHASE:
-            name = built.phases[event[1]]
-            step, phase = (int(name.removeprefix(STEP)), phase) if name.startswith(STEP) else (step, name)
-        if op == ALLOC and step == 0 and kind == buffers and size == workspace and not dropped:
-            dropped = True
-            continue
-        events.append(event)
-        if op == ALLOC and step == 1 and phase == PHASES[0] and not forward:
-            events.append((ALLOC, key, workspace, 0, buffers))
-            key, forward = key + 1, True
-        if op == ALLOC and step == 1 and phase == PHASES[1] and kind == gradients and not backward:
-            events.append((ALLOC, key, workspace, 0, buffers))
-            key, backward = key + 1, True
-    return AllocStream(tuple(events), built.phases)
-
-
 def built_with_forward_temporaries(built: AllocStream, sizes: Sequence[int]) -> AllocStream:
     """The built stream with, before each forward activation of one of ``sizes`` bytes, a temporary of the same
     size freed right after it (a layer's output made from a temporary that is then dropped: OPT's fc1 output
@@ -525,8 +497,7 @@ def print_what_ifs(recorded: AllocStream, built: AllocStream, temp_sizes: Sequen
         ("recorded without forward/backward temporaries < 256 MiB", without_temporaries(recorded)),
         ("recorded without forward temporaries < 256 MiB", without_temporaries(recorded, PHASES[:1])),
         ("recorded without backward temporaries < 256 MiB", without_temporaries(recorded, PHASES[1:2])),
-        ("built", built),
-        ("built, cuBLAS workspaces made at the first forward and backward matmul", built_with_late_workspaces(built)),
+        ("built (its cuBLAS workspaces placed by search.streams.workspaces)", built),
     ]
     if temp_sizes:
         shown = ", ".join(_size(n) for n in temp_sizes)
