@@ -174,5 +174,7 @@ def outside_settings(strategy: Strategy) -> dict[str, str]:
             'task_type="CAUSAL_LM")) before deepspeed.initialize; the DeepSpeed config needs nothing extra'
         )
     if strategy.quantization != "none":
-        settings["quantization"] = qlora_loading(strategy.quantization, None)
+        settings["quantization"] = qlora_loading(
+            strategy.quantization, None, zero_stage=strategy.zero_stage, offload_param=strategy.offload_param
+        )
     return settings

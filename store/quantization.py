@@ -48,6 +48,19 @@ def nf4_bytes(n: int, *, double_quant: bool = NF4_DOUBLE_QUANT, blocksize: int =
     return packed + blocks + FP32 * _ceil_div(blocks, NESTED_BLOCKSIZE) + FP32
 
 
+def nf4_constants_bytes(n: int, *, double_quant: bool = NF4_DOUBLE_QUANT, blocksize: int = NF4_BLOCKSIZE) -> int:
+    """Bytes of one NF4 weight's quantization constants (its ``QuantState``: absmax, the nested level, the offset),
+    which are not a parameter: ZeRO-3 partitions the packed codes only, every rank keeps these whole."""
+    return nf4_bytes(n, double_quant=double_quant, blocksize=blocksize) - (n + 1) // 2
+
+
+def nf4_stored_elements(n: int, storage_bytes: int) -> int:
+    """Elements of the tensor holding one NF4 weight's packed codes when ``bnb_4bit_quant_storage`` is a dtype of
+    ``storage_bytes`` bytes (``_ops.py`` ``quantize_4bit``'s fake: ``(n + 1) // (itemsize * 2)`` elements): what
+    DeepSpeed's ZeRO-3 sees, partitions and gathers (PEFT's ZeRO-3 QLoRA recipe stores them in the compute dtype)."""
+    return (n + 1) // (2 * storage_bytes)
+
+
 def int8_bytes(n_out: int, n_in: int) -> int:
     """Bytes of one LLM.int8() weight (``out`` x ``in``): int8 codes plus one float32 scale per row."""
     return n_out * n_in + FP32 * n_out
@@ -74,19 +87,43 @@ def quantization_label(quantization: str, lora_rank: int) -> str:
     return f"LoRA r{lora_rank}"
 
 
-def qlora_loading(quantization: str, dtype: str | None) -> str:
+def qlora_loading(quantization: str, dtype: str | None, *, zero_stage: int = 0, offload_param: str = "none") -> str:
     """The model-loading snippet of a QLoRA plan: transformers' ``BitsAndBytesConfig`` (bitsandbytes on CUDA), then
-    PEFT's ``prepare_model_for_kbit_training`` before the adapters; ``dtype`` None: the job's, left to fill."""
+    PEFT's ``prepare_model_for_kbit_training`` before the adapters; ``dtype`` None: the job's, left to fill.
+
+    Under ZeRO-3 (nf4 only) the packed codes are stored in the compute dtype (``bnb_4bit_quant_storage``, PEFT's
+    ZeRO-3 QLoRA recipe) so DeepSpeed can flatten and partition them with the 16-bit parameters. transformers 5.23
+    builds a quantized model without ``zero.Init`` (``modeling_utils.py``: ``needs_zero3_init`` is false when
+    quantized) and bitsandbytes' loader places it on the current GPU (``Bnb4BitHfQuantizer.update_device_map``):
+    every rank holds the whole 4-bit model on its GPU until ``deepspeed.initialize`` partitions it. With the
+    parameters offloaded the plan loads it on the host instead (``device_map={"": "cpu"}``, which the quantizer
+    accepts when every module is on the CPU) and moves each weight's ``quant_state`` (not a parameter: DeepSpeed
+    never moves it) to the GPU; DeepSpeed's engine then moves each parameter to the GPU and partitions it to the
+    host one at a time (``Init._convert_to_zero_parameters``)."""
     compute = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}.get(dtype or "", "...")
+    zero3 = zero_stage == 3
     if quantization == "nf4":
+        storage = f", bnb_4bit_quant_storage={compute}" if zero3 else ""
         config = (
             'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", '
-            f"bnb_4bit_compute_dtype={compute}, bnb_4bit_use_double_quant={NF4_DOUBLE_QUANT})"
+            f"bnb_4bit_compute_dtype={compute}, bnb_4bit_use_double_quant={NF4_DOUBLE_QUANT}{storage})"
         )
     else:
         config = "BitsAndBytesConfig(load_in_8bit=True)"
-    return (
+    on_host = zero3 and offload_param != "none"
+    placement = ', device_map={"": "cpu"}' if on_host else ""
+    text = (
         f"QLoRA {quantization}: AutoModelForCausalLM.from_pretrained(..., quantization_config={config}, "
-        f"dtype={compute}), then peft.prepare_model_for_kbit_training(model) before the adapters (bitsandbytes, "
-        "CUDA only; ZeRO-0/1/2)"
+        f"dtype={compute}{placement}), then peft.prepare_model_for_kbit_training(model) before the adapters "
+        f"(bitsandbytes, CUDA only; {'ZeRO-3' if zero3 else 'ZeRO-0/1/2'})"
     )
+    if on_host:
+        text += (
+            "; loaded on the host, so before deepspeed.initialize move every 4-bit weight's quantization constants "
+            "to the GPU: for p in model.parameters(): getattr(p, 'quant_state', None) is not None and "
+            "p.quant_state.to('cuda') (this loading path is derived from transformers' and DeepSpeed's "
+            "sources, not yet run on a GPU by memplan)"
+        )
+    elif zero3:
+        text += "; every rank loads the whole 4-bit model onto its GPU before deepspeed.initialize partitions it"
+    return text

@@ -475,9 +475,10 @@ def layout_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
 
 def quantization_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
     """What makes a QLoRA layout impossible or unmodeled: quantized base weights train only through LoRA
-    adapters, and ZeRO-3 is not modeled for them (transformers 5.23 ``modeling_utils.py:1435`` skips
-    ``zero.Init`` for a quantized model, so every rank loads the whole 4-bit model, and PEFT's DeepSpeed guide
-    needs ``bnb_4bit_quant_storage`` set to the compute dtype for ZeRO-3 to flatten the packed weights)."""
+    adapters. Under ZeRO-3 only nf4 is planned, as PEFT's ZeRO-3 QLoRA recipe runs it (``bnb_4bit_quant_storage``
+    in the compute dtype, so DeepSpeed flattens and partitions the packed codes with the 16-bit parameters;
+    ``store.quantization.qlora_loading``); bitsandbytes' int8 weights have no storage dtype to choose (``Int8Params``
+    hold int8 codes beside a per-row scale DeepSpeed does not know), so int8 stays at ZeRO-0/1/2."""
     q = s.quantization
     if q not in QUANTIZATIONS:
         return [f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {_shown(q)}"]
@@ -486,11 +487,11 @@ def quantization_problems(s: Strategy | TrainedModelStrategy) -> list[str]:
     problems: list[str] = []
     if not (isinstance(s.lora_rank, int) and s.lora_rank > 0):
         problems.append(f"quantization {q} (QLoRA) trains LoRA adapters on frozen quantized weights: set lora_rank > 0")
-    if s.zero_stage == 3:
+    if s.zero_stage == 3 and q != "nf4":
         problems.append(
-            f"quantization {q} with zero_stage 3 is not planned: transformers loads a bitsandbytes model without "
-            "zero.Init (every rank holds the whole quantized model) and ZeRO-3 needs bnb_4bit_quant_storage "
-            "to partition it; use zero_stage 0, 1 or 2 (the adapters' optimizer states may be offloaded)"
+            f"quantization {q} with zero_stage 3 is not planned: ZeRO-3 partitions 4-bit weights stored in the "
+            "compute dtype (bnb_4bit_quant_storage); bitsandbytes' int8 weights have no such storage. Use nf4, or "
+            "zero_stage 0, 1 or 2"
         )
     return problems
 

@@ -115,7 +115,11 @@ def setup_notes(strategy: Strategy, hardware: Hardware, dtype: str = "bf16") -> 
             'target_modules="all-linear", task_type="CAUSAL_LM")) before the Trainer (TRL: peft_config=)'
         )
     if strategy.quantization != "none":
-        notes.append(qlora_loading(strategy.quantization, dtype))
+        notes.append(
+            qlora_loading(
+                strategy.quantization, dtype, zero_stage=strategy.zero_stage, offload_param=strategy.offload_param
+            )
+        )
     notes += [f"export {name}={value} before launching" for name, value in allocator_env(strategy).items()]
     return notes
 

@@ -97,10 +97,26 @@ def model_config(strategy: Strategy | RLHFStrategy, workload: Workload) -> dict[
     }
     quantization = "none" if isinstance(strategy, RLHFStrategy) else strategy.quantization
     if quantization == "nf4":  # ModelConfig's bitsandbytes keys (get_quantization_config builds BitsAndBytesConfig)
+        assert isinstance(strategy, Strategy)
         keys.update({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": NF4_DOUBLE_QUANT})
+        if strategy.zero_stage == 3:  # ZeRO-3 partitions the packed codes stored in the compute dtype
+            _trl_loads_on_the_gpu(strategy)
+            keys["bnb_4bit_quant_storage"] = TORCH_DTYPES[workload.dtype]
     elif quantization == "int8":
         keys["load_in_8bit"] = True
     return keys
+
+
+def _trl_loads_on_the_gpu(strategy: Strategy) -> None:
+    """TRL loads the model itself (``create_model_from_path``: ``device_map="auto"`` unless told otherwise), so the
+    4-bit model lands on the GPUs whole; a ZeRO-3 QLoRA plan with parameter offload loads it on the host and moves
+    its quantization constants to the GPU (``store.quantization.qlora_loading``), which only the user's own
+    script can do."""
+    if strategy.offload_param != "none":
+        raise InputError(
+            "TRL loads the 4-bit model onto the GPU itself (create_model_from_path), and this ZeRO-3 QLoRA plan "
+            "keeps its parameters on the host: export --format hf (or deepspeed) and load it as the note says"
+        )
 
 
 def config_kwargs(

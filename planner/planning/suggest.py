@@ -82,25 +82,28 @@ def what_would_fit(
 
 
 def qlora_needs(workload: Workload, hardware: Hardware, coef: Coefficients) -> str:
-    """The GPU memory QLoRA's leanest layout needs (NF4 base, rank-16 adapters, ZeRO-2 with the adapters' optimizer
-    states on the CPU, checkpointing, micro-batch 1): ZeRO-0/1/2 hold the whole quantized model on every GPU, so
-    more GPUs do not lower it, and ZeRO-3 with bitsandbytes weights is not planned (store.records)."""
+    """What QLoRA's leanest layouts need (NF4 base, rank-16 adapters, checkpointing, micro-batch 1): ZeRO-2 with the
+    adapters' optimizer states on the CPU keeps the whole 4-bit model on every GPU (more GPUs do not lower it);
+    ZeRO-3 with parameters and optimizer states on the host keeps a gathered layer or two on the GPU and the 4-bit
+    model in host memory (every local rank loads it whole: ``store.quantization.qlora_loading``)."""
     rank = LORA_RANKS[0]
-    leanest = Strategy(
-        zero_stage=2,
-        offload_optimizer="cpu",
-        gradient_checkpointing=True,
-        lora_rank=rank,
-        micro_batch=1,
-        grad_accum=workload.global_batch // hardware.world_size or 1,
-        quantization="nf4",
+    accum = workload.global_batch // hardware.world_size or 1
+    on_gpu = Strategy(2, "cpu", gradient_checkpointing=True, lora_rank=rank, grad_accum=accum, quantization="nf4")
+    on_host = Strategy(3, "cpu", "cpu", True, lora_rank=rank, grad_accum=accum, quantization="nf4")
+    gpu_needs = predict_strategy(workload, on_gpu, hardware, coef).peak_reserved_bytes
+    hosted = predict_strategy(workload, on_host, hardware, coef)
+    line = (
+        f"QLoRA nf4 r{rank} ({on_gpu.describe()}) needs {format_bytes(gpu_needs)} of GPU memory plus the CUDA context "
+        "and margin (ZeRO-0/1/2 keep the whole 4-bit model on every GPU, so more GPUs do not lower it)"
     )
-    needed = predict_strategy(workload, leanest, hardware, coef).peak_reserved_bytes
-    return (
-        f"QLoRA nf4 r{rank} ({leanest.describe()}) needs {format_bytes(needed)} of GPU memory plus the CUDA context "
-        "and margin: a GPU with that much fits it (ZeRO-0/1/2 keep the whole 4-bit model on every GPU, and ZeRO-3 "
-        "with bitsandbytes weights is not planned, so more GPUs do not lower it)"
-    )
+    if hosted.peak_reserved_bytes < gpu_needs:
+        host = hosted.host_bytes
+        line += (
+            f"; with the 4-bit weights on the host ({on_host.describe()}) it needs "
+            f"{format_bytes(hosted.peak_reserved_bytes)} of GPU memory and {format_bytes(host)} of host memory per "
+            f"node (--quantization nf4 --cpu-mem {-(-host // 2**30)}G)"
+        )
+    return line
 
 
 def _half_length(workload: Workload) -> tuple[Workload, str]:

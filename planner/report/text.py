@@ -168,6 +168,11 @@ def _phases_table(predicted: Predicted, replay: dict[str, Any] | None = None) ->
             f": the step's stream ({replay['events']:,} events) through the rules of torch's caching allocator; "
             f"{_gib(replay['after_init_reserved_bytes'])} reserved once the engines are built"
         )
+        init_peak = replay.get("init_peak_reserved_bytes", 0)
+        if init_peak > replay["peak_reserved_bytes"]:
+            caption += (
+                f"; building them peaks higher, at {_gib(init_peak)} (the model as loaded, before DeepSpeed holds it)"
+            )
         if replay.get("oom_phase"):
             caption += f"; it runs out of the GPU's memory in {replay['oom_phase']}"
     if predicted.screen_reserved_bytes:

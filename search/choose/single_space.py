@@ -26,7 +26,7 @@ class OuterPoint:
     offload_param: str
     gradient_checkpointing: bool
     lora_rank: int
-    quantization: str = "none"  # QLoRA's base weights (store.quantization): with LoRA only, ZeRO-0/1/2 only
+    quantization: str = "none"  # QLoRA's base weights (store.quantization): with LoRA only; ZeRO-3: nf4 only
 
 
 def offload_targets(hardware: Hardware) -> tuple[str, ...]:
@@ -63,9 +63,9 @@ def inner_choices(workload: Workload, hardware: Hardware) -> list[Inner]:
 
 
 def quantizations_of(lora_rank: int, zero_stage: int, searched: tuple[str, ...]) -> tuple[str, ...]:
-    """The base-weight quantizations of ``searched`` valid at a LoRA rank and ZeRO stage: QLoRA needs LoRA and is
-    not planned under ZeRO-3 (``store.records.quantization_problems``)."""
-    return tuple(q for q in searched if q == "none" or (lora_rank > 0 and zero_stage != 3))
+    """The base-weight quantizations of ``searched`` valid at a LoRA rank and ZeRO stage: QLoRA needs LoRA, and
+    under ZeRO-3 only nf4 is planned (``store.records.quantization_problems``)."""
+    return tuple(q for q in searched if q == "none" or (lora_rank > 0 and (zero_stage != 3 or q == "nf4")))
 
 
 def outer_points(

@@ -17,7 +17,12 @@ from search.model.activations import Activations, LossLogits, activations, loss_
 from search.model.fused_head import trl_loss_logits
 from search.model.micro_batch import MicroBatchContext
 from search.model.moments import Moment, TrainingMoments, between_micro_steps, training_moments
-from search.model.quantized import dequant_workspace, quantized_base_bytes
+from search.model.quantized import (
+    dequant_workspace,
+    quant_constants_bytes,
+    quantized_base_bytes,
+    zero3_frozen_elements,
+)
 from search.model.shapes import largest_module_params, resident_params, trainable_params
 from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
 from store.ds_buckets import ZeroBuckets
@@ -33,7 +38,9 @@ class TrainedPlacement:
     lm_head: bool
     layout: TrainedModelStrategy
     trainable: int
-    resident: int  # parameters held (base model plus adapters)
+    # parameters held (base model plus adapters); ZeRO-3 QLoRA: the elements DeepSpeed holds, packed codes
+    # counted as their compute-dtype storage (search.model.quantized.zero3_frozen_elements)
+    resident: int
     states: ModelStates
     work: ZeroWorkspace  # DeepSpeed's working buffers around the states, and when they exist
     buffers: int  # DeepSpeed's buffers resident for this engine, without the shared cuBLAS workspace
@@ -69,7 +76,14 @@ def trained_placement(
     resident = resident_params(model, layout.lora_rank, lm_head=lm_head)
     buckets = buckets_of(ds_buckets, model, layout.zero_stage)
     quantized = layout.quantization != "none"
-    frozen_bytes = quantized_base_bytes(model, layout.quantization, dtype, lm_head=lm_head) if quantized else None
+    zero3_quantized = quantized and layout.zero_stage == 3
+    if zero3_quantized:  # DeepSpeed partitions the packed codes as compute-dtype elements; constants stay whole
+        resident = trainable + zero3_frozen_elements(model, layout.quantization, dtype, lm_head=lm_head)
+    frozen_bytes = (
+        quantized_base_bytes(model, layout.quantization, dtype, lm_head=lm_head)
+        if quantized and not zero3_quantized
+        else None
+    )
     states = model_states(
         model=model,
         trainable=trainable,
@@ -98,6 +112,8 @@ def trained_placement(
     )
     if quantized:  # the backward's dequantized 16-bit weight (search.model.quantized), held as a working buffer
         work = replace(work, resident=work.resident + dequant_workspace(model, dtype))
+    if zero3_quantized:  # and every weight's QuantState, whole on each GPU beside the partitions
+        work = replace(work, resident=work.resident + quant_constants_bytes(model, layout.quantization))
     # ZeRO-1/2's reduce buckets exist only while a backward runs: they are part of the training moments
     buffers = work.resident - int(coef.cublas_workspace_bytes)
     return TrainedPlacement(

@@ -17,6 +17,12 @@ bitsandbytes 0.50.1). Mechanisms priced here:
   (``_functions.py:384``, ``F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)``). Each dequantization makes
   one linear's weight at a time a transient of ``d x in x out`` bytes, and a memory-bound kernel reads the codes
   and writes the 16-bit weight.
+
+Under ZeRO-3 (nf4 only, PEFT's recipe) the packed codes are parameters stored in the compute dtype
+(``bnb_4bit_quant_storage``): DeepSpeed sees ``(n + 1) // (2 d)`` elements per weight and partitions, gathers,
+offloads and moves them as it does any 16-bit parameter (:func:`zero3_frozen_elements`,
+:func:`quantized_weight_elements`); each weight's constants are its ``QuantState``, not a parameter, and stay whole
+on every GPU (:func:`quant_constants_bytes`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ from __future__ import annotations
 from search.coefficients import Coefficients
 from search.model.roofline import PassSeconds, hbm_seconds, host_seconds
 from search.model.shapes import linear_shapes
-from store.quantization import dequantized_read_bytes, quantized_linear_bytes
+from store.quantization import (
+    dequantized_read_bytes,
+    nf4_constants_bytes,
+    nf4_stored_elements,
+    quantized_linear_bytes,
+)
 from store.records import DTYPE_BYTES, GPUSpec, ModelSpec
 
 # bitsandbytes' dequantize_4bit launches one kernel, and ``.to(dtype)`` a cast when the output dtype differs
@@ -53,6 +64,32 @@ def quantized_base_bytes(model: ModelSpec, quantization: str, dtype: str, *, lm_
     base = model.total_params if lm_head else model.backbone_params + model.hidden_size
     packed = model.num_layers * sum(quantized_linear_bytes(quantization, i, o) for i, o in linear_shapes(model))
     return packed + d * max(0, base - quantized_params(model))
+
+
+def quantized_weight_elements(quantization: str, dtype: str, elements: int) -> int:
+    """Elements DeepSpeed's ZeRO-3 sees for one quantized block-linear weight of ``elements`` weights: its packed
+    codes stored in the compute dtype (:func:`store.quantization.nf4_stored_elements`); unchanged when 16-bit."""
+    if quantization == "none":
+        return elements
+    return nf4_stored_elements(elements, DTYPE_BYTES[dtype])
+
+
+def zero3_frozen_elements(model: ModelSpec, quantization: str, dtype: str, *, lm_head: bool = True) -> int:
+    """Frozen elements a ZeRO-3 QLoRA engine partitions: every block linear's stored codes plus the 16-bit rest
+    (embeddings, norms, the LM head or scalar head), as :func:`quantized_base_bytes` lays them out."""
+    base = model.total_params if lm_head else model.backbone_params + model.hidden_size
+    codes = model.num_layers * sum(
+        quantized_weight_elements(quantization, dtype, i * o) for i, o in linear_shapes(model)
+    )
+    return codes + max(0, base - quantized_params(model))
+
+
+def quant_constants_bytes(model: ModelSpec, quantization: str) -> int:
+    """Bytes of every quantized weight's constants (absmax with double quantization's second level): a
+    ``QuantState`` per weight, not a parameter, so whole on every GPU under ZeRO-3 too."""
+    if quantization != "nf4":
+        return 0
+    return model.num_layers * sum(nf4_constants_bytes(i * o) for i, o in linear_shapes(model))
 
 
 def dequant_workspace(model: ModelSpec, dtype: str) -> int:

@@ -14,6 +14,8 @@ of each gradient partition instead (:func:`zero3_offload_grads`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from search.model.moment_parts import FLAT_GRADS, FP32_GRADS, GRAD_NORM, Moment, Named, NamedTensors, moment
 from search.model.shapes import linear_shapes, token_embedding_params
 from store.records import ModelSpec
@@ -26,7 +28,9 @@ DEVICE_PARTITION, PARTITION_FP32 = "grad_partition_device_", "grad_partition_fp3
 FP64 = 8  # bytes of a norm's upcast element (get_norm_dtype(): torch.float64)
 
 
-def module_parameters(model: ModelSpec, lora_rank: int = 0, lm_head: bool = True) -> tuple[tuple[int, bool], ...]:
+def module_parameters(
+    model: ModelSpec, lora_rank: int = 0, lm_head: bool = True, stored: Callable[[int], int] | None = None
+) -> tuple[tuple[int, bool], ...]:
     """(elements, trainable) of each parameter of the built model, in ``module.parameters()`` order: the token
     embedding, the rest of the embeddings (learned positions, projections), each decoder layer (its two norms
     and its linears, a LoRA adapter's A and B after each linear, then the layer's other parameters, its biases,
@@ -34,7 +38,8 @@ def module_parameters(model: ModelSpec, lora_rank: int = 0, lm_head: bool = True
     parameter is trainable, or under LoRA only the adapters. The base parameters sum to the model's
     (``ModelSpec.total_params``; the backbone and the value head without the LM head). A layer the shapes do
     not describe (fewer parameters than its linears: routed experts are counted apart) is its count as the
-    linears' proportions."""
+    linears' proportions. ``stored`` maps a block linear's weight count to the elements its tensor holds (ZeRO-3
+    QLoRA's packed codes, :func:`search.model.quantized.quantized_weight_elements`); the count is still made."""
     h = model.hidden_size
     token = token_embedding_params(model)
     out: list[tuple[int, bool]] = [(token, not lora_rank)]
@@ -53,7 +58,7 @@ def module_parameters(model: ModelSpec, lora_rank: int = 0, lm_head: bool = True
             made += norm
             for n_in, n_out in group:
                 weight = max(1, int(n_in * n_out * scale))
-                out.append((weight, not lora_rank))
+                out.append((weight if stored is None else stored(weight), not lora_rank))
                 made += weight
                 if lora_rank:
                     out += [(n_in * lora_rank, True), (lora_rank * n_out, True)]

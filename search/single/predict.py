@@ -21,6 +21,7 @@ from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
+from search.model.quantized import quant_constants_bytes
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
@@ -227,7 +228,9 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     # model before deepspeed.initialize (ZeRO-3 builds it partitioned under zero.Init).
     loading = hardware.gpus * d * placed.resident // (n if s.zero_stage == 3 else 1)
     if s.quantization != "none":  # bitsandbytes quantizes each shard as it loads: the host holds the 4/8-bit copy
-        loading = hardware.gpus * states.parameters
+        # ZeRO-3 too: transformers loads a quantized model whole, without zero.Init (store.quantization.qlora_loading)
+        whole = d * placed.resident + quant_constants_bytes(model, s.quantization) if s.zero_stage == 3 else None
+        loading = hardware.gpus * (states.parameters if whole is None else whole)
     held = per_node(trained_host(placed, coef), hardware.gpus)
     host = HostMemory({STEADY: held, LOADING: {"model_loading": loading}})
     notes = []

@@ -53,6 +53,8 @@ class StepReplayed:
     init_allocated: int  # allocated bytes once the engines are built (torch.cuda.memory_allocated())
     init_reserved: int  # reserved bytes once the engines are built (torch.cuda.memory_reserved())
     oom_phase: str = ""  # where the allocator ran out of the device's memory ("" when it did not)
+    # peak reserved while the engines are built (a model loaded whole before ZeRO-3 partitions it peaks here)
+    init_peak_reserved: int = 0
 
     @property
     def peak_reserved(self) -> int:
@@ -64,6 +66,7 @@ class StepReplayed:
             "peak_reserved_bytes": self.peak_reserved,
             "after_init_allocated_bytes": self.init_allocated,
             "after_init_reserved_bytes": self.init_reserved,
+            "init_peak_reserved_bytes": self.init_peak_reserved,
             "empty_cache_s": self.cache_seconds,
             "events": self.events,
             "oom_phase": self.oom_phase,
@@ -203,7 +206,14 @@ def replay_step(
         mallocs += out[-1].cuda_mallocs
     seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
     return StepReplayed(
-        tuple(names), tuple(out), seconds, len(stream), setup.end_allocated, setup.end_reserved, oom_phase
+        tuple(names),
+        tuple(out),
+        seconds,
+        len(stream),
+        setup.end_allocated,
+        setup.end_reserved,
+        oom_phase,
+        setup.peak_reserved,
     )
 
 

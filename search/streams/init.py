@@ -31,8 +31,10 @@ make the 16-bit clone of the partition on the device before the fp32 copy goes t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from search.model.placement import TrainedPlacement
+from search.model.quantized import quantized_weight_elements
 from search.model.states import init_cached_bytes
 from search.model.zero3_step import module_parameters, sub_groups
 from store.records import DTYPE_BYTES
@@ -111,10 +113,14 @@ def zero3_init(
     out with, :func:`zero3_sub_group_size`). The cost model keeps no optimizer state on the device under
     parameter offload (:func:`search.model.states.model_states`), so there the fp32 copies are on the host. A
     model whose 16-bit weights exceed ``device_bytes`` (the GPU's memory) cannot be built whole on it: it is
-    built under ``zero.Init``, partitioned parameter by parameter (``partitioned_at_build``)."""
+    built under ``zero.Init``, partitioned parameter by parameter (``partitioned_at_build``), unless quantized:
+    transformers loads a QLoRA model whole, on the GPU (or, with parameter offload, on the host: ``staged``), and
+    its packed codes are ``d``-byte elements (:func:`search.model.quantized.quantized_weight_elements`)."""
     s = placed.layout
     d, n = DTYPE_BYTES[dtype], placed.world_size
-    params = module_parameters(placed.model, s.lora_rank, placed.lm_head)
+    quantized = s.quantization != "none"
+    stored = partial(quantized_weight_elements, s.quantization, dtype) if quantized else None
+    params = module_parameters(placed.model, s.lora_rank, placed.lm_head, stored)
     staged = s.offload_param != "none"
     on_host = staged or s.offload_optimizer != "none"
     partition = [-(-numel // n) for numel, _ in params]
@@ -131,7 +137,10 @@ def zero3_init(
         gradient_buffer=FP32 * max(groups, default=0),
         bucket=placed.buffers,
         grad_partitions=0 if on_host else d * sum(trainable),
-        partitioned_at_build=not staged and device_bytes is not None and d * sum(n for n, _ in params) > device_bytes,
+        # transformers builds a quantized model without zero.Init (store.quantization.qlora_loading): whole first
+        partitioned_at_build=not (staged or quantized)
+        and device_bytes is not None
+        and d * sum(n for n, _ in params) > device_bytes,
     )
 
 
