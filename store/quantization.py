@@ -97,9 +97,11 @@ def qlora_loading(quantization: str, dtype: str | None, *, zero_stage: int = 0, 
     quantized) and bitsandbytes' loader places it on the current GPU (``Bnb4BitHfQuantizer.update_device_map``):
     every rank holds the whole 4-bit model on its GPU until ``deepspeed.initialize`` partitions it. With the
     parameters offloaded the plan loads it on the host instead (``device_map={"": "cpu"}``, which the quantizer
-    accepts when every module is on the CPU) and moves each weight's ``quant_state`` (not a parameter: DeepSpeed
-    never moves it) to the GPU; DeepSpeed's engine then moves each parameter to the GPU and partitions it to the
-    host one at a time (``Init._convert_to_zero_parameters``)."""
+    accepts when every module is on the CPU, and which ``integrations/accelerate.py`` ``check_and_set_device_map``
+    refuses once a ZeRO-3 config is active: so before it) and moves each weight's ``quant_state`` (not a parameter:
+    DeepSpeed never moves it) to the GPU; DeepSpeed's engine then moves each parameter to the GPU and partitions it
+    to the host one at a time (``Init._convert_to_zero_parameters``). tests/probes/test_qlora_zero3_stack.py runs
+    this recipe with the real libraries on DeepSpeed's CPU accelerator."""
     compute = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}.get(dtype or "", "...")
     zero3 = zero_stage == 3
     if quantization == "nf4":
@@ -119,10 +121,11 @@ def qlora_loading(quantization: str, dtype: str | None, *, zero_stage: int = 0, 
     )
     if on_host:
         text += (
-            "; loaded on the host, so before deepspeed.initialize move every 4-bit weight's quantization constants "
-            "to the GPU: for p in model.parameters(): getattr(p, 'quant_state', None) is not None and "
-            "p.quant_state.to('cuda') (this loading path is derived from transformers' and DeepSpeed's "
-            "sources, not yet run on a GPU by memplan)"
+            "; load it before the ZeRO-3 config is active (before TrainingArguments(deepspeed=...) or "
+            "HfDeepSpeedConfig: transformers refuses a device_map under ZeRO-3), then before deepspeed.initialize "
+            "move every 4-bit weight's quantization constants to the GPU: for p in model.parameters(): "
+            "getattr(p, 'quant_state', None) is not None and p.quant_state.to('cuda') (memplan's tests run this "
+            "path on DeepSpeed's CPU accelerator; the move to a GPU is not yet run on one)"
         )
     elif zero3:
         text += "; every rank loads the whole 4-bit model onto its GPU before deepspeed.initialize partitions it"

@@ -59,6 +59,8 @@ class StepTrace:
     layer_saved: tuple[int, ...]  # the second layer's forward tensors alive when the decoder ends, in order
     outside_saved: int  # alive when the decoder ends, made outside the layers (embeddings, masks, final norm)
     windows: dict[str, tuple[int, ...]]
+    # each layer's own (saved bytes, forward window, backward window), where traced with every_layer (hybrids)
+    layers: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
 
 
 @contextlib.contextmanager
@@ -107,7 +109,13 @@ def gpu_kernels(attention: bool = True, target: str = "cuda") -> Iterator[None]:
 def _representative(hf_config: dict[str, Any]) -> dict[str, Any]:
     """``hf_config`` with its traced layer (the second) of the kind most of its layers are: DeepSeek's MLA
     models (``deepseek_v2``, ``deepseek_v3``) keep their first ``first_k_dense_replace`` layers dense and route
-    the rest through experts, so the cut keeps one dense layer and traces an MoE one."""
+    the rest through experts, so the cut keeps one dense layer and traces an MoE one. A hybrid of linear and
+    full attention (Qwen3-Next) keeps one layer of each kind (:func:`probes.trace.hybrid.hybrid_cut`)."""
+    from probes.trace.hybrid import hybrid_cut
+
+    hybrid = hybrid_cut(hf_config, TRACED_LAYERS)
+    if hybrid is not None:
+        return hybrid
     dense = hf_config.get("first_k_dense_replace")
     layers = hf_config.get("num_hidden_layers")
     if isinstance(dense, int) and isinstance(layers, int) and 1 < dense < layers - dense:
@@ -135,7 +143,9 @@ def cut_model(hf_config: dict[str, Any], dtype: str, attn_impl: str, device: str
     return model
 
 
-def trace_step(model: Any, sequences: int, tokens: int, *, checkpointed: bool = False) -> StepTrace:
+def trace_step(
+    model: Any, sequences: int, tokens: int, *, checkpointed: bool = False, every_layer: bool = False
+) -> StepTrace:
     """Trace one forward (with labels) and backward of a two-layer ``model`` at one shape, on the device its
     parameters are on (the meta device; a real CPU run is traced the same way to check the meta trace).
 
@@ -146,7 +156,7 @@ def trace_step(model: Any, sequences: int, tokens: int, *, checkpointed: bool = 
     output's token log-probs as the probe takes them (:func:`probes.model.logprobs.token_logprobs`, the fp32
     log-softmax of the shifted logits, gathered) and a backward of their mean (the policy loss's per-token
     arithmetic, over b x s elements, is not counted), the ``policy_head_forward`` and ``policy_head_backward``
-    windows."""
+    windows. ``every_layer``: each layer's saved bytes and windows too (``StepTrace.layers``, for hybrids)."""
     import torch
 
     from probes.measure.tracker import LiveTensorTracker
@@ -167,6 +177,10 @@ def trace_step(model: Any, sequences: int, tokens: int, *, checkpointed: bool = 
     backward = ["layers.bwd"]  # the marker of the gradient reaching the layers: the SFT loss's, then the policy's
     handles.append(layers[-1].register_full_backward_pre_hook(lambda *args: marker(backward[0])()))
     handles.append(layers[1].register_full_backward_hook(marker("layer1.bwd.end")))
+    for index, layer in enumerate(layers if every_layer else ()):  # each layer's backward, not only the second's
+        handles.append(layer.register_full_backward_pre_hook(marker(f"layer{index}.bwd")))
+        if index != 1:
+            handles.append(layer.register_full_backward_hook(marker(f"layer{index}.bwd.end")))
     stage = ["head"]  # the LM head's marker: the training forward's, then the no-grad forward's
     handles.append(model.get_output_embeddings().register_forward_pre_hook(lambda *args: marker(stage[0])()))
     ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
@@ -253,7 +267,17 @@ def _read(stream: Any, layer: int = 1) -> StepTrace:
     }
     # what the two layers keep beyond twice the standing layer's (the first layer's input or the last one's
     # output kept otherwise) counts as outside: so L layers keep L x layer_saved + outside_saved, exact at two
-    return StepTrace(layer_saved=saved, outside_saved=at["head"] - at["start"] - 2 * sum(saved), windows=windows)
+    per_layer = tuple(
+        (
+            sum(sizes[k] for k in made_between(f"layer{i}.fwd", f"layer{i}.fwd.end") if alive_at(k, head)),
+            window(f"layer{i}.fwd", f"layer{i}.fwd.end"),
+            window(f"layer{i}.bwd", f"layer{i}.bwd.end", leaving=False),
+        )
+        for i in range(TRACED_LAYERS)
+        if f"layer{i}.bwd" in index_at
+    )
+    outside = at["head"] - at["start"] - 2 * sum(saved)
+    return StepTrace(layer_saved=saved, outside_saved=outside, windows=windows, layers=per_layer)
 
 
 class FitError(ValueError):

@@ -8,8 +8,9 @@ from typing import Any
 
 from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, cut_model, fit_terms, gpu_kernels, trace_step
 from probes.trace.generation import trace_generation_terms
+from probes.trace.hybrid import layer_kinds, trace_hybrid_terms
 from probes.trace.variants import trace_variants
-from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS
+from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS, VARIANTS
 
 
 def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KEYS) -> dict[str, Any]:
@@ -38,19 +39,29 @@ def trace_terms(
     """The fitted activation and loss terms of a model config for one dtype and attention implementation, with
     the kernels of ``target`` (``"cuda"``; ``"cpu"`` to compare with a real CPU run, see :func:`gpu_kernels`);
     with ``generation``, the generation and scoring windows too (:mod:`probes.trace.generation`), and the
-    variants of the training code (:mod:`probes.trace.variants`) unless ``variants`` is False."""
+    variants of the training code (:mod:`probes.trace.variants`) unless ``variants`` is False. A hybrid of
+    linear and full attention (Qwen3-Next) traces one layer of each kind and combines them
+    (:mod:`probes.trace.hybrid`); its variants are then composed from the full fine-tune's terms."""
 
+    kinds = layer_kinds(hf_config)
     model = cut_model(hf_config, dtype, attn_impl)
     with gpu_kernels(attention=attn_impl != "eager", target=target):
-        traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
-        check = trace_step(model, *CHECK_SHAPE)
-        terms = fit_terms(traces, check)
+        if kinds is not None:
+            terms = trace_hybrid_terms(model, kinds)
+        else:
+            traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
+            check = trace_step(model, *CHECK_SHAPE)
+            terms = fit_terms(traces, check)
         if generation:  # generation and scoring, as the RLHF probe runs them; formulas for them where that fails
             try:
                 terms["windows"].update(trace_generation_terms(model))
             except Exception as err:
                 terms["generation_unfitted"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
     if not variants:
+        return terms
+    if kinds is not None:  # each kind's layer would be traced per variant: not done yet
+        why = f"a hybrid of {' and '.join(kinds)} layers: variants are not traced per kind of layer"
+        terms["variants"], terms["variants_unfitted"] = {}, dict.fromkeys(VARIANTS, why)
         return terms
     traced, unfitted = trace_variants(hf_config, dtype, attn_impl, target)
     terms["variants"] = traced

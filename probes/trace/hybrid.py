@@ -1,0 +1,135 @@
+"""Activation terms of a hybrid model: linear-attention layers between full-attention ones (Qwen3-Next).
+
+A hybrid config's ``layer_types`` mixes ``"linear_attention"`` (Gated DeltaNet) layers with ``"full_attention"``
+ones (Qwen3-Next: every ``full_attention_interval``-th layer is full attention). The two kinds keep different
+tensors, so no one layer stands for every layer, and a cut of the first two layers holds linear-attention layers
+only, which transformers' cache refuses. The cut here keeps one layer of each kind (:func:`hybrid_cut`), each is
+traced (``trace_step(..., every_layer=True)``) and the kinds are combined into one term set, so that the cost
+model's ``num_layers x layer_saved + outside_saved`` and its per-layer windows stay as they are:
+
+- ``layer_saved``: one size per kind, its layer's saved bytes x its count of layers in the full config's
+  ``layer_types`` / ``num_layers``: ``num_layers`` times their sum is every layer's (to a byte per layer of
+  rounding);
+- ``outside_saved``: what the cut keeps beyond its layers' own saved bytes;
+- ``layer_forward`` and ``layer_backward``: a layer's transient peak is the larger kind's: each layer's window
+  (its peak, then down to what it leaves), the first brought back to zero before the next, so the window's peak
+  is the larger of the two at every shape;
+- the other windows (LM head and loss, the no-grad forward) as their peak and what they leave.
+
+Which Gated DeltaNet code runs is transformers' choice (``use_kernel_func_from_hub_with_fallback``): the fused
+kernels of flash-linear-attention (``fla``) where that package is installed, otherwise the torch fallback
+``torch_chunk_gated_delta_rule``, which is what the meta device traces here without ``fla`` (``terms["hybrid"]``
+says which). The fallback pads the sequence to whole chunks of ``chunk_size`` (64) tokens and loops over the
+chunks, making tensors per chunk: its bytes are a polynomial of the shape only at whole chunks, so a hybrid is fitted
+at tokens that are multiples of the chunk (:func:`hybrid_points`) and is exact there; between them the padded
+chunk's bytes are interpolated. On CUDA with ``fla`` installed the saved tensors differ (fla's kernels keep none of
+the fallback's fp32 per-chunk tensors), so a trace without ``fla`` is an upper estimate of an fla run's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections import Counter
+from typing import Any
+
+from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, StepTrace, fit_terms, trace_step
+from store.activation_terms import WINDOWS
+
+LINEAR = "linear_attention"
+
+
+def layer_kinds(hf_config: dict[str, Any]) -> dict[str, int] | None:
+    """How many layers of each kind a hybrid config has (``layer_types`` of transformers' config object, with
+    the class's default pattern where the file has none), in the order each kind first comes; None where the
+    layers are not a mix of linear attention and other kinds."""
+    from probes.model.shape import config_object
+
+    types = getattr(config_object(hf_config, "trace"), "layer_types", None)
+    if not isinstance(types, list) or LINEAR not in types or len(set(types)) < 2:
+        return None
+    return dict(Counter(str(kind) for kind in types))
+
+
+def hybrid_cut(hf_config: dict[str, Any], layers: int) -> dict[str, Any] | None:
+    """``hf_config`` whose cut to ``layers`` layers keeps one layer of each kind, in the order the model first
+    has them (``layer_types``); None for a model that is not a hybrid. ValueError where a cut of ``layers``
+    layers cannot hold every kind."""
+    kinds = layer_kinds(hf_config)
+    if kinds is None:
+        return None
+    if len(kinds) != layers:
+        raise ValueError(f"a hybrid of {len(kinds)} kinds of layers ({', '.join(kinds)}): the cut holds {layers}")
+    if isinstance(hf_config.get("text_config"), dict):  # a multimodal config: its text model's layers
+        return {**hf_config, "text_config": {**hf_config["text_config"], "layer_types": list(kinds)}}
+    return {**hf_config, "layer_types": list(kinds)}
+
+
+def linear_attention_code() -> str:
+    """Which Gated DeltaNet code transformers runs here: flash-linear-attention's kernels or its torch fallback."""
+    if importlib.util.find_spec("fla") is not None:
+        return "flash-linear-attention (fla) kernels"
+    return "transformers' torch fallback (torch_chunk_gated_delta_rule; flash-linear-attention not installed)"
+
+
+def chunk_tokens() -> int:
+    """The tokens per chunk of transformers' torch Gated DeltaNet (``torch_chunk_gated_delta_rule``'s default)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    default = inspect.signature(modeling_qwen3_next.torch_chunk_gated_delta_rule).parameters["chunk_size"].default
+    return int(default)
+
+
+def hybrid_points() -> tuple[tuple[tuple[int, int, int], ...], tuple[int, int, int]]:
+    """The fit's shapes and check shape with the tokens moved to whole chunks: ``FIT_SHAPES`` and ``CHECK_SHAPE``
+    with their distinct token counts (64, 96, 128; 160) taken to 1, 2, 3 (4) chunks."""
+    chunk = chunk_tokens()
+    order = {s: i + 1 for i, s in enumerate(sorted({s for _, s in FIT_SHAPES}))}
+    points = tuple((b, order[s] * chunk, 0) for b, s in FIT_SHAPES)
+    return points, (CHECK_SHAPE[0], (len(order) + 1) * chunk, 0)
+
+
+def _peak_left(window: tuple[int, ...]) -> tuple[int, int]:
+    """A window's peak above its start (0 at least) and what it leaves."""
+    live = peak = 0
+    for change in window:
+        live += change
+        peak = max(peak, live)
+    return peak, live
+
+
+def _combined(trace: StepTrace, counts: tuple[int, ...]) -> StepTrace:
+    """One shape's trace of a hybrid cut as the combined term set of the module docstring (integers: the saved
+    sizes are divided by the layer count after the fit)."""
+    summary = {name: _peak_left(window) for name, window in trace.windows.items()}
+    windows = {name: (peak, left - peak) for name, (peak, left) in summary.items()}
+    for index, name in ((1, "layer_forward"), (2, "layer_backward")):
+        changes: list[int] = []
+        for layer in trace.layers:
+            peak, left = _peak_left(layer[index])
+            changes += [-sum(changes), peak, left - peak] if changes else [peak, left - peak]
+        windows[name] = tuple(changes)
+    total = trace.outside_saved + 2 * sum(trace.layer_saved)  # what _read's outside is taken from
+    return StepTrace(
+        layer_saved=tuple(count * layer[0] for count, layer in zip(counts, trace.layers, strict=True)),
+        outside_saved=total - sum(layer[0] for layer in trace.layers),
+        windows={name: windows[name] for name in (*WINDOWS, *(w for w in windows if w not in WINDOWS))},
+    )
+
+
+def trace_hybrid_terms(model: Any, kinds: dict[str, int]) -> dict[str, Any]:
+    """The combined terms of a hybrid's cut ``model`` (one layer of each kind, in ``kinds``' order), traced at
+    whole chunks (inside the trace's kernel routing)."""
+    points, check_point = hybrid_points()
+    counts = tuple(kinds.values())
+    traces = [_combined(trace_step(model, b, s, every_layer=True), counts) for b, s, _ in points]
+    check = _combined(trace_step(model, *check_point[:2], every_layer=True), counts)
+    terms = fit_terms(traces, check, points, check_point)
+    layers = sum(counts)
+    terms["layer_saved"] = [[_exact(c / layers) for c in poly] for poly in terms["layer_saved"]]
+    terms["hybrid"] = {"layers": dict(kinds), LINEAR: linear_attention_code()}
+    return terms
+
+
+def _exact(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
