@@ -194,13 +194,14 @@ def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:
 
 
 def refuse_quantized_probe(chosen: list[Strategy | RLHFStrategy], device: str) -> None:
-    """QLoRA's bitsandbytes kernels run on CUDA only, and memplan's probe does not load a quantized model yet:
-    a quantized strategy is refused with one line (InputError) rather than probed as a 16-bit LoRA."""
+    """A QLoRA strategy is probed with bitsandbytes' own layers (:mod:`probes.model.quantize`): without bitsandbytes
+    installed it is refused with one line (InputError) rather than probed as a 16-bit LoRA."""
+    import importlib.util
+
     for strategy in chosen:
-        if isinstance(strategy, Strategy) and strategy.quantization != "none":
-            where = (
-                "bitsandbytes' 4/8-bit kernels run on CUDA only, not on the CPU"
-                if device == "cpu"
-                else "memplan's probe does not load bitsandbytes models yet (it would measure a 16-bit LoRA)"
+        quantized = isinstance(strategy, Strategy) and strategy.quantization != "none"
+        if quantized and importlib.util.find_spec("bitsandbytes") is None:
+            raise InputError(
+                f"cannot probe {strategy.describe()}: bitsandbytes is not installed (pip install "
+                "bitsandbytes==0.50.2, or pip install -e '.[frameworks]'); probe quantization none instead"
             )
-            raise InputError(f"cannot probe {strategy.describe()}: {where}; probe quantization none instead")

@@ -274,8 +274,11 @@ def enable_checkpointing(model: Any) -> None:
         target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def prepare_trained(model: Any, gradient_checkpointing: bool, lora_rank: int) -> dict[str, Any]:
-    """Apply the strategy's checkpointing and LoRA to a trained model; returns what was done."""
+def prepare_trained(
+    model: Any, gradient_checkpointing: bool, lora_rank: int, adapter_dtype: Any = None
+) -> dict[str, Any]:
+    """Apply the strategy's checkpointing and LoRA to a trained model; returns what was done. ``adapter_dtype``:
+    the adapters' dtype over quantized base layers (QLoRA)."""
     done: dict[str, Any] = {}
     if gradient_checkpointing:
         enable_checkpointing(model)
@@ -283,7 +286,7 @@ def prepare_trained(model: Any, gradient_checkpointing: bool, lora_rank: int) ->
     if lora_rank:
         from probes.model.lora import add_lora
 
-        done["lora_layers"] = add_lora(model, lora_rank, trainable=("v_head",))
+        done["lora_layers"] = add_lora(model, lora_rank, trainable=("v_head",), adapter_dtype=adapter_dtype)
     return done
 
 

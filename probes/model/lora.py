@@ -39,15 +39,33 @@ class LoRALinear(nn.Module):
 
     ``transposed`` marks GPT-2's ``Conv1D``, whose weight is stored (in, out). ``in_features`` and
     ``out_features`` are there for code that reads them off an ``nn.Linear`` (DeepSpeed's Llama policy).
+    A bitsandbytes base (QLoRA, :mod:`probes.model.quantize`) is kept whole as ``base_layer`` and run as
+    itself, as PEFT does; its adapters are made in ``adapter_dtype`` (the compute dtype), on the device of the
+    model's 16-bit parameters (``adapter_device``: its codes may stay on the host).
     """
 
-    def __init__(self, base: nn.Module, in_features: int, out_features: int, rank: int, transposed: bool) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        transposed: bool,
+        adapter_dtype: torch.dtype | None = None,
+        adapter_device: torch.device | None = None,
+    ) -> None:
         super().__init__()
-        self.weight = base.weight
-        self.bias = base.bias
+        self.base_layer = base if type(base).__module__.startswith("bitsandbytes") else None
+        if self.base_layer is None:
+            self.weight = base.weight
+            self.bias = base.bias
         self.transposed = transposed
         self.in_features, self.out_features = in_features, out_features  # what nn.Linear readers look for
-        kw = {"dtype": base.weight.dtype, "device": base.weight.device}
+        quantized = self.base_layer is not None
+        kw = {
+            "dtype": adapter_dtype if quantized and adapter_dtype is not None else base.weight.dtype,
+            "device": adapter_device if quantized and adapter_device is not None else base.weight.device,
+        }
         self.lora_right_weight = nn.Parameter(torch.empty(in_features, rank, **kw))
         self.lora_left_weight = nn.Parameter(torch.zeros(rank, out_features, **kw))
         nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
@@ -55,7 +73,9 @@ class LoRALinear(nn.Module):
         self.enabled = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.transposed:
+        if self.base_layer is not None:
+            out = self.base_layer(x)
+        elif self.transposed:
             flat = x.reshape(-1, x.shape[-1])
             out = torch.addmm(self.bias, flat, self.weight) if self.bias is not None else flat @ self.weight
             out = out.view(*x.shape[:-1], self.out_features)
@@ -76,11 +96,13 @@ def _features(module: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def add_lora(model: nn.Module, rank: int, trainable: tuple[str, ...] = ()) -> int:
+def add_lora(
+    model: nn.Module, rank: int, trainable: tuple[str, ...] = (), adapter_dtype: torch.dtype | None = None
+) -> int:
     """Freeze ``model`` and put a rank-``rank`` adapter beside each of its linear layers (see the module).
 
-    Modules whose name ends in one of ``trainable`` (a value head) stay trainable. Returns the number of
-    adapted layers.
+    Modules whose name ends in one of ``trainable`` (a value head) stay trainable. ``adapter_dtype``: the
+    adapters' dtype over quantized bases (default: each base weight's). Returns the number of adapted layers.
     """
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, not {rank}")
@@ -94,11 +116,13 @@ def add_lora(model: nn.Module, rank: int, trainable: tuple[str, ...] = ()) -> in
         features = _features(module)
         if features is not None:
             targets.append((name, features))
+    device = next((p.device for p in model.parameters() if p.is_floating_point()), None)
     for name, (fan_in, fan_out) in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         base = getattr(parent, leaf)
-        setattr(parent, leaf, LoRALinear(base, fan_in, fan_out, rank, transposed=not isinstance(base, nn.Linear)))
+        transposed = not isinstance(base, nn.Linear)
+        setattr(parent, leaf, LoRALinear(base, fan_in, fan_out, rank, transposed, adapter_dtype, device))
     for name, module in model.named_modules():
         if name and name.rsplit(".", 1)[-1] in trainable:
             for param in module.parameters():

@@ -26,8 +26,10 @@ from probes.model.build import (
     frozen_config_like,
     init_engine,
     prepare_trained,
+    torch_dtype,
 )
 from probes.model.logprobs import token_logprobs
+from probes.model.quantize import quantize_linears
 from probes.step.phases import PhaseClock
 from store.records import Strategy
 from store.workload_kinds import traits
@@ -55,11 +57,26 @@ class SingleModelRun:
         where = build_device(plan.device, strategy.offload_param)
         self.config = render_ds_config(strategy, workload, plan.hardware)
         torch.manual_seed(0)
+        quantized = strategy.quantization != "none"
+        built_on = "cpu" if quantized else where  # QLoRA: quantized weight by weight from the host, as loaded
         if traits(workload.kind).scalar_head:
-            model = build_value_model(workload.model, workload.dtype, self.attn_impl, where)
+            model = build_value_model(workload.model, workload.dtype, self.attn_impl, built_on)
         else:
-            model = build_causal_lm(workload.model, workload.dtype, self.attn_impl, where)
-        extra.update(prepare_trained(model, strategy.gradient_checkpointing, strategy.lora_rank))
+            model = build_causal_lm(workload.model, workload.dtype, self.attn_impl, built_on)
+        adapter_dtype = None
+        if quantized:
+            adapter_dtype = torch_dtype(workload.dtype)
+            on_host = strategy.offload_param != "none"
+            extra["quantized_linears"] = quantize_linears(
+                model,
+                strategy.quantization,
+                adapter_dtype,
+                device=plan.device,
+                zero_stage=strategy.zero_stage,
+                on_host=on_host,
+            )
+            model.to(where)  # the 16-bit rest
+        extra.update(prepare_trained(model, strategy.gradient_checkpointing, strategy.lora_rank, adapter_dtype))
         self.engine = init_engine(model, self.config, trained=True)
         self.engine.train()
         self.reference = None

@@ -50,7 +50,8 @@ def source(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[str, ...
 def formula_reason(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[str, ...] = ()) -> str | None:
     """Why the prediction's activation and loss bytes of ``model`` come from the formulas (None: they are
     traced): the kernel no trace follows, the trace that failed and its error, a model counted by formula and
-    where its config stands against the catalog, a setting not traced, or generation and scoring not traced."""
+    where its config stands against the catalog, a setting not traced, or generation and scoring not traced.
+    A traced hybrid of linear and full attention says how it was traced instead (:func:`hybrid_note`)."""
     key = terms_key(dtype, attn_impl)
     if attn_impl == SDPA_MATH:
         return "this GPU's sdpa runs the math kernel, which keeps the s x s scores: no trace follows it"
@@ -68,7 +69,21 @@ def formula_reason(model: ModelSpec, dtype: str, attn_impl: str, windows: tuple[
     if missing:
         why = terms.get("generation_unfitted") or "not traced for this model"
         return f"generation and scoring ({', '.join(missing[:2])}...) are not traced: {why}"
-    return None
+    return hybrid_note(terms)
+
+
+def hybrid_note(terms: dict[str, Any]) -> str | None:
+    """How a hybrid's traced terms were had (``probes.trace.hybrid``): each kind of layer traced and weighted by
+    its count, and which Gated DeltaNet code the linear-attention layers ran; None for any other model. It is the
+    stated reason of a traced hybrid (:func:`formula_reason`), since its bytes follow that code."""
+    hybrid = terms.get("hybrid")
+    if not isinstance(hybrid, dict):
+        return None
+    layers = " + ".join(f"{count} {kind}" for kind, count in hybrid.get("layers", {}).items())
+    return (
+        f"traced per kind of layer ({layers} layers), the linear-attention layers through "
+        f"{hybrid.get('linear_attention')}; with flash-linear-attention's CUDA kernels the saved tensors differ"
+    )
 
 
 def variant_sources(model: ModelSpec, dtype: str, attn_impl: str) -> dict[str, str]:

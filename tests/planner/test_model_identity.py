@@ -25,7 +25,7 @@ JOB = ("--gpu", "A100-80G", "--gpus", "8", "--batch", "64", "--workload", "sft",
 # What a config.json from the hub carries beside the shape: labels that make no tensor
 LABELS = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "transformers_version": "4.43.0",
           "use_cache": True}  # fmt: skip
-# Qwen3-Next at a small width: linear (Gated DeltaNet) and full attention layers, routed experts
+# Qwen3-Next at a small width: 3 linear (Gated DeltaNet) and 1 full attention layers, routed experts
 QWEN3_NEXT = {
     "model_type": "qwen3_next", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
     "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128, "num_attention_heads": 4,
@@ -107,8 +107,32 @@ def test_relabelled_config_reads_the_shape_cached_for_its_shape(
     assert shape_key(first, installed_versions()) != shape_key({**first, "rms_norm_eps": 1e-6}, installed_versions())
 
 
-def test_an_untraceable_family_plans_from_the_formula_and_says_why(tmp_path: Path) -> None:
-    """Qwen3-Next's hybrid attention cannot be traced yet: the plan says so and why, in the text and the JSON."""
+def test_a_hybrid_family_is_traced_and_says_how(tmp_path: Path) -> None:
+    """Qwen3-Next's hybrid attention is traced per kind of layer: the JSON says which Gated DeltaNet code the
+    linear-attention layers ran (transformers' torch fallback, flash-linear-attention not being installed)."""
+    folder = tmp_path / "qwen3-next-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_NEXT))
+    args = ["recommend", "--model", str(folder), "--gpu-mem", "24G", "--workload", "sft", "--db", tmp_path / "p.db"]
+    result = run_main([str(a) for a in [*args, "--json"]])
+    assert result.rc == 0, result.err
+    actor = result.json()["workload"]["shapes"]["actor"]
+    assert actor["activations"] != "formula"
+    assert "3 linear_attention + 1 full_attention layers" in actor["activations_reason"]
+    assert "linear-attention layers through transformers' torch fallback" in actor["activations_reason"]
+
+
+def test_an_untraceable_model_plans_from_the_formula_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace that fails (here made to, as an op without a meta kernel would): the plan says so and why, in the
+    text and the JSON."""
+    import probes.trace.terms
+
+    def no_meta_kernel(*args: object, **kwargs: object) -> None:
+        raise NotImplementedError("no meta kernel for this op")
+
+    monkeypatch.setattr(probes.trace.terms, "trace_terms", no_meta_kernel)
     folder = tmp_path / "qwen3-next-tiny"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN3_NEXT))
@@ -117,6 +141,8 @@ def test_an_untraceable_family_plans_from_the_formula_and_says_why(tmp_path: Pat
     assert result.rc == 0, result.err
     actor = result.json()["workload"]["shapes"]["actor"]
     assert actor["activations"] == "formula"
-    assert actor["activations_reason"].startswith("the trace of qwen3_next (2-sdpa) failed: ")
+    assert actor["activations_reason"] == (
+        "the trace of qwen3_next (2-sdpa) failed: NotImplementedError: no meta kernel for this op"
+    )
     text = run_main([str(a) for a in args])
     assert "from the formula because the trace of qwen3_next" in " ".join(text.out.split())

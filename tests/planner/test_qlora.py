@@ -108,9 +108,15 @@ def test_trl_model_config_takes_the_qlora_keys() -> None:
     assert config.load_in_4bit and config.use_bnb_nested_quant
 
 
-def test_cpu_probe_of_qlora_is_refused() -> None:
+def test_a_qlora_probe_without_bitsandbytes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QLoRA probe loads bitsandbytes' layers (tests/probes/test_qlora_probe.py runs them); where bitsandbytes is
+    not installed it is one line, never a 16-bit LoRA probed in its place."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name))
     strategy = Strategy(zero_stage=2, lora_rank=16, quantization="nf4")
-    with pytest.raises(InputError, match="CUDA only"):
+    with pytest.raises(InputError, match="bitsandbytes is not installed"):
         refuse_quantized_probe([strategy], "cpu")
     refuse_quantized_probe([Strategy(lora_rank=16)], "cpu")  # a 16-bit LoRA probes as before
 
