@@ -72,6 +72,9 @@ def _header(report: PredictionReport) -> None:
             "checkpointing and LoRA "
             + (f"traced as such but {', '.join(dict.fromkeys(composed))} (composed)" if composed else "traced as such")
         )
+        for shape in w.get("shapes", {}).values():  # how a traced hybrid was traced (search.model.activations)
+            if shape.get("activations_reason"):
+                console.print(f"  {shape.get('name', w['model'])}: {shape['activations_reason']}", soft_wrap=True)
     elif "formula" in sources:
         shapes = w.get("shapes", {})
         for role, shape in shapes.items():
