@@ -11,8 +11,8 @@ from planner.job.inputs import ResolvedJob
 from planner.report.results import Alternative, Predicted, PredictionReport
 from search import Prediction, replay_memory
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
-from search.model.activations import formula_reason, variant_sources
-from search.model.activations import source as activation_source
+from search.model.activation_sources import formula_reason, variant_sources
+from search.model.activation_sources import source as activation_source
 from search.rollout.retarget import Retargeted, for_engine
 from search.rollout.step import trainer_hardware
 from store.activation_terms import GENERATION_WINDOWS

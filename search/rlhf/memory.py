@@ -12,7 +12,8 @@ from functools import lru_cache
 from typing import Any
 
 from search.coefficients import Coefficients
-from search.model.activations import activations, logits_bytes, traced_terms
+from search.model.activation_sources import traced_terms
+from search.model.activations import activations, logits_bytes
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import TRAINING_PHASES, NamedTensors
 from search.model.placement import TrainedPlacement, micro_step

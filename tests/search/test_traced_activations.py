@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from search import DEFAULT_COEFFICIENTS, predict
-from search.model.activations import activations, layer_saved_tensors, loss_logits, source
+from search.model.activation_sources import source
+from search.model.activations import activations, layer_saved_tensors, loss_logits
 from store.activation_terms import compact, evaluate, left_by, peak_of, terms_key, valid_terms
 from store.gpus import get_gpu
 from store.models import get_model, model_names

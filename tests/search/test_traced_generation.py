@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from search import DEFAULT_COEFFICIENTS, predict
-from search.model.activations import source
+from search.model.activation_sources import source
 from search.model.placement import trained_placement
 from search.rlhf.memory import forward_live, generation_live
 from store.activation_terms import GENERATION_WINDOWS, TERM_BASIS, terms_key, valid_terms
