@@ -44,6 +44,10 @@ def check_command(
         str | None,
         typer.Option("--allocator", help=f"default or expandable-segments (default: {EXPORTED}, or default)."),
     ] = None,
+    quantization: Annotated[
+        str | None,
+        typer.Option("--quantization", help=f"QLoRA's base weights: none, nf4 or int8 (default: {EXPORTED}, or none)."),
+    ] = None,
     json_out: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict.")] = False,
     db: Db = None,
@@ -53,8 +57,8 @@ def check_command(
 
     The config means what it means to DeepSpeed: its own parser reads it where deepspeed is installed, and a
     config DeepSpeed refuses is bad input. A config that planner export wrote brings its plan's LoRA rank,
-    checkpointing, empty_cache and allocator (ds_config.memplan.json beside it): an option that contradicts
-    them is bad input.
+    checkpointing, empty_cache, allocator and quantization (ds_config.memplan.json beside it): an option that
+    contradicts them is bad input.
 
     Example: planner check ds_config.json --model opt-1.3b --gpu-mem 24G --seq-len 512
     """
@@ -67,6 +71,7 @@ def check_command(
         lora_rank=lora_rank,
         empty_cache=empty_cache,
         allocator=allocator,
+        quantization=quantization,
         calibration=calibration,
         db=db,
     )

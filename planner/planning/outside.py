@@ -2,7 +2,7 @@
 
 ``planner export`` of a single-model plan writes ``ds_config.json`` (DeepSpeed's keys only, accepted by
 DeepSpeed as is) and beside it ``ds_config.memplan.json``: the strategy's knobs that are not DeepSpeed keys
-(gradient checkpointing, the LoRA rank, ``empty_cache``, the allocator, the loss). ``planner check
+(gradient checkpointing, the LoRA rank, ``empty_cache``, the allocator, the loss, QLoRA's quantization). ``planner check
 ds_config.json`` reads that file back, so that checking a plan's own export needs none of them again.
 """
 
@@ -24,6 +24,7 @@ OUTSIDE_KNOBS: dict[str, str] = {
     "empty_cache": "--empty-cache",
     "allocator": "--allocator",
     "loss": "loss",
+    "quantization": "--quantization",  # QLoRA's base weights: the model is loaded quantized, outside DeepSpeed
 }
 
 

@@ -342,6 +342,7 @@ def check(
     empty_cache: str | None = None,
     allocator: str | None = None,
     loss: str | None = None,
+    quantization: str | None = None,
     calibration: str = "auto",
     db: str | None = None,
     **job: Unpack[JobKeywords],
@@ -350,7 +351,8 @@ def check(
 
     A config runs one trained model, so the workload defaults to ``CONFIG_WORKLOAD`` (sft) rather than the
     JobSpec's. The knobs that are not DeepSpeed keys are keywords: ``gradient_checkpointing``, ``lora_rank``,
-    ``empty_cache``, ``allocator``, ``loss``. One left out (None) is the strategy's default or, for a config file
+    ``empty_cache``, ``allocator``, ``loss``, ``quantization`` (QLoRA's base weights: none, nf4 or int8). One
+    left out (None) is the strategy's default or, for a config file
     that ``planner export`` wrote, the plan's own, read from the ``<stem>.memplan.json`` beside it
     (``planner.planning.outside``); one given that contradicts that file is an InputError. The dtype is the
     config's (a ``dtype`` that contradicts it is an InputError; "auto", as transformers writes it, is the job's);
@@ -367,6 +369,7 @@ def check(
         "empty_cache": empty_cache,
         "allocator": allocator,
         "loss": loss,
+        "quantization": quantization,
     }
     exported = read_sidecar(Path(ds_config)) if isinstance(ds_config, (str, Path)) else None
     outside = merged_settings(given, exported)

@@ -315,6 +315,7 @@ def test_export_writes_the_settings_outside_the_config_beside_it(cli: Cli, db: P
         "empty_cache": strategy["empty_cache"],
         "allocator": strategy["allocator"],
         "loss": strategy.get("loss", "hf"),
+        "quantization": strategy.get("quantization", "none"),
     }
     assert json.loads(out.read_text()) == doc["ds_config"]  # the DeepSpeed config itself is unchanged
 

@@ -141,3 +141,21 @@ def test_exports_carry_the_storage_and_trl_refuses_host_loading() -> None:
     assert str(get_quantization_config(config).bnb_4bit_quant_storage) == "torch.bfloat16"
     with pytest.raises(InputError, match="TRL loads the 4-bit model onto the GPU"):
         trl_keys(hosted, workload)
+
+
+def test_check_of_a_qlora_plans_export_needs_no_quantization_again(tmp_path: Path) -> None:
+    """The export's settings file carries the plan's quantization (the model is loaded quantized, outside
+    DeepSpeed's keys): ``check`` of its config predicts the QLoRA plan, not a 16-bit LoRA on the same layout."""
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    job = [*SFT_70B, "--gpu-mem", "24G", "--cpu-mem", "64G"]
+    planned = run_main(["recommend", *job, "--quantization", "nf4", "--db", db, "--json"])
+    assert planned.rc == 0, planned.err
+    plan = planned.json()
+    path = tmp_path / "ds_config.json"
+    assert run_main(["export", plan["plan_id"], "-o", str(path), "--db", db]).rc == 0
+    checked = run_main(["check", str(path), *job, "--db", db, "--json"])
+    assert checked.rc == 0, checked.err
+    assert checked.json()["report"]["strategy"]["quantization"] == "nf4"
+    assert checked.json()["report"]["predicted"] == plan["predicted"]
+    contradicted = run_main(["check", str(path), *job, "--db", db, "--quantization", "none"])
+    assert contradicted.rc == 2 and "ds_config.memplan.json" in contradicted.err
