@@ -290,3 +290,12 @@ def make_rlhf_strategy(
         reward=FrozenModelStrategy(**(reward or {})),
         **changes,
     )
+
+
+# Qwen3-Next at a small width: linear (Gated DeltaNet) and full attention layers (every 4th), routed experts
+QWEN3_NEXT = {
+    "model_type": "qwen3_next", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
+    "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32, "vocab_size": 1000,
+}  # fmt: skip

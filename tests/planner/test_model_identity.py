@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from planner_helpers import run_main
+from tiny_models import QWEN3_NEXT
 
 import planner.job.model_shapes
 from planner.job.model_shapes import installed_versions, resolve_model
@@ -25,13 +26,6 @@ JOB = ("--gpu", "A100-80G", "--gpus", "8", "--batch", "64", "--workload", "sft",
 # What a config.json from the hub carries beside the shape: labels that make no tensor
 LABELS = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "transformers_version": "4.43.0",
           "use_cache": True}  # fmt: skip
-# Qwen3-Next at a small width: 3 linear (Gated DeltaNet) and 1 full attention layers, routed experts
-QWEN3_NEXT = {
-    "model_type": "qwen3_next", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
-    "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32, "vocab_size": 1000,
-}  # fmt: skip
 
 
 def _write(folder: Path, config: dict[str, Any]) -> str:
@@ -107,16 +101,31 @@ def test_relabelled_config_reads_the_shape_cached_for_its_shape(
     assert shape_key(first, installed_versions()) != shape_key({**first, "rms_norm_eps": 1e-6}, installed_versions())
 
 
-def test_a_hybrid_family_is_traced_and_says_how(tmp_path: Path) -> None:
-    """Qwen3-Next's hybrid attention is traced per kind of layer: the JSON says which Gated DeltaNet code the
-    linear-attention layers ran (transformers' torch fallback, flash-linear-attention not being installed)."""
+def _qwen3_next_plan(tmp_path: Path) -> tuple[list[str], dict[str, Any]]:
+    """(recommend's arguments, the JSON's actor shape) of a plan of the tiny Qwen3-Next config in ``tmp_path``."""
     folder = tmp_path / "qwen3-next-tiny"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN3_NEXT))
-    args = ["recommend", "--model", str(folder), "--gpu-mem", "24G", "--workload", "sft", "--db", tmp_path / "p.db"]
-    result = run_main([str(a) for a in [*args, "--json"]])
+    args = [
+        "recommend",
+        "--model",
+        str(folder),
+        "--gpu-mem",
+        "24G",
+        "--workload",
+        "sft",
+        "--db",
+        str(tmp_path / "p.db"),
+    ]
+    result = run_main([*args, "--json"])
     assert result.rc == 0, result.err
-    actor = result.json()["workload"]["shapes"]["actor"]
+    return args, result.json()["workload"]["shapes"]["actor"]
+
+
+def test_a_hybrid_family_is_traced_and_says_how(tmp_path: Path) -> None:
+    """Qwen3-Next's hybrid attention is traced per kind of layer: the JSON says which Gated DeltaNet code the
+    linear-attention layers ran (transformers' torch fallback, flash-linear-attention not being installed)."""
+    args, actor = _qwen3_next_plan(tmp_path)
     assert actor["activations"] != "formula"
     assert "3 linear_attention + 1 full_attention layers" in actor["activations_reason"]
     assert "linear-attention layers through transformers' torch fallback" in actor["activations_reason"]
@@ -133,16 +142,10 @@ def test_an_untraceable_model_plans_from_the_formula_and_says_why(
         raise NotImplementedError("no meta kernel for this op")
 
     monkeypatch.setattr(probes.trace.terms, "trace_terms", no_meta_kernel)
-    folder = tmp_path / "qwen3-next-tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(QWEN3_NEXT))
-    args = ["recommend", "--model", str(folder), "--gpu-mem", "24G", "--workload", "sft", "--db", tmp_path / "p.db"]
-    result = run_main([str(a) for a in [*args, "--json"]])
-    assert result.rc == 0, result.err
-    actor = result.json()["workload"]["shapes"]["actor"]
+    args, actor = _qwen3_next_plan(tmp_path)
     assert actor["activations"] == "formula"
     assert actor["activations_reason"] == (
         "the trace of qwen3_next (2-sdpa) failed: NotImplementedError: no meta kernel for this op"
     )
-    text = run_main([str(a) for a in args])
+    text = run_main(args)
     assert "from the formula because the trace of qwen3_next" in " ".join(text.out.split())

@@ -12,17 +12,11 @@ import copy
 from typing import Any
 
 import pytest
+from tiny_models import QWEN3_NEXT
 
 from probes.trace.hybrid import chunk_tokens, hybrid_cut, layer_kinds
 from store.activation_terms import evaluate, evaluate_all
 from store.alloc_stream import ALLOC, FREE, PHASE
-
-QWEN3_NEXT = {
-    "model_type": "qwen3_next", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
-    "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32, "vocab_size": 1000,
-}  # fmt: skip
 
 
 def _saved_by_whole_model(config: dict[str, Any], sequences: int, tokens: int) -> int:
