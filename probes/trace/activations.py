@@ -111,7 +111,7 @@ def _representative(hf_config: dict[str, Any]) -> dict[str, Any]:
     models (``deepseek_v2``, ``deepseek_v3``) keep their first ``first_k_dense_replace`` layers dense and route
     the rest through experts, so the cut keeps one dense layer and traces an MoE one. A hybrid of linear and
     full attention (Qwen3-Next) keeps one layer of each kind (:func:`probes.trace.hybrid.hybrid_cut`)."""
-    from probes.trace.hybrid import hybrid_cut
+    from probes.trace.hybrid_cut import hybrid_cut
 
     hybrid = hybrid_cut(hf_config, TRACED_LAYERS)
     if hybrid is not None:

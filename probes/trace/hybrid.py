@@ -3,17 +3,18 @@
 A hybrid config's ``layer_types`` mixes ``"linear_attention"`` (Gated DeltaNet) layers with ``"full_attention"``
 ones (Qwen3-Next: every ``full_attention_interval``-th layer is full attention). The two kinds keep different
 tensors, so no one layer stands for every layer, and a cut of the first two layers holds linear-attention layers
-only, which transformers' cache refuses. The cut here keeps one layer of each kind (:func:`hybrid_cut`), each is
-traced (``trace_step(..., every_layer=True)``) and the kinds are combined into one term set, so that the cost
-model's ``num_layers x layer_saved + outside_saved`` and its per-layer windows stay as they are:
+only, which transformers' cache refuses. The cut keeps one layer of each kind
+(:func:`probes.trace.hybrid_cut.hybrid_cut`), each is traced (``trace_step(..., every_layer=True)``) and the kinds
+are combined into one term set, so that the cost model's ``num_layers x layer_saved + outside_saved`` and its
+per-layer windows stay as they are:
 
 - ``layer_saved``: one size per kind, its layer's saved bytes x its count of layers in the full config's
   ``layer_types`` / ``num_layers``: ``num_layers`` times their sum is every layer's (to a byte per layer of
   rounding);
 - ``outside_saved``: what the cut keeps beyond its layers' own saved bytes;
-- ``layer_forward`` and ``layer_backward``: a layer's transient peak is the larger kind's: each layer's window
-  (its peak, then down to what it leaves), the first brought back to zero before the next, so the window's peak
-  is the larger of the two at every shape;
+- ``layer_forward`` and ``layer_backward``: a layer's transient peak is the larger kind's: each layer's window (its
+  peak, then down to what it leaves), the first brought back to zero before the next, so the window's peak is the
+  larger of the two at every shape;
 - the other windows (LM head and loss, the no-grad forward) as their peak and what they leave.
 
 Which Gated DeltaNet code runs is transformers' choice (``use_kernel_func_from_hub_with_fallback``): the fused
@@ -30,39 +31,11 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections import Counter
 from typing import Any
 
 from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, StepTrace, fit_terms, trace_step
+from probes.trace.hybrid_cut import LINEAR
 from store.activation_terms import WINDOWS
-
-LINEAR = "linear_attention"
-
-
-def layer_kinds(hf_config: dict[str, Any]) -> dict[str, int] | None:
-    """How many layers of each kind a hybrid config has (``layer_types`` of transformers' config object, with
-    the class's default pattern where the file has none), in the order each kind first comes; None where the
-    layers are not a mix of linear attention and other kinds."""
-    from probes.model.shape import config_object
-
-    types = getattr(config_object(hf_config, "trace"), "layer_types", None)
-    if not isinstance(types, list) or LINEAR not in types or len(set(types)) < 2:
-        return None
-    return dict(Counter(str(kind) for kind in types))
-
-
-def hybrid_cut(hf_config: dict[str, Any], layers: int) -> dict[str, Any] | None:
-    """``hf_config`` whose cut to ``layers`` layers keeps one layer of each kind, in the order the model first
-    has them (``layer_types``); None for a model that is not a hybrid. ValueError where a cut of ``layers``
-    layers cannot hold every kind."""
-    kinds = layer_kinds(hf_config)
-    if kinds is None:
-        return None
-    if len(kinds) != layers:
-        raise ValueError(f"a hybrid of {len(kinds)} kinds of layers ({', '.join(kinds)}): the cut holds {layers}")
-    if isinstance(hf_config.get("text_config"), dict):  # a multimodal config: its text model's layers
-        return {**hf_config, "text_config": {**hf_config["text_config"], "layer_types": list(kinds)}}
-    return {**hf_config, "layer_types": list(kinds)}
 
 
 def linear_attention_code() -> str:

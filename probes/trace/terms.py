@@ -8,7 +8,8 @@ from typing import Any
 
 from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, cut_model, fit_terms, gpu_kernels, trace_step
 from probes.trace.generation import trace_generation_terms
-from probes.trace.hybrid import layer_kinds, trace_hybrid_terms
+from probes.trace.hybrid import trace_hybrid_terms
+from probes.trace.hybrid_cut import layer_kinds
 from probes.trace.variants import trace_variants
 from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS, VARIANTS
 

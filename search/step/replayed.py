@@ -206,14 +206,14 @@ def replay_step(
         mallocs += out[-1].cuda_mallocs
     seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
     return StepReplayed(
-        tuple(names),
-        tuple(out),
-        seconds,
-        len(stream),
-        setup.end_allocated,
-        setup.end_reserved,
-        oom_phase,
-        setup.peak_reserved,
+        phase_names=tuple(names),
+        phases=tuple(out),
+        cache_seconds=seconds,
+        events=len(stream),
+        init_allocated=setup.end_allocated,
+        init_reserved=setup.end_reserved,
+        oom_phase=oom_phase,
+        init_peak_reserved=setup.peak_reserved,
     )
 
 

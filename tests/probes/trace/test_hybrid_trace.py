@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from tiny_models import QWEN3_NEXT
 
-from probes.trace.hybrid import chunk_tokens, hybrid_cut, layer_kinds
+from probes.trace.hybrid import chunk_tokens
+from probes.trace.hybrid_cut import hybrid_cut, layer_kinds
 from store.activation_terms import evaluate, evaluate_all
 from store.alloc_stream import ALLOC, FREE, PHASE
 
