@@ -7,6 +7,7 @@ SQLite database, and a later plan in a fresh interpreter reads it without import
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,25 @@ def moe_dir(tmp_path: Path) -> Path:
 SETTING = ("bf16", "sdpa")  # what recommend's default job on an H100 needs
 
 
+@pytest.fixture(scope="module")
+def traced_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database holding the shape of QWEN3_MOE traced once for SETTING (keyed by the config's shape, not its
+    folder): the tests that start from a cached shape copy it instead of tracing again."""
+    folder = tmp_path_factory.mktemp("traced") / "qwen3-moe-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_MOE))
+    db = folder.parent / "shapes.db"
+    resolve_model(str(folder), None, str(db), SETTING)
+    return db
+
+
+def _cached(traced_db: Path, tmp_path: Path) -> str:
+    """A copy of the traced database in ``tmp_path``."""
+    copy = tmp_path / "shapes.db"
+    shutil.copyfile(traced_db, copy)
+    return str(copy)
+
+
 def _no_trace(*args: Any, **kwargs: Any) -> dict[str, Any]:
     raise AssertionError("traced again although the shape is cached")
 
@@ -66,9 +86,13 @@ def test_first_use_traces_and_says_so_then_the_cache_answers(
 
 
 def test_a_new_setting_traces_its_terms_once_and_keeps_the_others(
-    moe_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    moe_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    traced_db: Path,
 ) -> None:
-    db = str(tmp_path / "shapes.db")
+    db = _cached(traced_db, tmp_path)
     sdpa = resolve_model(str(moe_dir), None, db, SETTING)
     eager = resolve_model(str(moe_dir), None, db, ("bf16", "eager"))
     assert set(eager.activation_terms) == {"2-sdpa", "2-eager"}
@@ -83,9 +107,8 @@ def test_a_new_setting_traces_its_terms_once_and_keeps_the_others(
         resolve_model(str(moe_dir), None, db, setting)
 
 
-def test_the_cache_key_follows_the_library_versions(moe_dir: Path, tmp_path: Path) -> None:
-    db = str(tmp_path / "shapes.db")
-    resolve_model(str(moe_dir), None, db, SETTING)
+def test_the_cache_key_follows_the_library_versions(traced_db: Path) -> None:
+    db = str(traced_db)
     newer = {**installed_versions(), "transformers": "99.0.0"}
     with open_storage(db) as storage:
         assert storage.load_model_shape(shape_key(QWEN3_MOE, installed_versions())) is not None
@@ -101,10 +124,9 @@ def test_a_damaged_cache_entry_is_traced_again(moe_dir: Path, tmp_path: Path) ->
 
 
 def test_a_cached_config_plans_in_a_fresh_interpreter_without_torch_or_transformers(
-    moe_dir: Path, tmp_path: Path
+    moe_dir: Path, tmp_path: Path, traced_db: Path
 ) -> None:
-    db = str(tmp_path / "shapes.db")
-    resolve_model(str(moe_dir), None, db, SETTING)
+    db = _cached(traced_db, tmp_path)  # traced in this interpreter: the fresh one below only reads it
     script = (
         "import sys, json, planner\n"
         f"plan = planner.recommend({str(moe_dir)!r}, gpu_mem='24G', cpu_mem='64G', workload='sft', db={db!r})\n"
