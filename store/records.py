@@ -681,7 +681,8 @@ class RLHFStrategy:
         return replace(self, **changes)
 
     def describe(self, roles: Collection[str] | None = None) -> str:
-        """A short label; with ``roles`` (the job's roles), a frozen model the job does not hold (no reference at
+        """A short label (:func:`strategy_label` gives it the job's roles); with ``roles`` (the job's roles), a
+        frozen model the job does not hold (no reference at
         a KL coefficient of 0, no reward model with rule-based rewards) is said to be absent instead of placed."""
         parts = [f"actor {self.actor.describe()}"]
         if self.critic is not None:
@@ -701,3 +702,11 @@ class RLHFStrategy:
         if self.allocator != "default":
             parts.append(self.allocator)
         return ", ".join(parts)
+
+
+def strategy_label(strategy: Strategy | RLHFStrategy, workload: Workload) -> str:
+    """The short label of ``strategy`` for ``workload``: an RLHF strategy names only the frozen models the job holds
+    (no reference at a KL coefficient of 0, no reward model with rule-based rewards)."""
+    if isinstance(strategy, RLHFStrategy):
+        return strategy.describe(workload.role_models())
+    return strategy.describe()

@@ -42,7 +42,7 @@ from planner.probing.device import device_coefficients
 from planner.probing.plan import PlannedProbe, depth_label
 from probes.step.warmup import warmup_steps
 from search import Coefficients, Prediction, predict
-from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.records import Hardware, RLHFStrategy, Strategy, Workload, strategy_label
 
 STARTUP_S = {"cpu": 20.0, "cuda": 30.0}  # process start, imports, process group, model and engines
 WARMUP_EXTRA = 0.5  # a warm-up step costs this much more than a steady one
@@ -235,7 +235,7 @@ def planned_costs(
             coef=coef,
             timed=timed,
         )
-        label = item.strategy.describe() + depth_label(item.layers)
+        label = strategy_label(item.strategy, job.workload) + depth_label(item.layers)
         costs.append(
             probe_cost(label, item.strategy, step, steps=steps, device=device, timeout_s=item.request.timeout_s)
         )

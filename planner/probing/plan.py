@@ -17,7 +17,7 @@ from search import Coefficients, Prediction, predict, search
 from search.batches import micro_batches
 from store.errors import InputError
 from store.measurements import ProbeRequest
-from store.records import RLHFStrategy, Strategy, TrainedModelStrategy, Workload
+from store.records import RLHFStrategy, Strategy, TrainedModelStrategy, Workload, strategy_label
 
 CPU_FULL_MODEL_LIMIT = 200_000_000  # parameters: larger models are only probed layer-cut on the CPU
 
@@ -34,6 +34,7 @@ class PlannedProbe:
     request: ProbeRequest
     key: str
     prediction: Prediction
+    label: str = ""  # the strategy's label with the job's roles (store.records.strategy_label)
 
 
 def choose_strategies(job: ResolvedJob, which: str, coef: Coefficients, top: int = 3) -> list[Strategy | RLHFStrategy]:
@@ -145,7 +146,8 @@ def plan_probes(
                 timeout_s=timeout_s,
                 memory_cap_bytes=memory_cap_bytes,
             )
-            planned.append(PlannedProbe(strategy, depth, request, request.key(versions), prediction))
+            label = strategy_label(strategy, job.workload)
+            planned.append(PlannedProbe(strategy, depth, request, request.key(versions), prediction, label))
     return planned
 
 

@@ -135,7 +135,7 @@ def probe(
                     fingerprint = fingerprint or _fingerprint_of(known.result)
                     continue
                 if on_progress is not None:
-                    on_progress(item.strategy.describe() + depth_label(item.layers), index, len(planned))
+                    on_progress(item.label + depth_label(item.layers), index, len(planned))
                 probe_id, result = session.run(item, run.run_id)
                 rows.append(ProbeRow.from_probe(item, probe_id, result, reused=False, cpu_timed=cpu_timed))
                 fingerprint = fingerprint or _fingerprint_of(result)

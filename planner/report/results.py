@@ -249,7 +249,7 @@ class ProbeRow(BaseModel):
         return cls(
             probe_id=probe_id,
             strategy=item.strategy.to_dict(),
-            label=item.strategy.describe() + depth,
+            label=(getattr(item, "label", "") or item.strategy.describe()) + depth,
             layers=item.layers,
             outcome=result.outcome,
             failed_phase=result.failed_phase,

@@ -35,6 +35,7 @@ from search.calibration import apply_values
 from store.db import open_storage
 from store.errors import InputError
 from store.measurements import ProbeResult
+from store.records import strategy_label
 
 ENQUEUED_FIRST = 3  # the predicted best, probed first
 TUNE_LESS = "--steps 2, fewer --max-probes, a smaller --batch, --seq-len or model"
@@ -165,7 +166,7 @@ def _announce(
             coef=coef,
             timed=timed,
         )
-        label = strategy.describe()
+        label = strategy_label(strategy, job.workload)
         costs.append(
             probe_cost(
                 label, strategy, step, steps=settings.steps, device=settings.device, timeout_s=settings.timeout_s

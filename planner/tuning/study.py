@@ -208,6 +208,6 @@ def probe_candidate(
             return known.probe_id, known.result, False
         session.prepare([item.request])
         if on_start is not None:
-            on_start(item.strategy.describe())
+            on_start(item.label)
         probe_id, result = session.run(item)
     return probe_id, result, True

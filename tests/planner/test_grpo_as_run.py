@@ -185,3 +185,22 @@ def test_a_plan_without_reference_or_reward_model_is_labelled_so() -> None:
     assert "no rm" in strategy.describe(roles=("actor", "reference")) and "ref Z0" in strategy.describe(
         roles=("actor", "reference")
     )
+
+
+def test_probe_labels_name_only_the_models_the_job_holds(tmp_path: Any) -> None:
+    """A probe's label (its progress line and its row) says "no ref, no rm" for rule-based rewards at KL 0, as the
+    plan's label does, not the reference and reward blocks the strategy still carries."""
+    from planner.job.inputs import JobSpec, resolve
+    from planner.probing.plan import plan_probes
+    from search import DEFAULT_COEFFICIENTS
+    from store.records import RLHFStrategy
+
+    spec = JobSpec(model="opt-125m", workload="grpo", gpu_mem="24G", batch=8, reward_model="none", kl_coef=0.0)
+    job = resolve(spec, str(tmp_path / "p.db"))
+    strategy = RLHFStrategy.from_dict(json.loads(STRATEGY))
+    assert "ref Z0" in strategy.describe() and "rm Z0" in strategy.describe()  # the blocks, without the job
+    (planned,) = plan_probes(
+        job, [strategy], device="cpu", steps=3, layers=None, timeout_s=60.0, memory_cap_bytes=None,
+        coef=DEFAULT_COEFFICIENTS,
+    )  # fmt: skip
+    assert "no ref, no rm" in planned.label and "ref Z0" not in planned.label
