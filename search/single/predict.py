@@ -254,7 +254,11 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         notes=tuple(notes),
         resident_sizes=sizes_of(
             parameters=resident_sizes(
-                model, workload.dtype, s.lora_rank, flat=s.zero_stage in (1, 2) and not s.lora_rank
+                model,
+                workload.dtype,
+                s.lora_rank,
+                flat=s.zero_stage in (1, 2) and not s.lora_rank,
+                quantization=s.quantization if s.zero_stage != 3 else "none",
             ),
             optimizer_states=(states.optimizer_states // 3,),
             reference_model=weight_tensors(workload.model_for("reference"), workload.dtype),
@@ -265,7 +269,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 states.parameters,
                 states.optimizer_states,
                 engine_init(placed, workload.dtype, hardware.gpu_memory_bytes),
-                weight_tensors(model, workload.dtype, s.lora_rank),
+                weight_tensors(model, workload.dtype, s.lora_rank, s.quantization, s.zero_stage),
             ),
         ),
     )

@@ -19,8 +19,10 @@ from search.model.activations import layer_saved_tensors
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import FP32_UPCASTS
 from search.model.placement import TrainedPlacement
+from search.model.quantized import quantized_weight_elements
 from search.model.shapes import linear_shapes, token_embedding_params
 from store.loss_chunks import chunk_tokens
+from store.quantization import quantized_linear_bytes
 from store.records import DTYPE_BYTES, ModelSpec
 
 Sizes = tuple[tuple[str, tuple[int, ...]], ...]  # (part or resident name, tensor sizes in bytes) pairs
@@ -32,14 +34,24 @@ def sizes_of(**patterns: tuple[int, ...]) -> Sizes:
 
 
 @lru_cache(maxsize=256)
-def weight_tensors(model: ModelSpec, dtype: str, lora_rank: int = 0) -> tuple[int, ...]:
+def weight_tensors(
+    model: ModelSpec, dtype: str, lora_rank: int = 0, quantization: str = "none", zero_stage: int = 0
+) -> tuple[int, ...]:
     """Bytes of each weight tensor in load order: the token embedding, each block's norms and linears
-    (and their LoRA A and B), the final norm and an untied LM head."""
+    (and their LoRA A and B), the final norm and an untied LM head. QLoRA's block linears are bitsandbytes'
+    (``quantization``): codes and constants (:func:`store.quantization.quantized_linear_bytes`), or under
+    ZeRO-3 the codes as the compute-dtype elements DeepSpeed holds
+    (:func:`search.model.quantized.quantized_weight_elements`)."""
     d = DTYPE_BYTES[dtype]
     h = model.hidden_size
     block: list[int] = [d * h]  # the attention norm
     for n_in, n_out in linear_shapes(model):
-        block.append(d * n_in * n_out)
+        if quantization == "none":
+            block.append(d * n_in * n_out)
+        elif zero_stage == 3:
+            block.append(d * quantized_weight_elements(quantization, dtype, n_in * n_out))
+        else:
+            block.append(quantized_linear_bytes(quantization, n_in, n_out))
         if lora_rank:
             block += [d * n_in * lora_rank, d * lora_rank * n_out]
     block.insert(5 if not lora_rank else 13, d * h)  # the MLP norm, after the attention's four linears
@@ -88,11 +100,13 @@ def training_sizes(placed: TrainedPlacement, batch: MicroBatchContext) -> Sizes:
     tensors in place of the logits (``search.model.fused_head.FusedHead.sizes``)."""
     model, dtype, layout = placed.model, batch.dtype, placed.layout
     weights = weight_tensors(model, dtype, layout.lora_rank)
+    # what ZeRO-3 gathers: QLoRA's codes as DeepSpeed holds them
+    gathered = weight_tensors(model, dtype, layout.lora_rank, layout.quantization, layout.zero_stage)
     layers = checkpointed_activation_tensors if layout.gradient_checkpointing else activation_tensors
     head_sizes = batch.head.sizes() if batch.head is not None else None
     return sizes_of(
         gradients=tuple(reversed(weights)),
-        zero3_gathered=weights[1:],
+        zero3_gathered=gathered[1:],
         activations=layers(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl, batch.coef),
         logits=(
             head_sizes
@@ -120,8 +134,10 @@ def inference_sizes(
     )
 
 
-def resident_sizes(model: ModelSpec, dtype: str, lora_rank: int, *, flat: bool) -> tuple[int, ...]:
+def resident_sizes(
+    model: ModelSpec, dtype: str, lora_rank: int, *, flat: bool, quantization: str = "none"
+) -> tuple[int, ...]:
     """A trained or frozen model's resident weights: tensor by tensor, or one flat buffer (ZeRO-1/2 without
-    LoRA point every ``p.data`` into one flattened buffer per parameter group)."""
-    weights = weight_tensors(model, dtype, lora_rank)
+    LoRA point every ``p.data`` into one flattened buffer per parameter group); QLoRA's as bitsandbytes holds them."""
+    weights = weight_tensors(model, dtype, lora_rank, quantization)
     return (sum(weights),) if flat else weights
