@@ -2,6 +2,8 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 export DS_ACCELERATOR ?= cpu
+# the suite's pytest-xdist workers: two halve the wall time on a 2-core machine (docs/development.md); 0 runs it serially
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint bench
 
@@ -12,7 +14,7 @@ demo: setup
 	$(BIN)/planner recommend --model opt-1.3b --gpu-mem 24G --workload sft
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 lint: setup
 	$(BIN)/ruff check .
