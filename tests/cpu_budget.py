@@ -28,6 +28,7 @@ import pytest
 
 DEFAULT_BUDGET_S = 300.0
 TOP = 8
+CPU_SECONDS = "cpu_seconds"  # the user property a phase's report carries its CPU seconds in
 _spent_key = pytest.StashKey[dict[str, float]]()
 _largest: list[tuple[float, str]] = []
 _session: dict[str, Any] = {}
@@ -82,13 +83,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     spent = item.stash.get(_spent_key, {}).get(call.when)
     if spent is None:
         return
-    _largest.append((spent, f"{item.nodeid} ({call.when})"))
+    report.user_properties.append((CPU_SECONDS, spent))  # what the summary reads, in this process or xdist's
     report_file = _session.get("report")
     if report_file:
         with open(report_file, "a", encoding="utf-8") as out:
             out.write(f"{spent:.2f}\t{item.nodeid}\t{call.when}\n")
-    _largest.sort(reverse=True)
-    del _largest[TOP:]
     limit = _session.get("budget", DEFAULT_BUDGET_S)
     if limit > 0 and spent > limit and report.outcome == "passed":
         report.outcome = "failed"
@@ -97,6 +96,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             "(MEMPLAN_TEST_CPU_BUDGET_S): make it cheaper (a smaller model, fewer steps, the dtype this processor "
             "runs fast: see tests/cpu_dtype.py) or move what it measures to benchmarks/"
         )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep the largest phases; under pytest-xdist the reports reach the controlling process with their
+    ``user_properties``, so the summary covers every worker's tests."""
+    spent = next((value for name, value in report.user_properties if name == CPU_SECONDS), None)
+    if spent is None:
+        return
+    _largest.append((float(spent), f"{report.nodeid} ({report.when})"))
+    _largest.sort(reverse=True)
+    del _largest[TOP:]
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
