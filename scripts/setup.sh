@@ -2,7 +2,8 @@
 # Creates .venv if missing and installs memplan into it. Safe to run again: it only does what is missing.
 # The postgres extra (psycopg 3) comes along, so that the tests run the store on a real PostgreSQL server
 # where its binaries (initdb, pg_ctl) are installed; they skip, saying why, where they are not. The frameworks
-# extra (accelerate, TRL, PEFT) lets the tests run each `planner export --format` file through its framework.
+# extra (accelerate, TRL, PEFT, bitsandbytes) lets the tests run each `planner export --format` file through its
+# framework and QLoRA's layers on the CPU.
 #
 # torch: when the venv cannot import torch, install the pinned CPU build torch==2.13.0 first (pip's
 # configured find-links / index serve it; on a CPU machine without such a source, set

@@ -81,7 +81,7 @@ def probe(
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     depths = parse_layers(layers, resolved.workload.model.num_layers)
     chosen = choose_strategies(resolved, strategies, coefficients)
-    refuse_quantized_probe(chosen, device)
+    refuse_quantized_probe(chosen)
     probed, notes = one_node(resolved)
     planned = plan_probes(
         probed,
@@ -193,7 +193,7 @@ def _fingerprint_of(result: ProbeResult) -> dict[str, Any] | None:
     return result.fingerprint.to_dict() if result.fingerprint else None
 
 
-def refuse_quantized_probe(chosen: list[Strategy | RLHFStrategy], device: str) -> None:
+def refuse_quantized_probe(chosen: list[Strategy | RLHFStrategy]) -> None:
     """A QLoRA strategy is probed with bitsandbytes' own layers (:mod:`probes.model.quantize`): without bitsandbytes
     installed it is refused with one line (InputError) rather than probed as a 16-bit LoRA."""
     import importlib.util

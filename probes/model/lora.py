@@ -34,6 +34,11 @@ __all__ = ["LoRALinear", "add_lora", "adapters_disabled"]
 SKIPPED = ("lm_head", "v_head", "score", "embed_out")
 
 
+def is_quantized_linear(module: nn.Module) -> bool:
+    """Is ``module`` one of bitsandbytes' quantized linear layers (QLoRA, :mod:`probes.model.quantize`)?"""
+    return type(module).__module__.startswith("bitsandbytes")
+
+
 class LoRALinear(nn.Module):
     """A linear layer (``base``'s own weight and bias) plus ``scaling * (x @ right) @ left``.
 
@@ -55,7 +60,7 @@ class LoRALinear(nn.Module):
         adapter_device: torch.device | None = None,
     ) -> None:
         super().__init__()
-        self.base_layer = base if type(base).__module__.startswith("bitsandbytes") else None
+        self.base_layer = base if is_quantized_linear(base) else None
         if self.base_layer is None:
             self.weight = base.weight
             self.bias = base.bias

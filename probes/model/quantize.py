@@ -24,11 +24,6 @@ from store.quantization import NF4_DOUBLE_QUANT
 LLM_INT8_THRESHOLD = 6.0  # BitsAndBytesConfig's llm_int8_threshold default, which transformers passes to Linear8bitLt
 
 
-def is_quantized_linear(module: Any) -> bool:
-    """Is ``module`` one of bitsandbytes' quantized linear layers?"""
-    return type(module).__module__.startswith("bitsandbytes")
-
-
 def _quantized(linear: Any, quantization: str, compute: Any, storage: Any) -> Any:
     """bitsandbytes' layer for ``linear`` holding its (not yet quantized) weight and bias, on the meta device."""
     import bitsandbytes as bnb

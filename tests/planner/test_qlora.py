@@ -117,8 +117,8 @@ def test_a_qlora_probe_without_bitsandbytes_is_refused(monkeypatch: pytest.Monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name))
     strategy = Strategy(zero_stage=2, lora_rank=16, quantization="nf4")
     with pytest.raises(InputError, match="bitsandbytes is not installed"):
-        refuse_quantized_probe([strategy], "cpu")
-    refuse_quantized_probe([Strategy(lora_rank=16)], "cpu")  # a 16-bit LoRA probes as before
+        refuse_quantized_probe([strategy])
+    refuse_quantized_probe([Strategy(lora_rank=16)])  # a 16-bit LoRA probes as before
 
 
 def test_a_training_forward_dequantizes_past_the_fused_kernels_rows() -> None:
