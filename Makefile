@@ -14,7 +14,7 @@ demo: setup
 	$(BIN)/planner recommend --model opt-1.3b --gpu-mem 24G --workload sft
 
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 lint: setup
 	$(BIN)/ruff check .

@@ -23,8 +23,9 @@ from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, re
 
 from probes.process.op_cache import default_ops_folder
 
-# every test phase within a CPU-seconds budget (tests/cpu_budget.py); pytester runs that check on itself
-pytest_plugins = ["cpu_budget", "pytester"]
+# every test phase within a CPU-seconds budget (tests/cpu_budget.py), DeepSpeed's ops built before the first test
+# (tests/op_builds.py); pytester runs those checks on themselves
+pytest_plugins = ["cpu_budget", "op_builds", "pytester"]
 
 
 @pytest.fixture(scope="session", autouse=True)
