@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             env["TORCH_EXTENSIONS_DIR"] = str(Path(temp) / "ops")
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args]
         if args.workers > 0:
-            command += ["-n", str(args.workers)]
+            command += ["-n", str(args.workers), "--dist", "loadscope"]  # as `make test` runs it
         start = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, env=env, check=False)
         wall_s = time.perf_counter() - start
