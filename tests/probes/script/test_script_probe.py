@@ -4,10 +4,12 @@ The programs in ``programs/`` are written as users write them, each a tiny Llama
 sequence length 32, fp32 on the CPU backend): a plain DeepSpeed loop, an HF ``Trainer`` whose DeepSpeed config
 says ZeRO-3 with "auto" values, an Accelerate loop with a ``DeepSpeedPlugin``, and the plain loop again as two
 ranks under ``torch.distributed.run`` (gloo). Each runs its own config, 1000 steps long; the probe overrides the
-strategy's keys and ends it after 1 warm-up + 2 timed steps. Each is probed under two strategies:
+strategy's keys and ends it after 1 warm-up + 2 timed steps. The plain loop is probed under both strategies,
+each other program under one of them, in turn (each probe is a process of 12-27 CPU seconds):
 
-- A: ZeRO-1, micro-batch 2, no accumulation;
-- B: ZeRO-2, micro-batch 1 x 2 accumulated, gradient checkpointing, ``empty_cache`` every step.
+- A: ZeRO-1, micro-batch 2, no accumulation (the plain loop, Accelerate);
+- B: ZeRO-2, micro-batch 1 x 2 accumulated, gradient checkpointing, ``empty_cache`` every step (the plain loop,
+  the Trainer, two ranks under torchrun: accumulation and ZeRO-2's partitions over the ranks).
 
 Each test checks that the program really ran the strategy (the engine's stage, micro-batch and accumulation as
 the program saw them, the batches it fed), that it was stopped after the timed steps, and that its phase peaks are
@@ -389,7 +391,7 @@ def test_a_plain_deepspeed_loop(name: str) -> None:
 
 
 @slow
-@pytest.mark.parametrize("name", ["A", "B"])
+@pytest.mark.parametrize("name", ["B"])
 def test_an_hf_trainer_with_auto_values(name: str, tmp_path: Path) -> None:
     pytest.importorskip("accelerate")  # the Trainer runs DeepSpeed through Accelerate
     wanted = STRATEGIES[name]
@@ -410,7 +412,7 @@ def test_an_hf_trainer_with_auto_values(name: str, tmp_path: Path) -> None:
 
 
 @slow
-@pytest.mark.parametrize("name", ["A", "B"])
+@pytest.mark.parametrize("name", ["A"])
 def test_accelerate_with_a_deepspeed_plugin(name: str) -> None:
     pytest.importorskip("accelerate")
     wanted = STRATEGIES[name]
@@ -423,7 +425,7 @@ def test_accelerate_with_a_deepspeed_plugin(name: str) -> None:
 
 
 @slow
-@pytest.mark.parametrize("name", ["A", "B"])
+@pytest.mark.parametrize("name", ["B"])
 def test_two_ranks_under_torchrun(name: str) -> None:
     result = run_script_probe(torchrun("plain_loop.py", "--steps", "1000"), settings_for(name, gpus=2), TIMEOUT_S)
     assert_ran_the_plan(result, name, gpus=2)
