@@ -2,7 +2,9 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 export DS_ACCELERATOR ?= cpu
-# the suite's pytest-xdist workers: two halve the wall time on a 2-core machine (docs/development.md); 0 runs it serially
+# the suite's pytest-xdist workers: two halve the wall time on a 2-core machine (docs/development.md); 0 runs it serially.
+# --dist loadscope keeps each module's tests in one worker, so a module's fixture (the accuracy probes) runs once.
+# The first run builds DeepSpeed's CPU ops into the venv before the tests (tests/op_builds.py, about 5 min on 2 cores).
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint bench

@@ -9,7 +9,8 @@ The CPU seconds are the suite's and every process it waited for (pytest-xdist's 
 compilers): `getrusage(RUSAGE_CHILDREN)` of this script after the run. The phases come from the suite's own
 report (MEMPLAN_TEST_CPU_REPORT).
 
-Usage: .venv/bin/python benchmarks/suite_cpu.py [--workers 2] [--no-bf16] [--cold-ops] [--out FILE.md] [-- pytest args]
+Usage: .venv/bin/python benchmarks/suite_cpu.py [--workers 2] [--no-bf16] [--cold-ops] [--out FILE.md]
+       [--report FILE.tsv] [-- pytest args]
 Prints a Markdown summary (and appends it to --out); exit 0 when the run passed within both targets, 1 otherwise.
 """
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bf16", action="store_true", help="ONEDNN_MAX_CPU_ISA=AVX2: no oneDNN bf16 kernels")
     parser.add_argument("--cold-ops", action="store_true", help="build DeepSpeed's ops in an empty folder")
     parser.add_argument("--out", type=Path, help="append the summary to this Markdown file")
+    parser.add_argument("--report", type=Path, help="keep every phase's CPU seconds here (tab-separated)")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = parser.parse_args(argv)
 
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         wall_s = time.perf_counter() - start
         cpu_s = _children_cpu_s()
         phases = _phases(report) if report.exists() else []
+        if args.report is not None and report.exists():
+            args.report.write_text(report.read_text(encoding="utf-8"), encoding="utf-8")
 
     ok = done.returncode == 0 and wall_s <= TARGET_WALL_S and cpu_s <= TARGET_CPU_S
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
