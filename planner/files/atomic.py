@@ -4,6 +4,7 @@ without ``force``."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,17 @@ from store.errors import InputError
 
 
 def checked_output(path: str | Path) -> Path:
-    """``path`` as a file to write; InputError for an empty name or one longer than the file system allows."""
-    if not str(path).strip():
+    """``path`` as a file to write; InputError for an empty name, a path with no file name (``.``, ``/``) or one
+    that ends in a separator (a folder, even one that does not exist yet), or a name longer than the file system
+    allows."""
+    text = str(path)
+    if not text.strip():
         raise InputError("-o/--output is empty; give a file name such as ds_config.json")
+    if text.endswith(("/", os.sep)) and not Path(text).is_dir():
+        raise InputError(f"{text} names a folder; give a file name such as {Path(text) / 'ds_config.json'}")
     path = Path(path)
+    if not path.name:  # "." and "/": folders, and pathlib has no name to derive the settings file's from
+        raise InputError(f"{text} is a folder; give a file name such as {path / 'ds_config.json'}")
     if len(path.name.encode()) > 255 or len(str(path).encode()) > 4096:
         shown = str(path) if len(str(path)) <= 60 else str(path)[:57] + "..."
         raise InputError(f"cannot write {shown}: the file name is longer than the file system allows (255 bytes)")

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 MAX_READ_PROBES = 100_000  # stored probes read to find a program's runs and their built-in counterparts
 MIN_ID_PREFIX = 4
+MAX_SHOWN = 80  # characters of a --program argument an error line repeats
 
 
 @dataclass(frozen=True)
@@ -157,23 +158,32 @@ def stored_probes(db: str | None) -> list[ProbeRecord]:
         return list(storage.list_probes(limit=MAX_READ_PROBES))
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the file system cannot even look it up (a name too long for it)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def program_runs(ref: str, stored: list[ProbeRecord]) -> tuple[str, list[ProbeRecord]]:
     """(program id, its runs newest first) of the program ``ref`` names: a program id (or a prefix of at least
     4 characters) or the path of its script file; InputError for none or several."""
     runs = [record for record in stored if record.request.program is not None]
     text = ref.strip()
     path = Path(text).expanduser()
-    if text and path.is_file():
+    shown = ref if len(ref) <= MAX_SHOWN else ref[: MAX_SHOWN - 3] + "..."  # one line stays one line
+    if text and _is_file(path):
         try:
             digest = script_sha256(path)
         except OSError as exc:
-            raise InputError(f"--program {ref}: cannot read it ({exc.strerror or exc})") from None
+            raise InputError(f"--program {shown}: cannot read it ({exc.strerror or exc})") from None
         same = [r for r in runs if (r.request.program or {}).get("script_sha256") == digest]
         if not same:
             earlier = [r for r in runs if (r.request.program or {}).get("script") == str(path.resolve())]
             why = " (runs of an earlier version of it are stored: the file changed since)" if earlier else ""
             raise InputError(
-                f"--program {ref}: no stored run of a program with this script as it is now{why}; "
+                f"--program {shown}: no stored run of a program with this script as it is now{why}; "
                 "run planner probe [job options] -- CMD first"
             )
         newest = same[0].request.program_id
@@ -183,13 +193,14 @@ def program_runs(ref: str, stored: list[ProbeRecord]) -> tuple[str, list[ProbeRe
     if len(key) < MIN_ID_PREFIX or any(c not in "0123456789abcdef" for c in key):
         raise InputError(
             f"--program takes a program id (at least {MIN_ID_PREFIX} hex digits, as planner probe -- CMD prints it) "
-            f"or your script's file, not {ref!r}"
+            f"or your script's file, not {shown!r}"
         )
     ids = list(dict.fromkeys(r.request.program_id for r in runs if (r.request.program_id or "").startswith(key)))
     if not ids:
-        raise InputError(f"--program {ref}: no stored run of such a program; run planner probe [job options] -- CMD")
+        raise InputError(f"--program {shown}: no stored run of such a program; run planner probe [job options] -- CMD")
     if len(ids) > 1:
-        raise InputError(f"--program {ref} names several programs ({', '.join(str(i) for i in ids)}): give more of it")
+        names = ", ".join(str(i) for i in ids)
+        raise InputError(f"--program {shown} names several programs ({names}): give more of it")
     return str(ids[0]), [r for r in runs if r.request.program_id == ids[0]]
 
 

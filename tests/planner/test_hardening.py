@@ -98,6 +98,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("model-nosuchuser", ["recommend", "--model", "~nosuchuser/config.json", *GPU, *CPU_MEM], "nosuchuser"),
     ("export-o-empty", ["export", "-o", ""], "-o"),
     ("export-o-300-chars", ["export", "-o", "x" * 300 + ".json"], "x" * 20),
+    # a traceback once (issue 43): a path without a file name; a trailing slash names a folder, not a file
+    ("export-o-dot", ["export", "-o", "."], "is a folder"),
+    ("export-o-root", ["export", "-o", "/"], "is a folder"),
+    ("export-o-trailing-slash", ["export", "-o", "new/"], "names a folder"),
+    ("export-o-trailing-slash-hf", ["export", "--format", "hf", "-o", "new/"], "names a folder"),
+    # a traceback once (issue 43): a name the file system cannot look up; the line repeats only its start
+    ("program-600-chars", [*REC, "--program", "x" * 600], "x" * 20 + "..."),
     # hangs once
     ("batch-10^12-sft", [*REC, "--batch", "1000000000000"], "--batch"),
     (
