@@ -9,12 +9,12 @@ a budget of 300), so a cold cache or a slower compiler failed a correct suite. T
   an Adam engine with and without optimizer offload on the CPU accelerator) in ``python -m probes.ops.child``
   processes of their own, two at a time, into the folder the whole session uses (``TORCH_EXTENSIONS_DIR``, else
   :func:`probes.process.op_cache.default_ops_folder`), and says so in one line: built, or loaded from the cache;
-- watches that folder around every test phase: a phase after which an op stands there new or rebuilt built it
+- watches that folder around every test phase: a phase after which an op there is new or rebuilt has built it
   itself, and fails naming the op, so a new op is added here instead of being charged to one test on one machine.
 
-A folder of its own (a test that sets ``TORCH_EXTENSIONS_DIR`` for its child, as the fault tests do to stop a
-build midway) is not watched. ``MEMPLAN_TEST_BUILD_OPS=0`` skips the build (the watch stays; the plugin's own
-test runs so).
+The folder is read once, when pytest starts: a folder of a test's own (a test that sets ``TORCH_EXTENSIONS_DIR``
+for its child, as the fault tests do to stop a build midway) is not watched. ``MEMPLAN_TEST_BUILD_OPS=0`` skips
+the build (the watch stays; the plugin's own test runs so).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ EXTENSION_NAMES = {
 }
 SKIP_VARIABLE = "MEMPLAN_TEST_BUILD_OPS"
 _built_key = pytest.StashKey[dict[str, frozenset[str]]]()
+_session: dict[str, Path] = {}
 
 
 def suite_ops() -> tuple[str, ...]:
@@ -54,8 +55,16 @@ def suite_ops() -> tuple[str, ...]:
 
 
 def session_ops_folder() -> Path:
-    """The folder every engine of this session loads its ops from (``tests/conftest.py`` sets it for the tests)."""
-    return Path(os.environ.get(VARIABLE) or default_ops_folder("cpu"))
+    """The folder every engine of this session loads its ops from (``tests/conftest.py`` sets it for the tests),
+    as the environment said when pytest started."""
+    if "folder" not in _session:
+        _session["folder"] = Path(os.environ.get(VARIABLE) or default_ops_folder("cpu"))
+    return _session["folder"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Read the session's op folder before any test can change the environment."""
+    session_ops_folder()
 
 
 def build_stamps(folder: Path) -> dict[str, float]:
