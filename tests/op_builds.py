@@ -6,8 +6,8 @@ a budget of 300), so a cold cache or a slower compiler failed a correct suite. T
 
 - at session start, in the controlling process only (before pytest-xdist starts its workers), loads every op the
   suite's engines load (:func:`suite_ops`: what :func:`probes.ops.prepare.ops_for_configs` says DeepSpeed loads for
-  an Adam engine with and without optimizer offload on the CPU accelerator) in ``python -m probes.ops.child``
-  processes of their own, two at a time, into the folder the whole session uses (``TORCH_EXTENSIONS_DIR``, else
+  an Adam engine with and without optimizer offload on the CPU accelerator) in one ``python -m probes.ops.child``
+  process, into the folder the whole session uses (``TORCH_EXTENSIONS_DIR``, else
   :func:`probes.process.op_cache.default_ops_folder`), and says so in one line: built, or loaded from the cache;
 - watches that folder around every test phase: a phase after which an op there is new or rebuilt has built it
   itself, and fails naming the op, so a new op is added here instead of being charged to one test on one machine.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Generator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,6 @@ SUITE_CONFIGS: tuple[dict[str, Any], ...] = (
     {"optimizer": {"type": "AdamW"}},
     {"optimizer": {"type": "AdamW"}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
 )
-PARALLEL_BUILDS = 2
-# the folder each op's build leaves in TORCH_EXTENSIONS_DIR (the builder's NAME in deepspeed/ops/op_builder/cpu/)
-EXTENSION_NAMES = {
-    "ShareMemCommBuilder": "deepspeed_shm_comm",
-    "CPUAdamBuilder": "cpu_adam",
-    "FusedAdamBuilder": "fused_adam",
-}
 SKIP_VARIABLE = "MEMPLAN_TEST_BUILD_OPS"
 _built_key = pytest.StashKey[dict[str, frozenset[str]]]()
 _session: dict[str, Path] = {}
@@ -85,31 +77,22 @@ def built_ops(folder: Path) -> frozenset[str]:
     return frozenset(build_stamps(folder))
 
 
-def build_suite_ops(folder: Path) -> tuple[list[BuildOutcome], float]:
-    """Load (building where missing) every op of :func:`suite_ops` into ``folder``; the outcomes and the wall
-    seconds. Where every op stands built, one child loads them all (torch rebuilds a stale one there); else each
-    op gets a child of its own, two at a time, so that two compilers run at once."""
+def build_suite_ops(folder: Path) -> tuple[BuildOutcome, float]:
+    """Load (building where missing) every op of :func:`suite_ops` into ``folder`` in one build child (its
+    compiler runs an op's sources in parallel); the outcome and the wall seconds. The child is ended with its
+    compilers when the session is interrupted (:func:`probes.process.isolation.run_child`)."""
     env = child_env("cpu", "default")
     env[VARIABLE] = str(folder)
-    ops = suite_ops()
     start = time.perf_counter()
-    if {EXTENSION_NAMES.get(op, op) for op in ops} <= built_ops(folder):
-        return [build_in_child("cpu", ops, env, BUILD_TIMEOUT_S)], time.perf_counter() - start
-
-    def build(op: str) -> BuildOutcome:  # an optional op is skipped by the child where DeepSpeed would skip it
-        return build_in_child("cpu", (op,), dict(env), BUILD_TIMEOUT_S)
-
-    with ThreadPoolExecutor(PARALLEL_BUILDS) as pool:
-        outcomes = list(pool.map(build, ops))
-    return outcomes, time.perf_counter() - start
+    outcome = build_in_child("cpu", suite_ops(), env, BUILD_TIMEOUT_S)
+    return outcome, time.perf_counter() - start
 
 
-def _summary(outcomes: list[BuildOutcome], wall_s: float, before: frozenset[str], folder: Path) -> str:
+def _summary(outcome: BuildOutcome, wall_s: float, before: frozenset[str], folder: Path) -> str:
     names = ", ".join(op.removesuffix("Builder") for op in suite_ops())
-    failed = [o for o in outcomes if not o.ok]
-    if failed:
-        reasons = "; ".join(f"{o.failed or o.last_step or 'startup'}: {o.message or o.log_tail[-200:]}" for o in failed)
-        return f"DeepSpeed ops {names}: the build before the tests failed ({reasons}); tests that load them will say so"
+    if not outcome.ok:
+        reason = f"{outcome.failed or outcome.last_step or 'startup'}: {outcome.message or outcome.log_tail[-200:]}"
+        return f"DeepSpeed ops {names}: the build before the tests failed ({reason}); tests that load them will say so"
     new = sorted(built_ops(folder) - before)
     how = f"built {', '.join(new)} for this venv (first run only)" if new else "loaded from this venv's cache"
     return f"DeepSpeed ops {names}: {how} in {wall_s:.0f} s, before the tests and outside their budgets ({folder})"
@@ -134,8 +117,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"DeepSpeed ops: loading {', '.join(suite_ops())} before the tests (a first run builds them)"
         )
     before = built_ops(folder)
-    outcomes, wall_s = build_suite_ops(folder)
-    line = _summary(outcomes, wall_s, before, folder)
+    outcome, wall_s = build_suite_ops(folder)
+    line = _summary(outcome, wall_s, before, folder)
     if reporter is not None:
         reporter.write_line(line)
 
