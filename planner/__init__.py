@@ -4,7 +4,8 @@
     plan = recommend("opt-1.3b", gpu_mem="24G", workload="sft")
     plan.save("ds_config.json")
 
-Names are loaded on first use, so ``import planner`` stays light.
+Every public name of ``planner.api`` (its ``__all__``) is re-exported here. Names are loaded on first use, so
+``import planner`` stays light (no torch, no pydantic until a name is used).
 """
 
 from __future__ import annotations
@@ -13,23 +14,31 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from planner.api import (
+        SCHEMA_VERSION,
         CalibrationReport,
         CheckResult,
         EmptyCachePolicy,
+        JobKeywords,
         JobSpec,
         Plan,
         PredictionReport,
+        ProbeOptions,
+        ProbeReport,
+        TuneOptions,
         TuneReport,
         calibrate,
         calibrations,
         check,
         coefficients,
+        empty_cache_effect,
         export,
+        gpu_catalog,
         memory_plot,
         plan,
         plans,
         predict,
         probe,
+        probe_program,
         probe_snapshot,
         probe_stream,
         probes,
@@ -42,20 +51,28 @@ __all__ = [
     "CalibrationReport",
     "CheckResult",
     "EmptyCachePolicy",
+    "JobKeywords",
     "JobSpec",
     "Plan",
     "PredictionReport",
+    "ProbeOptions",
+    "ProbeReport",
+    "SCHEMA_VERSION",
+    "TuneOptions",
     "TuneReport",
     "calibrate",
     "calibrations",
     "check",
     "coefficients",
+    "empty_cache_effect",
     "export",
+    "gpu_catalog",
     "memory_plot",
     "plan",
     "plans",
     "predict",
     "probe",
+    "probe_program",
     "probe_snapshot",
     "probe_stream",
     "probes",
@@ -64,38 +81,17 @@ __all__ = [
     "write_probe_snapshot",
 ]
 
-_HOMES = {
-    "calibrate": "planner.api",
-    "calibrations": "planner.api",
-    "check": "planner.api",
-    "coefficients": "planner.api",
-    "export": "planner.api",
-    "memory_plot": "planner.api",
-    "plan": "planner.api",
-    "plans": "planner.api",
-    "predict": "planner.api",
-    "probe": "planner.api",
-    "probe_snapshot": "planner.api",
-    "probe_stream": "planner.api",
-    "probes": "planner.api",
-    "recommend": "planner.api",
-    "tune": "planner.api",
-    "write_probe_snapshot": "planner.api",
-    "JobSpec": "planner.api",
-    "CalibrationReport": "planner.api",
-    "CheckResult": "planner.api",
-    "EmptyCachePolicy": "planner.api",
-    "Plan": "planner.api",
-    "PredictionReport": "planner.api",
-    "TuneReport": "planner.api",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
+    """Load a public name from ``planner.api`` on first use (PEP 562)."""
+    if name not in __all__:
         raise AttributeError(f"module 'planner' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(_HOMES[name]), name)
+    value = getattr(importlib.import_module("planner.api"), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
