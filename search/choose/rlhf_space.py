@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from search.batches import divisors as increasing_divisors
+from search.choose.framework_space import framework_role_blocks, framework_runs_layouts
 from search.choose.single_space import outer_points
 from search.model.host import trained_host_bytes
 from search.model.training_time import training_time
@@ -103,7 +104,9 @@ def rlhf_outer_points(
     lora_ranks: tuple[int, ...] = (0,),
     generations: tuple[tuple[bool, RolloutStrategy | None], ...] = ((True, None), (False, None)),
 ) -> Iterator[RLHFOuterPoint]:
-    """Every outer point in a fixed order (what the exhaustive search walks). LoRA applies to actor and critic."""
+    """Every outer point in a fixed order (what the exhaustive search walks). LoRA applies to actor and critic.
+    Only what the workload's framework runs: its frozen blocks beside each trained pair, the pairs its flags say
+    (:mod:`search.choose.framework_space`)."""
     rlhf_job(workload, hardware)  # the workload must be an RLHF step whose batch splits over the GPUs
     references, rewards = role_blocks(workload, hardware, "reference"), role_blocks(workload, hardware, "reward")
     for rank in lora_ranks:
@@ -111,8 +114,11 @@ def rlhf_outer_points(
         critics: list[TrainedModelStrategy | None] = list(layouts) if workload.has_critic else [None]
         for actor in layouts:
             for critic in critics:
-                for reference in references:
-                    for reward in rewards:
+                if not framework_runs_layouts(workload, actor, critic):
+                    continue  # the framework's flags cannot say this pair (search.choose.framework_space)
+                run_refs = framework_role_blocks(workload, "reference", actor, critic, references)
+                for reference in run_refs:
+                    for reward in framework_role_blocks(workload, "reward", actor, critic, rewards):
                         for hybrid_engine, rollout in generations:
                             yield RLHFOuterPoint(actor, critic, reference, reward, hybrid_engine, rollout)
 

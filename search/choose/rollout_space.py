@@ -19,6 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.choose.candidates import Candidate
+from search.choose.framework_space import framework_generations
 from search.choose.rlhf_space import (
     generation_options,
     role_seconds,
@@ -28,6 +29,7 @@ from search.rlhf.job import RLHFContext
 from search.rlhf.models import trained_model
 from search.rlhf.step import generation_phase
 from search.rollout.engine import engine_limits, engine_memory_at, replica_sequences, utilization_span
+from search.rollout.engine_accepts import accepted_tensor_parallel
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
 from search.streams.sizes import weight_tensors
 from store.errors import InputError
@@ -41,12 +43,16 @@ ROLLOUT_FAMILIES: tuple[str, ...] = ("hybrid-engine", "vllm", "sglang")
 def searched_generations(
     workload: Workload, hardware: Hardware, rollouts: tuple[str, ...] = ROLLOUT_FAMILIES
 ) -> tuple[tuple[bool, RolloutStrategy | None], ...]:
-    """The (hybrid_engine, rollout) options of the families in ``rollouts``, DeepSpeed's first."""
+    """The (hybrid_engine, rollout) options of the families in ``rollouts`` that the workload's framework runs,
+    DeepSpeed's first."""
     unknown = sorted(set(rollouts) - set(ROLLOUT_FAMILIES))
     if unknown or not rollouts:
         raise InputError(f"rollout engines must be among {', '.join(ROLLOUT_FAMILIES)}, not {', '.join(unknown)}")
     engines = tuple(r for r in rollout_options(workload, hardware) if r.engine in rollouts)
-    return generation_options(engines, deepspeed="hybrid-engine" in rollouts)
+    options = generation_options(engines, deepspeed="hybrid-engine" in rollouts)
+    # those the framework runs (search.choose.framework_space); a caller that asks only for others gets them as a
+    # stand-in (probes and suggestions weigh DeepSpeed's own generation for every framework)
+    return framework_generations(workload.framework, options) or options
 
 
 def preference(candidate: Candidate) -> tuple[float, bool, int]:
@@ -78,11 +84,13 @@ def tensor_parallel_choices(hardware: Hardware) -> tuple[int, ...]:
 
 def rollout_options(workload: Workload, hardware: Hardware) -> tuple[RolloutStrategy, ...]:
     """The engine placements the search walks as outer points: each engine colocated at each tensor-parallel
-    size, and on a quarter of each node's GPUs; their knobs (sleep level, offload_training, enforce_eager) are
+    size the engine accepts for the model (:mod:`search.rollout.engine_accepts`), and on a quarter of each node's
+    GPUs; their knobs (sleep level, offload_training, enforce_eager) are
     resolved per point (:func:`knob_variants`)."""
     options = []
     for engine in SEARCHED_ENGINES:
-        for tp in tensor_parallel_choices(hardware):
+        sizes = accepted_tensor_parallel(engine, workload.model, tensor_parallel_choices(hardware))
+        for tp in sizes:
             options.append(
                 RolloutStrategy(
                     engine=engine,
@@ -98,7 +106,7 @@ def rollout_options(workload: Workload, hardware: Hardware) -> tuple[RolloutStra
         engine_gpus = max(1, hardware.gpus // 4)
         trainer_gpus = hardware.gpus - engine_gpus
         if trainer_gpus >= 1 and workload.global_batch % (trainer_gpus * hardware.nodes) == 0:
-            for tp in tensor_parallel_choices(hardware):
+            for tp in sizes:
                 if engine_gpus % tp == 0:
                     options.append(
                         RolloutStrategy(

@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from search.batches import per_gpu_batch
 from search.coefficients import Coefficients
+from search.rollout.engine_accepts import tensor_parallel_refusal
 from store.errors import InputError
 from store.records import Hardware, RLHFStrategy, Workload
 from store.workload_kinds import traits
@@ -59,6 +60,9 @@ def check_rlhf_strategy(workload: Workload, strategy: RLHFStrategy, job: RLHFJob
         raise InputError("ppo trains a critic: the strategy needs a critic block")
     if not workload.has_critic and s.critic is not None:
         raise InputError(f"{workload.kind} trains no critic (only ppo does): drop the strategy's critic block")
+    refused = s.rollout and tensor_parallel_refusal(s.rollout.engine, workload.model, s.rollout.tensor_parallel)
+    if refused:
+        raise InputError(refused)  # the engine stops at start (search.rollout.engine_accepts)
     if job.prompts_per_gpu % s.generation_batch:
         raise InputError(
             f"generation_batch {s.generation_batch} does not divide the {job.prompts_per_gpu} prompts per GPU"
