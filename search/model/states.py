@@ -288,7 +288,10 @@ def init_cached_bytes(
 ) -> int:
     """Bytes of the model's own weights that DeepSpeed's engine init frees into torch's cache and that stay
     reserved (their segments are then shared with small long-lived tensors, so ``empty_cache`` cannot return
-    them; only the step's activations, of similar sizes, reuse them).
+    them; only the step's activations, of similar sizes, reuse them). The search's screen adds them to a step's
+    reserved bytes; each figure is at most what the allocator replay of the init keeps
+    (:mod:`search.streams.init`, :func:`search.streams.build.build_stream`), so the screen's term is a lower
+    bound of the replay's (``tests/search/test_screen_bound.py``).
 
     - ZeRO-1/2: the optimizer copies the trainable 16-bit weights into one flat buffer (stage_1_and_2.py
       ``torch.cat`` while the originals exist) and points each ``p.data`` at it: the originals, d x T, are
@@ -296,17 +299,18 @@ def init_cached_bytes(
       exactly by the same-sized ``grads_in_partition`` and Adam ``exp_avg`` of the first step.
     - ZeRO-0 with a 16-bit dtype: FP16_Optimizer (bf16 too) clones every weight, flattens the clones and frees
       them, then frees the originals (fused_optimizer.py): 2 x d x T.
-    - ZeRO-3: partitioning the built model frees every original weight, d x resident; with the parameters
-      offloaded the model is built on the host (as the probes do) and its weights never occupy the GPU. (Under
-      ``deepspeed.zero.Init``, which HF's Trainer uses for ZeRO-3, weights are partitioned as they are made:
-      then nothing is freed either; the H100 probe built the model first.) The screen keeps this figure,
-      which overstates: the allocation stream (:class:`search.streams.init.Zero3Init`) follows
-      ``defragment``, whose ``empty_cache()`` gives back the segments of the trainable originals; only those
-      holding a frozen partition stay, beside the blocks of the fp32 copies, which the first step reuses.
+    - ZeRO-3: 0. Under ``deepspeed.zero.Init`` (the HF Trainer, Accelerate, TRL, OpenRLHF, DeepSpeed-Chat:
+      ``store.model_build``) weights are partitioned as they are made and nothing is freed. A model built whole
+      first (memplan's own loop) frees every original weight while it is partitioned, but ``defragment``
+      (stage3.py ``_create_fp16_partitions_with_defragmentation``) then calls ``empty_cache()``, which gives back
+      every segment no partition still holds: what stays is only the part of the segments holding a frozen
+      partition (LoRA's base), which the replay counts block by block and which is never below 0. (Counting
+      ``d x resident`` here, as the screen once did, made it prune ZeRO-3 plans the replay fits: issue 42.)
+      With the parameters offloaded the model is built on the host and its weights never occupy the GPU.
     """
     d = DTYPE_BYTES[dtype]
     if zero_stage == 3:
-        return 0 if offload_param != "none" else d * resident
+        return 0
     if zero_stage == 0:
         return 2 * d * trainable if dtype != "fp32" else 0
     return d * trainable

@@ -220,7 +220,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
                 f"{role}_training",
                 p.states.parameters,
                 p.states.optimizer_states,
-                engine_init(p, ctx.workload.dtype, ctx.hardware.gpu_memory_bytes),
+                engine_init(p, ctx.workload.dtype, ctx.hardware.gpu_memory_bytes, ctx.workload.framework),
                 weight_tensors(p.model, ctx.workload.dtype, p.layout.lora_rank),
             )
             for role, p in (("actor", models.actor), ("critic", models.critic))

@@ -205,7 +205,7 @@ def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
                 f"{role}_training",
                 p.states.parameters,
                 p.states.optimizer_states,
-                engine_init(p, w.dtype, ctx.hardware.gpu_memory_bytes),
+                engine_init(p, w.dtype, ctx.hardware.gpu_memory_bytes, w.framework),
                 weight_tensors(p.model, w.dtype, p.layout.lora_rank),
             )
             for role, p in (("actor", models.actor), ("critic", models.critic))

@@ -33,6 +33,7 @@ from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weigh
 from search.streams.workspaces import backward_workspace
 from store.errors import InputError
 from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
+from store.model_build import build_note, builds_partitioned
 from store.module_dropout import workload_as_run
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 from store.workload_kinds import traits
@@ -226,7 +227,11 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     # --- host memory per node (search.model.host): offloaded states with DeepSpeed's pinned buffers and the
     # estimators' slack through training; or, when larger, every local rank loading its 16-bit copy of the
     # model before deepspeed.initialize (ZeRO-3 builds it partitioned under zero.Init).
-    loading = hardware.gpus * d * placed.resident // (n if s.zero_stage == 3 else 1)
+    # ZeRO-3: each rank holds its partition only when the program builds under zero.Init (store.model_build)
+    partitioned = s.zero_stage == 3 and builds_partitioned(
+        workload.framework, model_bytes=d * placed.resident, device_bytes=hardware.gpu_memory_bytes
+    )
+    loading = hardware.gpus * d * placed.resident // (n if partitioned else 1)
     if s.quantization != "none":  # bitsandbytes quantizes each shard as it loads: the host holds the 4/8-bit copy
         # ZeRO-3 too: transformers loads a quantized model whole, without zero.Init (store.quantization.qlora_loading)
         whole = d * placed.resident + quant_constants_bytes(model, s.quantization) if s.zero_stage == 3 else None
@@ -234,6 +239,8 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
     held = per_node(trained_host(placed, coef), hardware.gpus)
     host = HostMemory({STEADY: held, LOADING: {"model_loading": loading}})
     notes = []
+    if s.zero_stage == 3:  # the program's model build: what init allocates on the GPU and host (store.model_build)
+        notes.append(build_note(workload.framework, partitioned, quantized=s.quantization != "none"))
     if s.lora_rank and s.lora_rank * 8 > model.hidden_size:
         notes.append(f"LoRA rank {s.lora_rank} is large for hidden size {model.hidden_size}")
     return Step(
@@ -268,7 +275,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 "optimizer_step",
                 states.parameters,
                 states.optimizer_states,
-                engine_init(placed, workload.dtype, hardware.gpu_memory_bytes),
+                engine_init(placed, workload.dtype, hardware.gpu_memory_bytes, workload.framework),
                 weight_tensors(model, workload.dtype, s.lora_rank, s.quantization, s.zero_stage),
             ),
         ),

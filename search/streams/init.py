@@ -37,6 +37,8 @@ from search.model.placement import TrainedPlacement
 from search.model.quantized import quantized_weight_elements
 from search.model.states import init_cached_bytes
 from search.model.zero3_step import module_parameters, sub_groups
+from store.frameworks import DEFAULT_FRAMEWORK
+from store.model_build import builds_partitioned
 from store.records import DTYPE_BYTES
 
 FP32 = 4  # bytes of DeepSpeed's master_weights_and_grads_dtype (fp32 unless a config says otherwise)
@@ -107,7 +109,11 @@ def zero3_sub_group_size(placed: TrainedPlacement, dtype: str) -> int:
 
 
 def zero3_init(
-    placed: TrainedPlacement, dtype: str, sub_group_size: int | None = None, device_bytes: int | None = None
+    placed: TrainedPlacement,
+    dtype: str,
+    sub_group_size: int | None = None,
+    device_bytes: int | None = None,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> Zero3Init:
     """The ZeRO-3 init of ``placed`` (:class:`Zero3Init`), with ``sub_group_size`` (default: the one it was laid
     out with, :func:`zero3_sub_group_size`). The cost model keeps no optimizer state on the device under
@@ -115,7 +121,9 @@ def zero3_init(
     model whose 16-bit weights exceed ``device_bytes`` (the GPU's memory) cannot be built whole on it: it is
     built under ``zero.Init``, partitioned parameter by parameter (``partitioned_at_build``), unless quantized:
     transformers loads a QLoRA model whole, on the GPU (or, with parameter offload, on the host: ``staged``), and
-    its packed codes are ``d``-byte elements (:func:`search.model.quantized.quantized_weight_elements`)."""
+    its packed codes are ``d``-byte elements (:func:`search.model.quantized.quantized_weight_elements`). The
+    program ``framework`` decides the rest (:func:`store.model_build.builds_partitioned`): the HF Trainer,
+    Accelerate, TRL, OpenRLHF and DeepSpeed-Chat build under ``zero.Init`` whatever the model's size."""
     s = placed.layout
     d, n = DTYPE_BYTES[dtype], placed.world_size
     quantized = s.quantization != "none"
@@ -138,15 +146,18 @@ def zero3_init(
         bucket=placed.buffers,
         grad_partitions=0 if on_host else d * sum(trainable),
         # transformers builds a quantized model without zero.Init (store.quantization.qlora_loading): whole first
-        partitioned_at_build=not (staged or quantized)
-        and device_bytes is not None
-        and d * sum(n for n, _ in params) > device_bytes,
+        partitioned_at_build=not staged
+        and builds_partitioned(
+            framework, quantized=quantized, model_bytes=d * sum(n for n, _ in params), device_bytes=device_bytes or 0
+        ),
     )
 
 
-def engine_init(placed: TrainedPlacement, dtype: str, device_bytes: int | None = None) -> EngineInit:
+def engine_init(
+    placed: TrainedPlacement, dtype: str, device_bytes: int | None = None, framework: str = DEFAULT_FRAMEWORK
+) -> EngineInit:
     """The init and first-step allocations of ``placed`` (see the module docstring) on a GPU of
-    ``device_bytes`` (:func:`zero3_init`)."""
+    ``device_bytes``, built as ``framework`` builds it (:func:`zero3_init`)."""
     s = placed.layout
     d = DTYPE_BYTES[dtype]
     t, n = placed.trainable, placed.world_size
@@ -155,7 +166,7 @@ def engine_init(placed: TrainedPlacement, dtype: str, device_bytes: int | None =
     )
     mixed = dtype != "fp32"
     partition = t if s.zero_stage == 0 else t // n
-    zero3 = zero3_init(placed, dtype, device_bytes=device_bytes) if s.zero_stage == 3 else None
+    zero3 = zero3_init(placed, dtype, device_bytes=device_bytes, framework=framework) if s.zero_stage == 3 else None
     if s.offload_optimizer != "none" or placed.states.optimizer_states == 0:
         # ZeRO-1/2 clone the 16-bit partition on the device before moving the fp32 copy to the host
         clone = d * partition if s.zero_stage in (1, 2) and s.offload_optimizer != "none" else 0

@@ -7,6 +7,8 @@ The expected bytes are written out from the rules (DeepSpeed's buffers, ``runtim
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from search import DEFAULT_COEFFICIENTS, predict
@@ -102,15 +104,21 @@ def test_zero3_offload_parts(model_name: str, optimizer: str, param: str) -> Non
         assert p.host_bytes == states + D * t > DEFAULT_COEFFICIENTS.host_buffer_factor * states
 
 
-@pytest.mark.parametrize(("zero", "gpus"), [(0, 1), (2, 2), (3, 4)])
-def test_without_offload_loading_sets_host_memory(zero: int, gpus: int) -> None:
+@pytest.mark.parametrize(
+    ("zero", "gpus", "framework"), [(0, 1, "deepspeed"), (2, 2, "deepspeed"), (3, 4, "deepspeed"), (3, 4, "hf")]
+)
+def test_without_offload_loading_sets_host_memory(zero: int, gpus: int, framework: str) -> None:
+    """Each rank loads its 16-bit copy of the model before deepspeed.initialize; a ZeRO-3 program that builds it
+    under zero.Init (the HF Trainer: store.model_build) loads only its partition (issue 42)."""
     model = get_model("opt-1.3b")
-    p = _single(_hw(gpus), zero, "none", "none")
+    strategy = Strategy(zero_stage=zero, micro_batch=1)
+    p = predict(replace(_sft("opt-1.3b", gpus), framework=framework), strategy, _hw(gpus))
     copy = D * resident_params(model, 0, lm_head=True)
-    loading = gpus * copy // (gpus if zero == 3 else 1)  # ZeRO-3 loads partitioned under zero.Init
+    loading = gpus * copy // (gpus if framework == "hf" else 1)
     assert p.host_breakdown == {"model_loading": loading}
     assert p.host_peak_phase == "loading"
     assert p.host_phases == {"steady": 0, "loading": loading}
+    assert any(note.startswith("model build:") for note in p.notes) == (zero == 3)
     _consistent(p)
 
 

@@ -220,3 +220,26 @@ def test_a_model_larger_than_the_gpu_is_partitioned_as_it_is_built() -> None:
     assert made == list(at_build.partitions)  # the partitions first, a quarter of each parameter
     made_sizes = {size for op, _, size in _ops(out.build()) if op == ALLOC}
     assert max(at_build.originals) not in made_sizes  # the token embedding never whole on the device
+
+
+def test_a_program_under_zero_init_never_holds_the_whole_model() -> None:
+    """The HF Trainer (and Accelerate, TRL, OpenRLHF, DeepSpeed-Chat) build a ZeRO-3 model under zero.Init
+    (store.model_build): no original reaches the device even where the whole model would fit; memplan's own
+    loop builds it whole first (issue 42). LoRA keeps the fp32 masters small and the buckets are small, so the
+    build sets the init's peak."""
+    layout = TrainedModelStrategy(zero_stage=3, lora_rank=8)
+    ds = ZeroBuckets(sub_group_size=SUB_GROUP, reduce_bucket_size=1000, prefetch_bucket_size=1000)
+    placed = trained_placement(MODEL, True, layout, "bf16", 4, 1, Coefficients(), ds)
+    roomy = 100 * 2 * MODEL.total_params
+    peaks = {}
+    for name in ("deepspeed", "hf"):
+        init = engine_init(placed, "bf16", device_bytes=roomy, framework=name)
+        assert init.zero3 is not None and init.zero3.partitioned_at_build == (name == "hf")
+        out = StreamBuilder()
+        engine = ("optimizer_step", placed.states.parameters, placed.states.optimizer_states, init, ())
+        _engines_init(Parts(out), (engine,), {}, {})
+        sizes = {size for op, _, size in _ops(out.build()) if op == ALLOC}
+        assert (max(init.zero3.originals) in sizes) == (name == "deepspeed")
+        peaks[name] = replay(out.build(), AllocatorConfig()).peak_allocated
+    weights = 2 * MODEL.total_params
+    assert peaks["deepspeed"] >= weights > 2 * peaks["hf"]  # the whole model never sits on the GPU under zero.Init
