@@ -28,6 +28,7 @@ from launch.common import (
 )
 from launch.ds_config import ADAM_BETAS, ADAM_EPS, render_ds_config
 from store.ds_defaults import GRADIENT_CLIPPING, LEARNING_RATE, WEIGHT_DECAY
+from store.framework_packages import packages_needed
 from store.quantization import qlora_loading
 from store.records import Hardware, Strategy, Workload
 from store.workload_kinds import traits
@@ -131,6 +132,7 @@ def render(strategy: Strategy, workload: Workload, hardware: Hardware, paths: di
     if traits(workload.kind).reference_forward:
         gaps.append("transformers' Trainer has no DPO loss: run these arguments through TRL (--format trl, DPOConfig)")
     notes = setup_notes(strategy, hardware, workload.dtype)
+    notes += [package.note() for package in packages_needed("hf", strategy.loss)]  # store.framework_packages
     kwargs = training_kwargs(strategy, workload, paths["ds_config"])
     snippet = comment_block(
         [

@@ -17,6 +17,7 @@ from search.rollout.retarget import Retargeted, for_engine
 from search.rollout.step import trainer_hardware
 from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
+from store.framework_packages import packages_setting
 from store.frameworks import ROLLOUT_ENGINES_RUN
 from store.records import Hardware, ModelSpec, RLHFStrategy, Strategy, Workload
 
@@ -125,5 +126,6 @@ def prediction_report(
     return PredictionReport(
         **common,
         ds_config=render_ds_config(strategy, job.workload, job.hardware),
-        outside_settings=outside_settings(strategy),
+        # what the framework's step imports beyond its own install (store.framework_packages)
+        outside_settings={**outside_settings(strategy), **packages_setting(job.workload.framework, strategy.loss)},
     )
