@@ -9,11 +9,11 @@ plan fits is then decided by the replay of its step (:func:`search.step.finish.f
    RLHF: the generation batch too) in the screen's order, the first replayed, the later ones only where they
    could beat the best replayed so far: fewer screened seconds than its screened seconds (seconds are
    compared screen to screen: the replay's ``empty_cache`` seconds add to every choice of a point alike, the
-   cudaMallocs after a rollout engine's turn among them) and a screened peak reserved within
-   :data:`SCREEN_MARGIN` of the budget (the screen's fragments may be too many).
+   cudaMallocs after a rollout engine's turn among them) and a lower bound of the replay's peak reserved
+   (:func:`replay_floor`) within the budget (the screen's fragments may be too many).
 2. The walk takes every point the screen found fitting until ``wanted`` replayed plans fit and no later
    point has fewer screened seconds than the last of them (equals keep the screen's order); of the points the
-   screen found not fitting it takes those within the margin that could beat them, and the first ones when
+   screen found not fitting it takes those whose floor fits that could beat them, and the first ones when
    nothing fits (the closest plans, by the replay's overflow).
 
 Every prediction in the answer is replayed; the screen only chooses which points are replayed.
@@ -30,15 +30,31 @@ from search.prediction import Prediction
 from store.errors import InputError
 from store.records import RLHFStrategy, Strategy
 
-SCREEN_MARGIN = 0.10  # a screen-rejected point is replayed when its screened reserved is this close to the budget
+SCREEN_MARGIN = 0.10  # kept for callers: the screen's reserved may overstate the replay's by more (FLOOR_SLACK)
 MAX_REPLAYS_PER_POINT = 4  # a point whose inner choices need more replays keeps the best replayed so far
+# The screen's peak allocated (resident plus the largest moment's live bytes) against the replay's peak reserved:
+# the replay reserves at least what it allocates, and its allocations are the same tensors in stream order, so
+# the screen's allocated is at most the replay's reserved but for the stream's own rounding and ordering, measured
+# at most 0.6% over on catalog jobs (tests/search/test_screen_bound.py holds it under this slack).
+FLOOR_SLACK = 0.02
 
 Predict = Callable[[Strategy | RLHFStrategy], Prediction]
 
 
+def replay_floor(prediction: Prediction) -> int:
+    """A lower bound of the replay's peak reserved from a screened prediction: its peak allocated less
+    :data:`FLOOR_SLACK` (no fragment coefficient in it: the screen's fragments may overstate the replay's)."""
+    return int(prediction.peak_allocated_bytes * (1 - FLOOR_SLACK))
+
+
 def near_fit(prediction: Prediction) -> bool:
-    """Does the screen say it fits, or overflow by less than :data:`SCREEN_MARGIN` of the GPU budget?"""
-    return prediction.fits_host and prediction.peak_reserved_bytes <= prediction.gpu_budget_bytes * (1 + SCREEN_MARGIN)
+    """Could the replay find it fitting? Host memory is the same in both; on the GPU only a point whose
+    :func:`replay_floor` exceeds the budget is certain not to fit. The screen's reserved bytes (with its
+    fragment coefficients) order the replays; they never rule a point out (issue 42: a ZeRO-3 plan the screen
+    put at 125 GiB replayed at 69 GiB). The budget compared is the GPU's usable bytes beside the CUDA context,
+    before the plan's spread is kept free: a replayed plan's spread may be smaller than its screen's."""
+    usable = prediction.gpu_budget_bytes * (1 + max(0.0, prediction.reserved_uncertainty))
+    return prediction.fits_host and replay_floor(prediction) <= usable
 
 
 def resolve(
@@ -47,7 +63,7 @@ def resolve(
     """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
 
     The variants are replayed in the screen's order (best screened score first; ``variants`` come simplest
-    first, and the earlier wins among equals), those the screen says overflow by more than the margin
+    first, and the earlier wins among equals), those whose replay floor overflows the budget
     (:func:`near_fit`) only when nothing before them was replayed, until one fits; after it, only those that
     could still beat it: fewer screened seconds than it has. At most :data:`MAX_REPLAYS_PER_POINT` replays.
 
@@ -66,7 +82,7 @@ def resolve(
         if replays >= MAX_REPLAYS_PER_POINT:
             break
         if best is not None and not near_fit(prediction):
-            continue  # the screen's fragments would have to be too many by more than the margin
+            continue  # even its allocated bytes overflow: the replay cannot find it fitting
         if best is not None and best[2].prediction.fits and prediction.step_time_s >= best[3]:
             continue  # it cannot beat the best replayed (equals keep the screen's preference)
         candidate = Candidate(variants[i], predict(variants[i]))

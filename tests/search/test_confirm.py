@@ -13,7 +13,7 @@ from planner.planning.predicting import _job
 from search import DEFAULT_COEFFICIENTS as C
 from search import predict, screen_search, search
 from search.choose.candidates import Candidate
-from search.choose.confirm import MAX_REPLAYS_PER_POINT, SCREEN_MARGIN, resolve
+from search.choose.confirm import MAX_REPLAYS_PER_POINT, resolve
 from search.choose.single_space import all_strategies
 from search.prediction import Prediction
 from store.records import Hardware, Strategy, Workload
@@ -66,9 +66,9 @@ def _prediction(seconds: float, reserved_gib: float, allocated_gib: float = 1.0)
 
 def test_resolve_replays_in_the_screens_order_until_one_fits_and_only_what_could_beat_it() -> None:
     """Variants: 0 the screen's best, which the replay rejects; 1 as fast, fits when replayed; 2 faster but
-    far over the budget on the screen (never replayed); 3 slower than 1 (never replayed once 1 fits)."""
+    over the budget by its screened allocated bytes alone (the replay's floor: never replayed); 3 slower than 1 (never replayed once 1 fits)."""
     variants = [Strategy(micro_batch=m) for m in (1, 2, 3, 4)]
-    screened = {1: _prediction(1.0, 9.0), 2: _prediction(1.0, 9.5), 3: _prediction(0.5, 10 * (1 + 2 * SCREEN_MARGIN))}
+    screened = {1: _prediction(1.0, 9.0), 2: _prediction(1.0, 9.5), 3: _prediction(0.5, 12.0, 11.0)}
     screened[4] = _prediction(2.0, 5.0)
     replayed = {1: _prediction(1.0, 10.5), 2: _prediction(1.0, 9.9), 3: _prediction(0.5, 9.0), 4: _prediction(2.0, 5.0)}
     asked: list[int] = []
