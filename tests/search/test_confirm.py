@@ -66,7 +66,8 @@ def _prediction(seconds: float, reserved_gib: float, allocated_gib: float = 1.0)
 
 def test_resolve_replays_in_the_screens_order_until_one_fits_and_only_what_could_beat_it() -> None:
     """Variants: 0 the screen's best, which the replay rejects; 1 as fast, fits when replayed; 2 faster but
-    over the budget by its screened allocated bytes alone (the replay's floor: never replayed); 3 slower than 1 (never replayed once 1 fits)."""
+    over the budget by its screened allocated bytes alone (the replay's floor: never replayed); 3 slower than 1
+    (never replayed once 1 fits)."""
     variants = [Strategy(micro_batch=m) for m in (1, 2, 3, 4)]
     screened = {1: _prediction(1.0, 9.0), 2: _prediction(1.0, 9.5), 3: _prediction(0.5, 12.0, 11.0)}
     screened[4] = _prediction(2.0, 5.0)
