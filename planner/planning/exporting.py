@@ -22,6 +22,7 @@ from planner.planning.outside import sidecar_document, sidecar_path
 from planner.planning.saved import plan, plan_job
 from search.coefficients import DEFAULT_COEFFICIENTS
 from search.frameworks import differences
+from search.rollout.engine_accepts import tensor_parallel_refusal
 from search.rollout.retarget import for_engine
 from store.frameworks import DEFAULT_FRAMEWORK, ROLLOUT_ENGINES_RUN
 from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
@@ -74,7 +75,14 @@ def _framework_engine(
     an engine the framework does not run becomes the framework's, at the utilization memplan predicts for it
     under the plan's own calibration (:func:`search.rollout.retarget.for_engine`), with the line that says so."""
     engines = ROLLOUT_ENGINES_RUN.get(fmt)
-    if strategy.rollout is None or not engines or strategy.rollout.engine in engines:
+    rollout = strategy.rollout
+    if rollout is None:
+        return strategy, ()
+    engine = rollout.engine if not engines or rollout.engine in engines else engines[0]
+    refused = tensor_parallel_refusal(engine, job.workload.model, rollout.tensor_parallel)
+    if refused:  # a plan saved before the engine's rule (search.rollout.engine_accepts): the engine would not start
+        return strategy, (f"{refused}: plan this job again (memplan now plans only sizes the engine accepts)",)
+    if not engines or rollout.engine in engines:
         return strategy, ()
     block = document.get("calibration") or {}
     found_id = block.get("id") if isinstance(block, dict) else None

@@ -72,3 +72,29 @@ def test_deepspeed_chat_ppo_generates_with_deepspeed(cli: Cli, db: Path) -> None
     )
     for role in ("reference", "reward"):
         assert _frozen(strategy[role]) in (frozen_blocks_run("deepspeed-chat", role, actor, critic) or ()), role
+
+
+def test_export_of_a_plan_saved_at_a_refused_size_says_the_engine_would_not_start() -> None:
+    from planner.job.inputs import JobSpec, resolve
+    from planner.planning.exporting import _framework_engine
+    from store.records import RLHFStrategy
+    from store.rollout import RolloutStrategy
+
+    job = resolve(
+        JobSpec(model="qwen2.5-7b", workload="grpo", gpu="H100-80G", gpus=8, cpu_mem="1T", framework="openrlhf")
+    )
+    saved = RLHFStrategy(
+        actor=TrainedModelStrategy(3),
+        critic=None,
+        reference=FrozenModelStrategy(3),
+        reward=FrozenModelStrategy(3),
+        hybrid_engine=False,
+        rollout=RolloutStrategy(engine="sglang", placement="colocate", tensor_parallel=8, sleep_level=2),
+        generation_batch=8,
+        micro_batch=8,
+        grad_accum=4,
+    )
+    _, lines = _framework_engine({}, job, saved, "openrlhf", None)
+    assert len(lines) == 1 and "vLLM refuses tensor parallel 8 for qwen2.5-7b" in lines[0]
+    accepted = saved.with_(rollout=RolloutStrategy(engine="vllm", placement="colocate", tensor_parallel=4))
+    assert _framework_engine({}, job, accepted, "openrlhf", None) == (accepted, ())
