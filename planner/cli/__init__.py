@@ -23,6 +23,7 @@ from planner.cli import probe as probe_cmd
 from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from planner.cli import tune as tune_cmd
+from planner.cli.argv_check import argv_error
 from planner.cli.stopping import stop_on_signals
 from planner.job.inputs import shapes_saved_on_success
 from store.errors import InputError
@@ -63,6 +64,9 @@ def _fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 'does not fit' for check, 2 bad input)."""
+    refused = argv_error(app, [str(a) for a in (sys.argv[1:] if argv is None else argv)])
+    if refused is not None:  # what typer would let through: 2.0 for a whole number, a bare -- before nothing
+        return _fail(refused)
     try:
         with shapes_saved_on_success():  # a refused command writes no traced model shape
             result = app(args=argv, standalone_mode=False, prog_name="planner")

@@ -58,7 +58,11 @@ def rollout_families(rollout: str) -> tuple[str, ...]:
         raise InputError(f"--rollout must be auto or a comma-separated list of {', '.join(ROLLOUT_FAMILIES)}")
     if rollout.strip() == "auto":
         return ROLLOUT_FAMILIES
-    names = tuple(dict.fromkeys(name.strip() for name in rollout.split(",") if name.strip()))
+    parts = [name.strip() for name in rollout.split(",")]
+    if len(parts) > 1 and not all(parts):  # vllm,,sglang or vllm, : an empty item is a typo, not "nothing"
+        shown = rollout if len(rollout) <= 40 else rollout[:37] + "..."
+        raise InputError(f"--rollout has an empty item in {shown!r}: name each family once, comma-separated")
+    names = tuple(dict.fromkeys(name for name in parts if name))
     unknown = [name for name in names if name not in ROLLOUT_FAMILIES]
     if unknown or not names:
         shown = ", ".join(unknown) or repr(rollout)

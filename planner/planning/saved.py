@@ -16,6 +16,7 @@ from search import replay_timeline
 from store.db import open_storage, would_create
 from store.errors import InputError
 from store.records import RLHFStrategy, Strategy
+from store.workload_kinds import KINDS
 
 if TYPE_CHECKING:
     from planner.report.results import Plan
@@ -33,6 +34,24 @@ def _positive_limit(limit: int) -> int:
         shown = str(limit) if len(str(limit)) <= 24 else str(limit)[:21] + "..."
         raise InputError(f"-n/--limit must be a whole number from 1 to {MAX_LISTED}, not {shown}")
     return limit
+
+
+LISTED_DEVICES = ("cuda", "cpu")  # what a probe ran on (planner.probing.limits.DEVICES, one layer up)
+
+
+def _listed_kind(kind: str | None) -> str | None:
+    """``kind`` when it is None or a workload kind; InputError (one line) otherwise: a filter that can match
+    nothing is a typo, not an empty listing."""
+    if kind is not None and kind not in KINDS:
+        raise InputError(f"--workload must be one of {', '.join(KINDS)}, not {_one_line(repr(kind), 40)}")
+    return kind
+
+
+def _listed_device(device: str | None) -> str | None:
+    """``device`` when it is None, cuda or cpu; InputError (one line) otherwise."""
+    if device is not None and device not in LISTED_DEVICES:
+        raise InputError(f"--device must be cuda or cpu, not {_one_line(repr(device), 40)}")
+    return device
 
 
 def save_plan(plan: Plan, db: str | None = None) -> Plan:
@@ -57,6 +76,7 @@ def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> li
     """Saved plans, newest first (frozen ``store.db.PlanRecord`` values), optionally of one workload kind."""
 
     limit = _positive_limit(limit)
+    kind = _listed_kind(kind)
     if would_create(db):  # none saved; a mistyped --db is not created to say so
         return []
     with open_storage(db) as storage:
@@ -108,6 +128,7 @@ def probes(
     """Stored probes, newest first (frozen ``store.db.ProbeRecord`` values), optionally of one model or device."""
 
     limit = _positive_limit(limit)
+    device = _listed_device(device)
     if would_create(db):  # none saved; a mistyped --db is not created to say so
         return []
     with open_storage(db) as storage:

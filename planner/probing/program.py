@@ -30,6 +30,7 @@ from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target
 from planner.planning.program_spread import RunSpread, run_spread
+from planner.probing.command import check_command
 from planner.probing.device import cpu_probe_dtype, device_coefficients, device_prediction, probe_gpu
 from planner.probing.limits import check_run
 from planner.probing.plan import check_ranks, choose_strategies, workload_payload
@@ -377,6 +378,7 @@ def probe_program(
     the live bytes that count as out of memory in the program."""
     if not command:
         raise InputError("planner probe -- CMD: give the launch command of your program after --")
+    command = check_command(command)  # one that cannot start is bad input: refused before the database opens
     device, steps, timeout_s = check_run(device, steps, timeout_s)
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     readings: list[str] = []

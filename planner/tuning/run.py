@@ -19,6 +19,7 @@ from typing import Any
 from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target, target_hardware
+from planner.probing.command import check_command
 from planner.probing.device import cpu_probe_dtype, probe_gpu
 from planner.probing.limits import check_run, check_study_name
 from planner.probing.plan import check_ranks
@@ -74,6 +75,8 @@ def tune(
     study = check_study_name(study)
     if command is not None and not command:
         raise InputError("planner tune -- CMD: give the launch command of your program after --")
+    if command is not None:
+        command = check_command(command)  # one that cannot start is bad input: refused before the database opens
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     readings: list[str] = []  # said once the whole input is checked: a refused tune prints one line
     spec = cpu_probe_dtype(spec, device, readings.append)

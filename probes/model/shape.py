@@ -72,6 +72,13 @@ def config_object(hf_config: dict[str, Any], source: str) -> Any:
             f"{source}: model_type {built.model_type!r} is an encoder (its causal LM head is for use as a decoder"
             " in a seq2seq model); memplan plans decoder-only causal language models"
         )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(built) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # what AutoModelForCausalLM.from_config refuses (T5, Whisper)
+        raise InputError(
+            f"{source}: model_type {built.model_type!r} has no causal language model class in transformers "
+            "(an encoder-decoder or a model of another task); memplan plans decoder-only causal language models"
+        )
     return built
 
 
@@ -100,9 +107,21 @@ def _build(config: Any, source: str) -> Any:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config)
     except ValueError as err:
-        raise InputError(f"{source}: not a causal language model transformers can build ({err})") from None
+        raise InputError(f"{source}: not a causal language model transformers can build ({_first_line(err)})") from None
     except Exception as err:  # a config transformers accepts but its model code cannot build
-        raise InputError(f"{source}: transformers could not build the model ({type(err).__name__}: {err})") from None
+        why = f"{type(err).__name__}: {_first_line(err)}"
+        raise InputError(f"{source}: transformers could not build the model ({why})") from None
+
+
+REASON_CHARS = 200  # transformers' reason, as the refusing line repeats it
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, cut to REASON_CHARS: transformers lists every model class it knows
+    after the first line (3 KB for a T5 config), and a refusal is one short line."""
+    lines = str(err).strip().splitlines()
+    first = " ".join(lines[0].split()) if lines else type(err).__name__
+    return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 3] + "..."
 
 
 def decoder_layers(model: Any, layers: int) -> tuple[Any, Any]:

@@ -74,7 +74,16 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     ds_list.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": [2]}))
     ds_ok = tmp_path / "ds_ok.json"
     ds_ok.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}))
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps(T5_CONFIG))
+    not_executable = tmp_path / "train.sh"
+    not_executable.write_text("#!/bin/sh\nexit 0\n")
+    not_executable.chmod(0o644)
     return {
+        "t5": t5,
+        "not_executable": not_executable,
+        "a_folder": tmp_path,
         "deep": deep,
         "huge_int": huge_int,
         "model_deep": model_deep,
@@ -84,6 +93,11 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     }
 
 
+# an encoder-decoder: transformers builds no causal LM of it (refused once with its 3 KB list of model classes)
+T5_CONFIG = {
+    "model_type": "t5", "d_model": 64, "d_ff": 128, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+    "d_kv": 16, "vocab_size": 256, "is_encoder_decoder": True,
+}  # fmt: skip
 REC = ("recommend", "--model", "opt-125m", *GPU, *CPU_MEM)
 CASES: list[tuple[str, list[str], str]] = [
     # tracebacks once
@@ -105,6 +119,15 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-o-trailing-slash-hf", ["export", "--format", "hf", "-o", "new/"], "names a folder"),
     # a traceback once (issue 43): a name the file system cannot look up; the line repeats only its start
     ("program-600-chars", [*REC, "--program", "x" * 600], "x" * 20 + "..."),
+    # accepted once (issue 43): a whole number given as 2.0, an empty item of a list, a config of another task
+    ("batch-2.0", [*REC, "--batch", "2.0"], "--batch must be a whole number"),
+    ("gpus-equals-1.0", [*REC, "--gpus=1.0"], "--gpus must be a whole number"),
+    ("top-1e3", [*REC, "--top", "1e3"], "--top must be a whole number"),
+    (
+        "rollout-empty-item",
+        ["recommend", "--model", "opt-125m", *GPU, *CPU_MEM, "--workload", "ppo", "--rollout", "vllm,,sglang"],
+        "empty item",
+    ),  # fmt: skip
     # hangs once
     ("batch-10^12-sft", [*REC, "--batch", "1000000000000"], "--batch"),
     (
@@ -129,14 +152,29 @@ CASES: list[tuple[str, list[str], str]] = [
 LISTINGS: list[tuple[str, list[str], str]] = [
     ("probes-n-huge", ["probes", "-n", str(10**23)], "-n"),
     ("explain-unknown-plan", ["explain", "zzzz"], "zzzz"),
+    # listed nothing once (issue 43): a filter that can match nothing is a typo
+    ("probes-device-tpu", ["probes", "--device", "tpu"], "--device must be cuda or cpu"),
+    ("plans-workload-bogus", ["plans", "--workload", "bogus"], "--workload must be one of"),
     ("explain-db-nosuchuser", ["explain", "--db", "~nosuchuser/plans.db"], "nosuchuser"),
 ]
 PROBE = ("probe", "--model", "opt-125m", *GPU, *CPU_MEM, "--device", "cpu")
+TUNE = ("tune", "--model", "opt-125m", *GPU, *CPU_MEM, "--device", "cpu")
 PROBE_CASES: list[tuple[str, list[str], str]] = [
     ("probe-memory-cap-300-digits", [*PROBE, "--memory-cap", HUGE], "--memory-cap"),
     ("probe-timeout-nan", [*PROBE, "--timeout", "nan"], "--timeout"),
     ("probe-timeout-inf", [*PROBE, "--timeout", "inf"], "--timeout"),
     ("probe-layers-10^23", [*PROBE, "--layers", str(10**23)], "--layers"),
+    # a user program that cannot start was a stored probe once, and a bare -- ran memplan's own loop (issue 43)
+    ("probe-bare-separator", [*PROBE, "--"], "after --"),
+    ("probe-cmd-missing", [*PROBE, "--", "./no-such-program", "--steps", "3"], "does not exist"),
+    ("probe-cmd-not-on-path", [*PROBE, "--", "no-such-program-memplan"], "not found on PATH"),
+    ("probe-cmd-not-executable", [*PROBE, "--", "@not_executable"], "not executable"),
+    ("probe-cmd-folder", [*PROBE, "--", "@a_folder"], "is a folder"),
+    ("probe-cmd-empty", [*PROBE, "--", ""], "empty"),
+    ("tune-bare-separator", [*TUNE, "--"], "after --"),
+    ("tune-cmd-missing", [*TUNE, "--", "./no-such-program"], "does not exist"),
+    ("tune-cmd-folder", [*TUNE, "--", "@a_folder", "train.py"], "is a folder"),
+    ("tune-max-probes-2.0", [*TUNE, "--max-probes", "2.0"], "--max-probes must be a whole number"),
 ]
 
 
@@ -157,12 +195,19 @@ def test_bad_input_is_one_line_and_exit_2(
     if name.startswith("export"):  # a plan to export, so that only the file name is wrong
         assert guarded(*REC, "--db", db).rc == 0
     before = set(tmp_path.iterdir())
-    takes_db = args[0] in ("recommend", "plans", "export", "probe", "probes", "explain") and "--db" not in args
+    takes_db = args[0] in ("recommend", "plans", "export", "probe", "probes", "explain", "tune") and "--db" not in args
     with_db = ["--db", str(db)] if takes_db else []
-    result = guarded(*_resolve(args, files), *with_db)
+    resolved = _resolve(args, files)
+    if "--" in resolved:  # options before the user's command
+        cut = resolved.index("--")
+        resolved = [*resolved[:cut], *with_db, *resolved[cut:]]
+        with_db = []
+    result = guarded(*resolved, *with_db)
     assert_one_error_line(result, fragment)
     created = set(tmp_path.iterdir()) - before - {db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")}
     assert not created, created  # nothing half-written beside the database
+    if "--" in args:  # a user program that cannot start: refused before the database is opened
+        assert not db.exists()
 
 
 @pytest.mark.parametrize(
@@ -181,3 +226,13 @@ def test_planner_db_with_nosuchuser(guarded: Cli, tmp_path: Path, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PLANNER_DB", "~nosuchuser/plans.db")
     assert_one_error_line(guarded("plans"), "nosuchuser")
+
+
+def test_a_config_of_another_task_is_one_short_line(cli: Cli, tmp_path: Path) -> None:
+    """A T5 config (an encoder-decoder) was refused with transformers' 3 KB list of model classes, after a
+    'reading ... first use only' line: one short line now (not under the CPU guard: it imports transformers)."""
+    files = _files(tmp_path)
+    line = assert_one_error_line(
+        cli("recommend", "--model", files["t5"], *GPU, *CPU_MEM, "--db", tmp_path / "plans.db"), "'t5'"
+    )
+    assert len(line) < 300, len(line)

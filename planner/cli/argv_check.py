@@ -1,0 +1,62 @@
+"""What the command line must refuse before typer reads it: typer (0.29) validates through Pydantic's lax mode,
+which takes ``2.0`` for a whole number, and drops the ``--`` of ``planner probe|tune ... --`` so that a bare
+separator would silently run memplan's own loop. :func:`argv_error` reads the words once, with the options each
+subcommand declares, and returns the one line that refuses them (None: typer goes on)."""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Any
+
+from planner.probing.command import bare_separator
+
+SEPARATED_COMMANDS = ("probe", "tune")  # take a user's command after --
+WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
+def _is_int(annotation: Any) -> bool:
+    if annotation is int:
+        return True
+    return int in typing.get_args(annotation) and float not in typing.get_args(annotation)
+
+
+def _options(app: Any, name: str) -> tuple[set[str], set[str]]:
+    """(options of subcommand ``name`` that take a value, those of them that take a whole number)."""
+    import typer
+
+    group = typer.main.get_command(app)
+    sub = getattr(group, "commands", {}).get(name)
+    takes_value: set[str] = set()
+    whole: set[str] = set()
+    for param in getattr(sub, "params", []):
+        if getattr(param, "param_type_name", "") != "option" or param.is_flag or param.count:
+            continue
+        takes_value.update(param.opts)
+        descriptor = getattr(param, "type_descriptor", None)
+        if _is_int(getattr(descriptor, "annotation", None)):
+            whole.update(param.opts)
+    return takes_value, whole
+
+
+def argv_error(app: Any, args: list[str]) -> str | None:
+    """The line refusing ``args`` (the words after ``planner``), or None when typer should read them: a whole-number
+    option given a value that is not one (``--batch 2.0``), or ``planner probe|tune ... --`` with nothing after."""
+    if not args or args[0].startswith("-"):
+        return None
+    takes_value, whole = _options(app, args[0])
+    if args[0] in SEPARATED_COMMANDS and bare_separator(args[1:], takes_value):
+        return f"planner {args[0]} -- CMD: give the launch command of your program after --"
+    index = 1
+    while index < len(args):
+        word = args[index]
+        if word == "--":
+            break
+        name, _, inline = word.partition("=")
+        if name in whole:
+            value = inline if "=" in word else (args[index + 1] if index + 1 < len(args) else None)
+            if value is not None and not WHOLE_NUMBER.fullmatch(value.strip()):
+                shown = value if len(value) <= 24 else value[:21] + "..."
+                return f"{name} must be a whole number, not {shown!r}"
+        index += 2 if word in takes_value else 1
+    return None
