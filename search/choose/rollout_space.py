@@ -33,6 +33,7 @@ from search.rollout.engine_accepts import accepted_tensor_parallel
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
 from search.streams.sizes import weight_tensors
 from store.errors import InputError
+from store.framework_placement import generations_run
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -50,9 +51,18 @@ def searched_generations(
         raise InputError(f"rollout engines must be among {', '.join(ROLLOUT_FAMILIES)}, not {', '.join(unknown)}")
     engines = tuple(r for r in rollout_options(workload, hardware) if r.engine in rollouts)
     options = generation_options(engines, deepspeed="hybrid-engine" in rollouts)
-    # those the framework runs (search.choose.framework_space); a caller that asks only for others gets them as a
-    # stand-in (probes and suggestions weigh DeepSpeed's own generation for every framework)
-    return framework_generations(workload.framework, options) or options
+    run = framework_generations(workload.framework, options)  # those the framework runs (framework_space)
+    if run:
+        return run
+    if set(rollouts) == {"hybrid-engine"}:  # a stand-in: probes and suggestions weigh DeepSpeed's own generation
+        return options
+    runs = generations_run(workload.framework)
+    # --rollout's hybrid-engine stands for DeepSpeed's own generation: its hybrid engine or generate()
+    names = [f for f in ROLLOUT_FAMILIES if f in runs or (f == "hybrid-engine" and "hf-generate" in runs)]
+    raise InputError(
+        f"--framework {workload.framework} generates with {', '.join(runs)}: --rollout {','.join(rollouts)} plans "
+        f"none of them (it takes {', '.join(names)})"
+    )
 
 
 def preference(candidate: Candidate) -> tuple[float, bool, int]:

@@ -116,3 +116,16 @@ def test_deepspeed_chat_is_offered_no_rollout_engine_and_openrlhf_only_vllm() ->
     openrlhf = searched_generations(_grpo(framework="openrlhf"), hardware)
     assert openrlhf and {rollout.engine for _, rollout in openrlhf if rollout is not None} == {"vllm"}
     assert all(rollout is not None for _, rollout in openrlhf)
+
+
+def test_asking_only_for_engines_the_framework_does_not_run_is_one_input_error() -> None:
+    hardware = _h100s()
+    with pytest.raises(InputError, match=r"--framework openrlhf generates with vllm: --rollout sglang plans none"):
+        searched_generations(_grpo(framework="openrlhf"), hardware, ("sglang",))
+    with pytest.raises(InputError, match=r"it takes hybrid-engine\)"):
+        searched_generations(_grpo(framework="deepspeed-chat"), hardware, ("vllm",))
+    # DeepSpeed's own generation alone stays a stand-in (probes and suggestions weigh it for every framework)
+    assert searched_generations(_grpo(framework="openrlhf"), hardware, ("hybrid-engine",)) == (
+        (True, None),
+        (False, None),
+    )
