@@ -11,9 +11,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from planner.files.atomic import write_configs
+from planner.report.bounded import Bytes, bound_byte_entries
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS
 
 # The version of the ``--json`` documents' shape: bumped when a field is removed, renamed or changes meaning
@@ -78,11 +89,11 @@ class PhaseReport(BaseModel):
     model_config = FROZEN
 
     name: str
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
+    peak_allocated_bytes: Bytes
+    peak_reserved_bytes: Bytes
     time_s: float
     count: int = 1
-    inactive_split_bytes: int = 0  # the replay's free blocks inside split segments (reserved, not reusable)
+    inactive_split_bytes: Bytes = 0  # the replay's free blocks inside split segments (reserved, not reusable)
 
 
 class Predicted(BaseModel):
@@ -90,18 +101,18 @@ class Predicted(BaseModel):
 
     model_config = FROZEN
 
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    gpu_budget_bytes: int
-    host_bytes: int
-    host_budget_bytes: int
+    peak_allocated_bytes: Bytes
+    peak_reserved_bytes: Bytes
+    gpu_budget_bytes: Bytes
+    host_bytes: Bytes
+    host_budget_bytes: Bytes
     # host bytes per node of the phase that sets host_bytes, by part (search.model.host); sums to host_bytes
-    host_breakdown: dict[str, int] = {}
+    host_breakdown: dict[str, Bytes] = {}
     host_peak_phase: str = ""  # "steady" (through training) or "loading" (the models' 16-bit copies before it)
-    host_phases: dict[str, int] = {}  # host bytes per node of each phase; host_bytes is the largest
+    host_phases: dict[str, Bytes] = {}  # host bytes per node of each phase; host_bytes is the largest
     step_time_s: float
     peak_phase: str
-    breakdown: dict[str, int]
+    breakdown: dict[str, Bytes]
     time_breakdown: dict[str, float]
     phases: list[PhaseReport]
     notes: list[str] = []
@@ -113,7 +124,15 @@ class Predicted(BaseModel):
     # "replay": peak reserved from the allocator replay of the step (search.step.finish); "screen": from the
     # fragment coefficients (plans saved before the replay decided)
     reserved_from: str = "screen"
-    screen_reserved_bytes: int = 0  # the fragment coefficients' peak reserved beside a replayed one (0: none)
+    screen_reserved_bytes: Bytes = 0  # the fragment coefficients' peak reserved beside a replayed one (0: none)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The generated schema, with the ``*_bytes`` entries of ``rollout`` bounded (planner.report.bounded)."""
+        schema = handler(core_schema)
+        own = handler.resolve_ref_schema(schema)
+        bound_byte_entries(own["properties"]["rollout"])
+        return schema
 
 
 class Alternative(BaseModel):

@@ -11,6 +11,7 @@ guarantee). Scores and ranking are those of ``search.choose.candidates``.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
 from search.choose.engine_inner import best_inner_engine
@@ -34,9 +35,10 @@ from search.choose.rollout_space import (
     searched_generations,
 )
 from search.coefficients import Coefficients
-from search.rlhf.job import rlhf_context
+from search.rlhf.job import RLHFContext, rlhf_context
 from search.rlhf.predict import rlhf_step, screen_rlhf
 from search.rlhf.step import reserved_floor, step_halves, step_of, step_time
+from search.rollout.engine import engine_limits, replica_sequences, utilization_span
 from search.step.assemble import gpu_budget_bytes, score_step, screen_step
 from store.records import Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
@@ -180,6 +182,8 @@ def fastest_rlhf_ignoring_memory(
     Step time is a sum of per-model times, each depending only on that model's block (the actor's also on
     how it generates), so each model's fastest block is chosen on its own: a few dozen predictions. Engines
     count colocated, with their fastest knobs: one on GPUs of its own changes every model's share of the batch.
+    An engine keeps a real size (:func:`engine_at_real_size`): unlimited memory is the trainer's, not a KV cache
+    as large as the number it is given (issue 42: "4252017667.50 GiB peak").
     """
     batches = batch_choices(workload, hardware)[0]
     blocks = frozen_blocks(hardware)
@@ -192,11 +196,11 @@ def fastest_rlhf_ignoring_memory(
         def role_time(p: RLHFOuterPoint, role: str) -> float:
             return rlhf_step(workload, rlhf_strategy_at(p, batches), hardware, coef).role_time[role]
 
-        generations = [
-            (he, r if r is None else fastest_knobs(r))
-            for he, r in searched_generations(workload, hardware, rollouts)
-            if r is None or r.colocated
-        ]
+        generations: list[tuple[bool, RolloutStrategy | None]] = []
+        for he, r in searched_generations(workload, hardware, rollouts):
+            sized = r if r is None else engine_at_real_size(ctx, fastest_knobs(r)) if r.colocated else False
+            if sized is not False:
+                generations.append((he, sized))
         actor_options = [(a, he, r) for a in layouts for he, r in generations]
 
         def actor_time(
@@ -240,3 +244,14 @@ def exhaustive_rlhf(
         if candidate.prediction.fits and (best is None or preference(candidate) < preference(best)):
             best = candidate
     return best
+
+
+def engine_at_real_size(ctx: RLHFContext, rollout: RolloutStrategy) -> RolloutStrategy | Literal[False]:
+    """``rollout`` at the least ``gpu_memory_utilization`` whose KV cache holds the sequences a replica runs at
+    once, started on an empty GPU of the job's (what the yardstick of :func:`fastest_rlhf_ignoring_memory` plans
+    the engine at); False where no utilization of this GPU holds them (the engine cannot run the rollout here)."""
+    w, hw = ctx.workload, ctx.hardware
+    limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name, w.framework)
+    running = min(replica_sequences(ctx, rollout), limits.max_num_seqs)
+    fitting = utilization_span(ctx, rollout, running, hw.gpu_memory_bytes, hw.gpu_memory_bytes)
+    return False if fitting is None else rollout.with_(gpu_memory_utilization=fitting[0])

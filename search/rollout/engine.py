@@ -253,9 +253,8 @@ def resolve_engine(
     if memory is None:  # it would not start here: count what it asks for, so the plan does not fit
         notes.append(f"{rollout.engine} would refuse to start at utilization {utilization:.2f} beside the trainer")
         memory = memory_at(hw.gpu_memory_bytes, hw.gpu_memory_bytes)
-    if memory is None:
-        memory = memory_at(2**62, 2**62)
-    assert memory is not None
+    if memory is None:  # not even a whole free GPU starts it: what it asks for there, and no KV cache (issue 42)
+        memory = refused_memory(rollout, w.model, w.dtype, hw.gpu_memory_bytes, utilization, ctx.coef)
     per_sequence = ceil(tokens / limits.block) * limits.block
     max_running = max(1, min(limits.max_num_seqs, memory.kv_tokens // per_sequence))
     if max_running < running:
