@@ -99,6 +99,9 @@ def model_config(strategy: Strategy | RLHFStrategy, workload: Workload) -> dict[
     if quantization == "nf4":  # ModelConfig's bitsandbytes keys (get_quantization_config builds BitsAndBytesConfig)
         assert isinstance(strategy, Strategy)
         keys.update({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": NF4_DOUBLE_QUANT})
+        # get_quantization_config (trl/trainer/utils.py, TRL 1.16) takes bnb_4bit_compute_dtype from ModelConfig's
+        # top-level dtype (default "float32"), not from model_init_kwargs: the 4-bit layers compute in the plan's
+        keys["dtype"] = TORCH_DTYPES[workload.dtype]
         if strategy.zero_stage == 3:  # ZeRO-3 partitions the packed codes stored in the compute dtype
             _trl_loads_on_the_gpu(strategy)
             keys["bnb_4bit_quant_storage"] = TORCH_DTYPES[workload.dtype]
