@@ -70,10 +70,24 @@ class Coefficients:
     reserved_spread: float = _coef(
         0.08,
         "fraction of peak reserved",
-        "the program around a step moves its reserved memory by this much: the same ZeRO-2 step "
-        "reserved 29.62 GiB under planner probe (memplan's buckets, overlap_comm: the gradient partition in the "
-        "reduction stream's own pool) and 32.07 GiB in a user-style loop (DeepSpeed's defaults), 27.03 GiB "
-        "allocated in both; the allocator replay, told which config ran, gives both within 10 MiB",
+        "the spread the search's screen keeps before a plan's kind is known (a plan's own prediction keeps the "
+        "spread its nearest measured records give, search.spread.measured), and any plan's where no records "
+        "table is shipped: the same ZeRO-2 step reserved 29.62 GiB under planner probe and 32.07 GiB in a "
+        "user-style loop (DeepSpeed's defaults), 27.03 GiB allocated in both",
+    )
+    reserved_spread_margin: float = _coef(
+        0.02,
+        "fraction of peak reserved",
+        "kept beyond the largest under-prediction of the records a plan's spread rests on (search.spread): a "
+        "few runs per kind do not bound the next one; an assumption, not measured (the H200 records moved "
+        "0.0% in reserved between two programs of one step, the step time 10% between two runs)",
+    )
+    program_reserved_factor: float = _coef(
+        1.0,
+        "multiplier of peak reserved",
+        "the user's program's peak reserved over memplan's own probe of the same strategy (recommend --program, "
+        "planner.planning.program_spread; never below 1), applied on top of the records' spread: a plan keeps "
+        "(1 + spread) x this - 1 of its peak reserved free; 1 when none is measured",
     )
     # --- time (search.model.roofline; the GPU's own rates and efficiencies are in its catalog entry) ---------
     host_s_per_kernel: float = _coef(

@@ -57,6 +57,9 @@ class Prediction:
     time_terms: dict[str, float] = field(default_factory=dict)
     # Relative spread of peak reserved bytes between programs around the same step (``reserved_spread``).
     reserved_uncertainty: float = 0.0
+    # What ``reserved_uncertainty`` rests on: the plan's mechanisms, the measured records nearest them and how
+    # many, their largest under-prediction and the margin (search.spread.measured.MeasuredSpread.to_dict)
+    reserved_spread_basis: dict[str, Any] = field(default_factory=dict)
     # RLHF with a vLLM/SGLang rollout engine: its settings (the solved gpu_memory_utilization), KV cache and
     # bytes (search.rollout.engine.ResolvedEngine.report); empty otherwise
     rollout: dict[str, Any] = field(default_factory=dict)
@@ -138,6 +141,7 @@ class Prediction:
             "time_terms": {k: round(v, 6) for k, v in self.time_terms.items()},
             "dominant_time_term": self.dominant_time_term,
             "reserved_uncertainty": self.reserved_uncertainty,
+            "reserved_spread_basis": dict(self.reserved_spread_basis) or None,
             "reserved_from": self.reserved_from,
             "screen_reserved_bytes": self.screen_reserved_bytes,
             "phases": [phase.to_dict() for phase in self.phases],

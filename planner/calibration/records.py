@@ -16,6 +16,7 @@ from typing import Any
 from planner.files.atomic import read_json_file
 from planner.job.inputs import job_fields
 from planner.planning.predicting import check, predict
+from planner.report.results import SpreadBasis
 from store.errors import InputError
 from store.gpus import gpu_for_device
 
@@ -46,6 +47,10 @@ class RecordComparison:
     dominant_time_term: str = ""
     # the search's screen (fragment coefficients) against the step's measured peak reserved (None: not given)
     screen_peak_reserved: Compared | None = None
+    model: str = ""
+    gpu: str = ""  # the catalog GPU the record was predicted on
+    reserved_spread: float = 0.0  # the spread of peak reserved its plan keeps (Prediction.reserved_uncertainty)
+    spread_basis: dict[str, Any] | None = None  # what that spread rests on (Prediction.reserved_spread_basis)
 
 
 def load_records(path: str | Path) -> dict[str, Any]:
@@ -124,6 +129,10 @@ def compare_sft_row(row: dict[str, Any]) -> RecordComparison:
         quantities={"step": step},
         dominant_time_term=predicted.dominant_time_term,
         screen_peak_reserved=_screen(measured["peak_reserved_bytes"], predicted.screen_reserved_bytes),
+        model=workload["model"],
+        gpu=gpu,
+        reserved_spread=predicted.reserved_uncertainty,
+        spread_basis=_basis(predicted.reserved_spread_basis),
     )
 
 
@@ -184,7 +193,15 @@ def compare_probe(record: dict[str, Any]) -> RecordComparison | None:
         screen_peak_reserved=_screen(
             max(phase["peak_reserved_bytes"] for phase in result["phases"]), predicted.screen_reserved_bytes
         ),
+        model=request["workload"]["model"],
+        gpu=gpu,
+        reserved_spread=predicted.reserved_uncertainty,
+        spread_basis=_basis(predicted.reserved_spread_basis),
     )
+
+
+def _basis(basis: SpreadBasis | None) -> dict[str, Any] | None:
+    return basis.model_dump() if basis is not None else None
 
 
 def _screen(measured: float, screened: int) -> Compared | None:

@@ -117,9 +117,9 @@ def recommend(
     ``rollout`` (RLHF): what may generate the rollout, ``auto`` (all) or a comma-separated list of
     ``hybrid-engine`` (DeepSpeed's own generation), ``vllm`` and ``sglang``.
     ``program`` names your own program (its id from ``planner probe ... -- CMD``, or its script file): the plan
-    keeps that program's measured spread of peak reserved free instead of the fixed 8%, where a run of it and
-    memplan's own probe of the same strategy are stored (:mod:`planner.planning.program_spread`); a reading
-    line and ``search.program_spread`` say which.
+    keeps that program's measured spread of peak reserved free on top of the measured records' spread, where a
+    run of it and memplan's own probe of the same strategy are stored (:mod:`planner.planning.program_spread`); a
+    reading line and ``search.program_spread`` say which.
     """
 
     if not isinstance(top, int) or top < 0:
@@ -131,8 +131,8 @@ def recommend(
     spread_block: dict[str, Any] | None = None
     if program is not None:
         found = program_spread(program, db)
-        applied, line, spread_block = applied_spread(found, resolved.hardware.gpu.name, coefficients.reserved_spread)
-        coefficients = replace(coefficients, reserved_spread=applied)
+        applied, line, spread_block = applied_spread(found, resolved.hardware.gpu.name)
+        coefficients = replace(coefficients, program_reserved_factor=1.0 + applied)
         resolved = replace(resolved, readings=(*resolved.readings, line))
     workload, hardware = resolved.workload, resolved.hardware
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:

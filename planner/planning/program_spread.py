@@ -1,13 +1,13 @@
 """Your program's own spread of peak reserved memory, from the stored runs of it (``planner probe ... -- CMD``).
 
 The cost model predicts memplan's own training loop; the user's program around the same step (its collator,
-loss, optimizer and extra tensors) reserves more or less. ``recommend`` keeps a fixed share of the plan's peak
-reserved free for that (``coef.reserved_spread``, 8%). Where the user's program ran a strategy (``ok``: as
-planned) and memplan's own probe of the same strategy, workload and device is stored too, the difference is
-measured: per phase, the program's peak reserved over the built-in probe's, less 1; a run's spread is its worst
-phase, the program's the worst of its runs. ``recommend --program`` keeps that measured spread free instead of
-the fixed one (never less than 0: a program that reserves less than memplan's loop still gets the plan's own
-headroom), and says so in the plan.
+loss, optimizer and extra tensors) reserves more or less. A plan keeps the spread its nearest measured records
+give (:mod:`search.spread.measured`; their user-style loops included). Where the user's program ran a strategy
+(``ok``: as planned) and memplan's own probe of the same strategy, workload and device is stored too, the
+difference is measured: per phase, the program's peak reserved over the built-in probe's, less 1; a run's spread
+is its worst phase, the program's the worst of its runs. ``recommend --program`` keeps that measured spread free
+on top of the records' one (never less than 0: a program that reserves less than memplan's loop still gets the
+plan's own headroom), and says so in the plan.
 
 A program is named by the short id of its fingerprint (:func:`store.measurements.program_id`; ``planner probe
 ... -- CMD`` prints it) or by its script file: the runs of the newest program whose script had the file's
@@ -221,9 +221,10 @@ def program_spread(ref: str, db: str | None) -> ProgramSpread:
     return ProgramSpread(ident, dict(runs[0].request.program or {}), len(runs), tuple(pairs))
 
 
-def applied_spread(found: ProgramSpread, target: str, fixed: float) -> tuple[float, str, dict[str, Any]]:
-    """(the reserved spread a plan on ``target`` keeps free, its reading line, the plan's ``program_spread``
-    block) for the program ``found``; the ``fixed`` spread where no pair is stored."""
+def applied_spread(found: ProgramSpread, target: str) -> tuple[float, str, dict[str, Any]]:
+    """(the program's spread a plan on ``target`` keeps free on top of the measured records' spread (as
+    ``coef.program_reserved_factor``, 1 + it: :mod:`search.spread.measured`), its reading line, the plan's
+    ``program_spread`` block) for the program ``found``; 0 where no pair is stored."""
     script = Path(str(found.program.get("script") or "")).name or " ".join(found.program.get("command") or ())
     spread = found.spread(target)
     pairs = found.on(target)
@@ -235,13 +236,13 @@ def applied_spread(found: ProgramSpread, target: str, fixed: float) -> tuple[flo
         "runs": [pair.to_dict() for pair in pairs],
     }
     if spread is None:
-        block["reserved_spread"] = fixed
+        block["reserved_spread"] = 0.0
         line = (
-            f"reserved spread: the fixed {100 * fixed:.0f}%; no run of your program {found.program_id} ({script}) "
+            f"reserved spread: the measured records' only; no run of your program {found.program_id} ({script}) "
             "has memplan's own probe of the same strategy stored beside it (run planner probe with the same job "
             "options to measure the program's own spread)"
         )
-        return fixed, line, block
+        return 0.0, line, block
     applied = max(0.0, spread)
     block["reserved_spread"] = applied
     where = max(pairs, key=lambda pair: pair.spread).target  # the device of the worst run
@@ -250,6 +251,6 @@ def applied_spread(found: ProgramSpread, target: str, fixed: float) -> tuple[flo
     line = (
         f"reserved spread: {100 * applied:.1f}%{floor} measured for your program {found.program_id} ({script}) "
         f"against memplan's probe of the same strategy (worst phase of {len(pairs)} strateg"
-        f"{'y' if len(pairs) == 1 else 'ies'}{elsewhere}), instead of the fixed {100 * fixed:.0f}%"
+        f"{'y' if len(pairs) == 1 else 'ies'}{elsewhere}), on top of the measured records' spread"
     )
     return applied, line, block

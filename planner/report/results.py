@@ -96,6 +96,36 @@ class PhaseReport(BaseModel):
     inactive_split_bytes: Bytes = 0  # the replay's free blocks inside split segments (reserved, not reusable)
 
 
+class SpreadKindReport(BaseModel):
+    """The mechanisms a plan's spread is looked up by (search.spread.kinds.SpreadKind)."""
+
+    model_config = FROZEN
+
+    zero_stage: int
+    offload: str  # "none", "optimizer" or "optimizer+param"
+    checkpointing: bool
+    large_vocab: bool  # a vocabulary of 100k tokens or more
+    rlhf: bool
+
+
+class SpreadBasis(BaseModel):
+    """What a plan's spread of peak reserved rests on (search.spread.measured.MeasuredSpread)."""
+
+    model_config = FROZEN
+
+    kind: SpreadKindReport
+    spread: float  # the fraction of peak reserved kept free: (1 + under_predicted + margin) x program_factor - 1
+    under_predicted: float  # the largest under-prediction of peak reserved among the records it rests on
+    margin: float
+    program_factor: float = 1.0  # recommend --program: the program's peak reserved over memplan's probe's
+    near: bool  # False: no record within one mechanism; the widest of all records is kept
+    distance: int | None  # mechanisms the records differ in from the plan (None: no records table shipped)
+    count: int  # how many records it rests on
+    records: list[str]  # "<records file>:<record id>"
+    worst_record: str
+    differs_in: list[str] = []  # the mechanisms in which the nearest records are not the plan's
+
+
 class Predicted(BaseModel):
     """The ``predicted`` block: per GPU (host bytes per node), bytes as integers."""
 
@@ -118,7 +148,10 @@ class Predicted(BaseModel):
     notes: list[str] = []
     time_terms: dict[str, float] = {}  # seconds per step by mechanism (matmul, host_launch, cpu_adam, ...)
     dominant_time_term: str = ""  # the mechanism that takes most of the step
-    reserved_uncertainty: float = 0.0  # peak reserved may differ by this fraction with the program around the step
+    reserved_uncertainty: float = 0.0  # the spread of peak reserved kept free (the nearest measured records')
+    # what the spread rests on: the plan's mechanisms, the records nearest them (ids and count), their largest
+    # under-prediction, the margin, whether any record is near (search.spread.measured); None: plans saved before
+    reserved_spread_basis: SpreadBasis | None = None
     # RLHF with a vLLM/SGLang rollout engine: its solved gpu_memory_utilization, KV cache and bytes
     rollout: dict[str, Any] | None = None
     # "replay": peak reserved from the allocator replay of the step (search.step.finish); "screen": from the
@@ -338,6 +371,9 @@ class CalibrationReport(BaseModel):
     parameters: list[dict[str, Any]]
     errors: dict[str, dict[str, dict[str, float]]]
     version: int
+    # the time model's host terms: value, source (measured by the host benchmark, fitted, or assumed) and how
+    host_terms: dict[str, dict[str, Any]] = {}
+    host_benchmark: dict[str, Any] = {}  # what probes/measure/host_rates.py measured here (empty: it did not run)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from planner.job.calibrated import calibration_line
 from planner.report.results import CheckResult, Plan, Predicted, PredictionReport, ProbeReport
+from planner.report.spread_text import spread_basis_line
 from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
 from store.sizes import format_bytes
 
@@ -97,9 +98,11 @@ def _header(report: PredictionReport) -> None:
         console.print(
             f"  [dim]usable keeps {format_bytes(kept)} free with the CUDA context: the larger of the "
             f"{100 * margin:.0f}% safety margin and a {_spread_pct(p.reserved_uncertainty)}% spread of peak reserved "
-            "(the same step reserves that much more or less in another program)[/dim]",
+            "(how far the measured runs nearest this plan reserved above their predictions)[/dim]",
             soft_wrap=True,
         )
+        basis = p.reserved_spread_basis.model_dump() if p.reserved_spread_basis else {}
+        console.print(f"  [dim]{spread_basis_line(basis)}[/dim]", soft_wrap=True)
     for line in report.readings:
         console.print(f"  [dim]{line}[/dim]")
     if report.calibration is not None:

@@ -11,6 +11,7 @@ from search.prediction import Prediction
 from search.rlhf.job import check_rlhf_strategy, rlhf_context
 from search.rlhf.step import step_of
 from search.rollout.step import engine_step
+from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
 from search.step.finish import finish_step
 from store.records import Hardware, RLHFStrategy, Workload
@@ -38,7 +39,8 @@ def predict_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware,
     does not fit the workload (a critic block for remax/grpo or none for ppo, batches that do not divide).
     """
     step = rlhf_step(workload, strategy, hardware, coef)
-    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+    prediction = finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+    return with_measured_spread(prediction, workload, strategy, hardware, coef)
 
 
 def screen_rlhf(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Prediction:

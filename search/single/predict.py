@@ -25,6 +25,7 @@ from search.model.quantized import quant_constants_bytes
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
+from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
 from search.step.finish import finish_step
 from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
@@ -312,7 +313,8 @@ def predict_single_model(workload: Workload, strategy: Strategy, hardware: Hardw
     """Predicted peak memory per GPU, host memory per node and step time of one strategy (peak reserved from
     the allocator replay of its step)."""
     step = checked_step(workload, strategy, hardware, coef)
-    return finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+    prediction = finish_step(step, strategy.empty_cache, strategy.allocator, hardware, coef)
+    return with_measured_spread(prediction, workload, strategy, hardware, coef)
 
 
 def screen_single_model(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Prediction:

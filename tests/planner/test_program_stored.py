@@ -3,7 +3,7 @@
 Each run of ``planner probe ... -- CMD`` is a probe row keyed by the program's fingerprint (command line, the
 script's sha256, library versions): a second call reuses it, a changed script file runs again. Where memplan's
 own probe of the same strategy is stored too, the report shows the program's spread of peak reserved, and
-``planner recommend --program`` keeps that spread free instead of the fixed 8% (and says so). ``planner
+``planner recommend --program`` keeps that spread free on top of the measured records' (and says so). ``planner
 calibrate`` gathers the program's rows like any probe; ``planner tune ... -- CMD`` runs the program for its
 candidates and stores those runs.
 
@@ -29,7 +29,6 @@ PROGRAMS = Path(__file__).resolve().parents[1] / "probes" / "script" / "programs
 VENV_BIN = Path(sys.executable).parent
 TIMEOUT_S = 900  # generous: one planner command on a busy 2-core machine
 STRATEGY = {"zero_stage": 0, "micro_batch": 4, "grad_accum": 1}  # the one strategy probed (its batch is the job's)
-DEFAULT_SPREAD = 0.08
 # the plain loop's model, as a config.json the job names (programs/tiny_llama.json: what the programs build)
 TINY_LLAMA = json.loads((PROGRAMS / "tiny_llama.json").read_text())
 
@@ -170,24 +169,30 @@ def test_the_report_shows_the_spread_once_memplans_probe_is_stored(stored: dict[
 
 
 def test_recommend_keeps_the_programs_spread_free(stored: dict[str, Any]) -> None:
+    """Without --program a plan keeps its measured records' spread (search.spread); with it, the program's
+    measured spread on top: (1 + records') x (1 + program's) - 1."""
     program: Program = stored["program"]
     spread = stored["third"]["runs"][0]["spread"]
     ident = stored["third"]["program_id"]
     fixed = json.loads(_recommend(program, "--json").stdout)
-    assert fixed["predicted"]["reserved_uncertainty"] == pytest.approx(DEFAULT_SPREAD)
+    records_spread = fixed["predicted"]["reserved_uncertainty"]
+    basis = fixed["predicted"]["reserved_spread_basis"]
+    assert records_spread == pytest.approx(basis["spread"]) and basis["program_factor"] == 1.0
     for ref in (ident, str(program.script), ident[:6]):
         plan = json.loads(_recommend(program, "--json", "--program", ref).stdout)
-        assert plan["predicted"]["reserved_uncertainty"] == pytest.approx(max(0.0, spread)), ref
-        assert plan["predicted"]["reserved_uncertainty"] != pytest.approx(DEFAULT_SPREAD)
+        kept = plan["predicted"]["reserved_uncertainty"]
+        assert 1 + kept == pytest.approx((1 + records_spread) * (1 + max(0.0, spread))), ref
+        assert plan["predicted"]["reserved_spread_basis"]["program_factor"] == pytest.approx(1 + max(0.0, spread))
         lines = [line for line in plan["readings"] if line.startswith("reserved spread:")]
-        assert len(lines) == 1 and f"your program {ident}" in lines[0] and "instead of the fixed 8%" in lines[0]
+        assert len(lines) == 1 and f"your program {ident}" in lines[0]
+        assert "on top of the measured records' spread" in lines[0]
         block = plan["search"]["program_spread"]
         assert block["program_id"] == ident and block["measured_spread"] == pytest.approx(spread)
     text = _recommend(program, "--program", ident).stdout
-    tenths = round(100 * max(0.0, spread), 1)
-    if tenths:  # the plan's table shows the spread it keeps free (one decimal where not whole)
-        shown = f"{tenths:.0f}" if tenths == round(tenths) else f"{tenths:.1f}"
-        assert f"reserved spread (+/-{shown}%)" in text
+    plan = json.loads(_recommend(program, "--json", "--program", ident).stdout)
+    tenths = round(100 * plan["predicted"]["reserved_uncertainty"], 1)
+    shown = f"{tenths:.0f}" if tenths == round(tenths) else f"{tenths:.1f}"
+    assert f"reserved spread (+/-{shown}%)" in text  # the plan's table shows the spread it keeps free
     assert f"your program {ident}" in " ".join(text.split())
 
 
@@ -294,16 +299,16 @@ def test_the_applied_spread_without_a_pair_and_below_zero() -> None:
 
     program = {"command": ["python", "t.py"], "script": "/x/t.py", "script_sha256": "ab", "versions": {}}
     alone = ProgramSpread("abcdef123456", program, runs_stored=2, pairs=())
-    spread, line, block = applied_spread(alone, "H100-80G", DEFAULT_SPREAD)
-    assert spread == DEFAULT_SPREAD and block["measured_spread"] is None
-    assert line.startswith("reserved spread: the fixed 8%") and "run planner probe" in line
+    spread, line, block = applied_spread(alone, "H100-80G")
+    assert spread == 0.0 and block["measured_spread"] is None  # the measured records' spread alone
+    assert line.startswith("reserved spread: the measured records' only") and "run planner probe" in line
     less = RunSpread("p1", "b1", {"zero_stage": 2}, "H100-80G", (PhaseSpread("backward", 90, 100),))
     elsewhere = RunSpread("p2", "b2", {"zero_stage": 3}, "cpu:x", (PhaseSpread("backward", 130, 100),))
     found = ProgramSpread("abcdef123456", program, runs_stored=2, pairs=(less, elsewhere))
-    spread, line, block = applied_spread(found, "H100-80G", DEFAULT_SPREAD)
+    spread, line, block = applied_spread(found, "H100-80G")
     assert spread == 0.0 and block["measured_spread"] == pytest.approx(-0.1)  # the job's GPU first
     assert "kept at 0" in line and "t.py" in line
-    spread, line, _ = applied_spread(found, "A100-80G", DEFAULT_SPREAD)  # none on it: every device's worst
+    spread, line, _ = applied_spread(found, "A100-80G")  # none on it: every device's worst
     assert spread == pytest.approx(0.3) and "measured on cpu:x and applied to a job on A100-80G" in line
 
 

@@ -127,8 +127,9 @@ def test_reserved_only_grows_until_empty_cache() -> None:
 
 
 def test_usable_memory_keeps_the_reserved_spread() -> None:
-    """The plan's spread (the measured records nearest its kind, search.spread) is kept free beside the context."""
-    p = predict(_w(), Strategy(zero_stage=2, micro_batch=4), _hw())
+    """The plan's spread (the measured records nearest its kind, search.spread) is kept free beside the context:
+    ZeRO-0 without checkpointing, whose records were under-predicted by 12%, keeps more than the safety margin."""
+    p = predict(_w(), Strategy(zero_stage=0, micro_batch=4), _hw())
     usable_beside_context = H100.memory_bytes - C.cuda_context_bytes
     assert p.reserved_uncertainty > 0 and p.reserved_spread_basis["spread"] == pytest.approx(p.reserved_uncertainty)
     assert p.gpu_budget_bytes == int(usable_beside_context / (1 + p.reserved_uncertainty))
