@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from planner.job.heartbeat import heartbeat
 from store.activation_terms import TRACED_KEYS, terms_key, valid_terms
 from store.db import database_exists, open_storage
 from store.model_shape import UntracedModelError, installed_versions, shape_key, spec_from_shape
@@ -147,7 +148,8 @@ def _with_terms(shape: dict[str, Any], config: dict[str, Any], keys: tuple[str, 
         file=sys.stderr,
         flush=True,
     )
-    terms = trace_all_terms(config, keys)
+    with heartbeat(f"tracing the activations of {config.get('model_type')}"):
+        terms = trace_all_terms(config, keys)
     unfitted = {**shape.get("activation_unfitted", {}), **terms.pop("unfitted", {})}
     traced = {**shape.get("activation_terms", {}), **terms}
     return {**shape, "activation_terms": traced, "activation_unfitted": unfitted}
@@ -163,4 +165,6 @@ def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> 
         file=sys.stderr,
         flush=True,
     )
-    return {**trace_model_shape(config, source), "activation_terms": {}, "activation_unfitted": {}}
+    with heartbeat(f"reading {source}"):
+        shape = trace_model_shape(config, source)
+    return {**shape, "activation_terms": {}, "activation_unfitted": {}}
