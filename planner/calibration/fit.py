@@ -18,6 +18,7 @@ from planner.calibration.gather import (
     stored_entries,
     target_of,
 )
+from planner.job.host_terms import HOST_TERMS, host_terms
 from planner.job.target import detected_target
 from planner.report.results import CalibrationReport
 from search import DEFAULT_COEFFICIENTS, Coefficients
@@ -35,6 +36,7 @@ def calibrate(
     held_out: bool = True,
     save: bool = True,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
+    host_benchmark: bool = True,
 ) -> CalibrationReport:
     """Fit the calibrated coefficients (:data:`search.calibration.PARAMETERS`) to the finished probes of one
     device, stored in ``db`` (and in the ``records`` files given: ``tests/data/gpu``'s shape).
@@ -44,6 +46,9 @@ def calibrate(
     several. ``held_out`` predicts each observation by a fit without it (leave-one-out) to report the error
     on probes the fit did not see. The calibration is saved unless
     ``save`` is False; ``recommend``, ``predict``, ``check`` and ``probe`` then use it for that device.
+    ``host_benchmark``: where the device is this machine's, measure its host terms first
+    (``probes/measure/host_rates.py``, about a second): the fit starts from them, and those it does not determine
+    are stored as measured (:mod:`planner.job.host_terms`; each term measured, fitted or assumed).
     """
 
     entries: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
@@ -66,11 +71,17 @@ def calibrate(
             skipped.append(f"{row.get('id')}: cannot rebuild its job ({exc})")
     if not observations:
         raise InputError(f"no probe of {gathered.target} could be rebuilt to calibrate from: {'; '.join(skipped)}")
+    measured, benchmark = _host_rates(gathered.target, host_benchmark)
+    coefficients = coefficients.with_(**measured)
     try:
         fit = fit_calibration(observations, coefficients, leave_one_out=held_out)
     except ValueError as exc:
         raise InputError(f"cannot calibrate {gathered.target}: {exc}") from None
     labels = [obs.label for obs in observations]
+    fitted_coefficients = coefficients.with_(**{k: v for k, v in fit.values.items() if k in HOST_TERMS})
+    terms = host_terms(fitted_coefficients, measured, set(fit.values), benchmark.get("why_not"))
+    values = {**measured, **fit.values}
+    report = fit.to_dict() | {"host_terms": terms, "host_benchmark": benchmark}
     calibration_id = None
     if save:
         with open_storage(db) as storage:
@@ -79,9 +90,9 @@ def calibrate(
                 device=gathered.device,
                 version=CALIBRATION_VERSION,
                 fingerprint=gathered.fingerprint,
-                values=fit.values,
+                values=values,
                 probe_ids=labels,
-                report=fit.to_dict(),
+                report=report,
             )
             calibration_id = record.calibration_id
     parameters = [
@@ -107,4 +118,21 @@ def calibrate(
         parameters=parameters,
         errors=fit.to_dict()["errors"],
         version=CALIBRATION_VERSION,
+        host_terms=terms,
+        host_benchmark=benchmark,
     )
+
+
+def _host_rates(target: str, run: bool) -> tuple[dict[str, float], dict[str, Any]]:
+    """(the host terms measured on this machine, the benchmark's report) where ``target`` is this machine's
+    device and ``run``; else nothing measured and why."""
+    if not run:
+        return {}, {"why_not": dict.fromkeys(HOST_TERMS, "the host benchmark was not run (host_benchmark=False)")}
+    here = detected_target()
+    if target != here:
+        why = f"not measured: calibrating {target} on another machine ({here}), whose host is not its host"
+        return {}, {"why_not": dict.fromkeys(HOST_TERMS, why)}
+    from probes.measure.host_rates import measure_host_rates
+
+    rates = measure_host_rates()
+    return rates.measured(), rates.to_dict()

@@ -27,6 +27,13 @@ def calibrate_command(
         typer.Option("--held-out/--no-held-out", help="Refit without each probe in turn to report held-out error."),
     ] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Fit and report, but store nothing.")] = False,
+    host_benchmark: Annotated[
+        bool,
+        typer.Option(
+            "--host-benchmark/--no-host-benchmark",
+            help="Measure this host's memory rates first (about a second) when calibrating this machine's device.",
+        ),
+    ] = True,
     json_out: Json = False,
     db: Db = None,
 ) -> int:
@@ -39,7 +46,12 @@ def calibrate_command(
     from planner import calibrate
 
     report = calibrate(
-        device_fingerprint=device_fingerprint, records=records or (), db=db, held_out=held_out, save=not dry_run
+        device_fingerprint=device_fingerprint,
+        records=records or (),
+        db=db,
+        held_out=held_out,
+        save=not dry_run,
+        host_benchmark=host_benchmark,
     )
     if json_out:
         print(report.to_json())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from planner.job.host_terms import host_terms, host_terms_line
 from planner.job.inputs import ResolvedJob
 from planner.job.target import target_hardware
 from search import Coefficients
@@ -54,13 +55,14 @@ def calibrated(
     choice = choice.strip()
     target = target or job.hardware.gpu.name
     if choice == "none":
-        return job, coef, {"id": None, "target": target, "why": "--calibration none: the default coefficients"}
+        why = "--calibration none: the default coefficients"
+        return job, coef, {"id": None, "target": target, "why": why, "host_terms": host_terms(coef)}
     record, why = _record(choice, target, db)
     if record is None and target.startswith(GENERIC_PREFIX):
         why = "the job names no GPU model (--gpu-mem only); give --gpu to use the calibration of your GPU"
     if record is None:
         note = f"{why}: the default coefficients (planner calibrate fits them to probes)"
-        return job, coef, {"id": None, "target": target, "why": note}
+        return job, coef, {"id": None, "target": target, "why": note, "host_terms": host_terms(coef)}
     if record.version != CALIBRATION_VERSION:
         raise InputError(
             f"calibration {record.calibration_id} was fitted by another version of memplan's parameters "
@@ -77,6 +79,8 @@ def calibrated(
         "probes": len(record.probe_ids),
         "values": dict(record.values),
         "held_out_median_abs": {q: e.get("median_abs") for q, e in held.items()},
+        # each host term measured on the probes' host, fitted, or assumed (calibrations before it: fitted or not)
+        "host_terms": record.report.get("host_terms") or host_terms(coef, fitted=set(record.values)),
     }
     if record.target != target:
         block["note"] = f"fitted on {record.target}, applied to a job on {target}"
@@ -85,12 +89,13 @@ def calibrated(
 
 def calibration_line(block: dict[str, Any]) -> str:
     """One line for the text reports."""
+    terms = f"; {host_terms_line(block['host_terms'])}" if block.get("host_terms") else ""
     if block.get("id") is None:
-        return f"calibration: none for {block.get('target')} ({block.get('why')})"
+        return f"calibration: none for {block.get('target')} ({block.get('why')}){terms}"
     held = block.get("held_out_median_abs") or {}
     errors = ", ".join(f"{q} {v:.0%}" for q, v in held.items() if v is not None)
     suffix = f"; held-out median error {errors}" if errors else ""
     return (
         f"calibration: {block['id']} for {block['target']} from {block['probes']} probes "
-        f"({block['created_at'][:10]}){suffix}"
+        f"({block['created_at'][:10]}){suffix}{terms}"
     )

@@ -52,6 +52,13 @@ def render_calibration(report: CalibrationReport) -> None:
         console.print(f"[dim]not determined by these probes (defaults kept): {', '.join(undetermined)}[/dim]")
     for line in report.skipped:
         console.print(f"[yellow]skipped {line}[/yellow]")
+    if report.host_terms:
+        terms = Table(title="Host terms of the time model: measured here, fitted, or assumed", title_justify="left")
+        for column in ("term", "value", "source", "how"):
+            terms.add_column(column, justify="right" if column == "value" else "left")
+        for name, term in report.host_terms.items():
+            terms.add_row(name, _value(term["value"]), term["source"], str(term["how"]))
+        console.print(terms)
 
 
 def render_calibrations(records: list[Any]) -> None:

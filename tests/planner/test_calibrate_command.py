@@ -40,6 +40,12 @@ def test_the_h100_measurements_calibrate_the_h100(h100_db: tuple[Path, dict[str,
     determined = {p["name"] for p in report["parameters"] if p["determined"]}
     assert {"gpu.matmul_efficiency", "host_s_per_kernel", "host_memory_gbps"} <= determined
     assert "nvme_gbps" not in determined  # no NVMe run among the records
+    # calibrated on this CPU machine from the H100's records: no host term is measured here; each is fitted or
+    # assumed, and the assumed ones say why
+    terms = report["host_terms"]
+    assert terms["host_s_per_kernel"]["source"] == terms["host_memory_gbps"]["source"] == "fitted"
+    for name in ("host_first_touch_gbps", "pageable_copy_gbps"):
+        assert terms[name]["source"] == "assumed" and "another machine" in terms[name]["how"]
 
 
 def test_held_out_error_falls_on_the_h100_probes() -> None:
@@ -59,6 +65,7 @@ def test_predictions_use_and_name_the_calibration_of_their_gpu(cli: Cli, h100_db
     assert calibrated.rc == 0, calibrated.err
     block = calibrated.json()["calibration"]
     assert block["id"] == report["calibration_id"] and block["target"] == "H100-80G" and block["probes"] == 14
+    assert block["host_terms"] == report["host_terms"]  # the plan says per host term how it was had
     defaults = cli("predict", *H100_JOB, "--zero", "2", "--db", db, "--json", "--calibration", "none")
     assert defaults.json()["calibration"]["id"] is None
     assert calibrated.json()["predicted"]["step_time_s"] != defaults.json()["predicted"]["step_time_s"]
@@ -71,8 +78,10 @@ def test_predictions_use_and_name_the_calibration_of_their_gpu(cli: Cli, h100_db
         "predict", "--model", "opt-1.3b", "--gpu", "A100", "--workload", "sft", "--zero", "2", "--db", db, "--json"
     )
     assert a100.json()["calibration"]["id"] is None and "none stored" in a100.json()["calibration"]["why"]
+    assert {term["source"] for term in a100.json()["calibration"]["host_terms"].values()} == {"assumed"}
     text = cli("recommend", *H100_JOB, "--db", db)
     assert text.rc == 0 and f"calibration: {report['calibration_id']} for H100-80G from 14 probes" in text.out
+    assert "pageable_copy_gbps 6.6 assumed" in " ".join(text.out.split())
 
 
 def test_check_uses_the_calibration_too(cli: Cli, h100_db: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
@@ -159,6 +168,9 @@ def test_the_cpu_backend_is_calibrated_end_to_end(cli: Cli, db: Path, tmp_path: 
     determined = {p["name"]: p for p in report["parameters"] if p["determined"]}
     assert "host_s_per_kernel" in determined or "gpu.matmul_efficiency" in determined
     assert "cublas_workspace_bytes" not in determined  # the CPU backend has no cuBLAS workspace
+    terms = report["host_terms"]  # this machine's device: its host benchmark ran (probes/measure/host_rates.py)
+    assert terms["host_memory_gbps"]["source"] in ("measured", "fitted") and report["host_benchmark"]["measured"]
+    assert terms["pageable_copy_gbps"]["source"] == "assumed" and "CUDA" in terms["pageable_copy_gbps"]["how"]
 
     again = cli("probe", *probe, "--layers", "2", "--json", "--db", db)  # reuses the stored probes
     assert again.rc == 0, again.err
