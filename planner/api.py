@@ -46,6 +46,7 @@ from planner.report.results import (
     ProbeReport,
     TuneReport,
 )
+from planner.report.strategy_record import FrozenModelBlock, PlanStrategy, TrainedModelBlock
 from planner.runtime import EmptyCachePolicy
 from planner.tuning.run import tune as run_tune
 from search import Coefficients, describe_coefficients
@@ -55,13 +56,16 @@ __all__ = [
     "CalibrationReport",
     "CheckResult",
     "EmptyCachePolicy",
+    "FrozenModelBlock",
     "JobKeywords",
     "JobSpec",
     "Plan",
+    "PlanStrategy",
     "PredictionReport",
     "ProbeOptions",
     "ProbeReport",
     "SCHEMA_VERSION",
+    "TrainedModelBlock",
     "TuneOptions",
     "TuneReport",
     "calibrate",

@@ -9,6 +9,7 @@ from launch.frameworks import launch_entries
 from launch.rlhf_config import render_rlhf_ds_configs, rlhf_outside_settings
 from planner.job.inputs import ResolvedJob
 from planner.report.results import Alternative, Predicted, PredictionReport
+from planner.report.strategy_record import PlanStrategy
 from search import Prediction, replay_memory
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.model.activation_sources import formula_reason, variant_sources
@@ -62,7 +63,7 @@ def predicted_block(prediction: Prediction) -> Predicted:
 
 
 def alternative(strategy: Strategy | RLHFStrategy, prediction: Prediction) -> Alternative:
-    return Alternative(strategy=strategy.to_dict(), predicted=predicted_block(prediction))
+    return Alternative(strategy=PlanStrategy(strategy.to_dict()), predicted=predicted_block(prediction))
 
 
 def _trainer(strategy: RLHFStrategy, hardware: Hardware) -> Hardware:

@@ -25,6 +25,7 @@ from pydantic_core import CoreSchema
 
 from planner.files.atomic import write_configs
 from planner.report.bounded import Bytes, bound_byte_entries
+from planner.report.strategy_record import PlanStrategy
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS
 
 # The version of the ``--json`` documents' shape: bumped when a field is removed, renamed or changes meaning
@@ -173,7 +174,7 @@ class Alternative(BaseModel):
 
     model_config = FROZEN
 
-    strategy: dict[str, Any]
+    strategy: PlanStrategy
     predicted: Predicted
 
 
@@ -184,7 +185,7 @@ class PredictionReport(Versioned):
 
     workload: dict[str, Any]
     hardware: dict[str, Any]
-    strategy: dict[str, Any]
+    strategy: PlanStrategy  # the JSON object of DESIGN.md's shape, with typed attributes (strategy.lora_rank)
     fits: bool
     predicted: Predicted
     ds_config: dict[str, Any] | None = None  # single-model workloads
