@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from planner.job.inputs import JobSpec, job_fields, resolve
 from planner.report.plot import EngineTurn, write_memory_plot
 from search import replay_timeline
-from store.db import open_storage, would_create
+from store.db import holds_no_store, open_storage, would_create
 from store.errors import InputError
 from store.records import RLHFStrategy, Strategy
 from store.workload_kinds import KINDS
@@ -77,7 +77,7 @@ def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> li
 
     limit = _positive_limit(limit)
     kind = _listed_kind(kind)
-    if would_create(db):  # none saved; a mistyped --db is not created to say so
+    if holds_no_store(db):  # none saved; a mistyped --db is not created to say so
         return []
     with open_storage(db) as storage:
         return storage.list_plans(limit=limit, kind=kind)
@@ -86,8 +86,9 @@ def plans(db: str | None = None, limit: int = 20, kind: str | None = None) -> li
 def plan(plan_id: str | None = None, db: str | None = None) -> PlanRecord:
     """One saved plan by id or unique id prefix (the latest when None); InputError when there is none."""
 
-    if would_create(db):  # a mistyped --db is not created just to find nothing in it
-        where = "" if db is None else f" (database {_one_line(str(db))} does not exist)"
+    if holds_no_store(db):  # a mistyped --db is not created just to find nothing in it
+        why = "does not exist" if would_create(db) else "holds no memplan tables"
+        where = "" if db is None else f" (database {_one_line(str(db))} {why})"
         if plan_id:
             raise InputError(f"no saved plan has the id {_one_line(str(plan_id))!r}{where}")
         raise InputError(f"no plans saved yet{where}: run `planner recommend ...` first")
@@ -129,7 +130,7 @@ def probes(
 
     limit = _positive_limit(limit)
     device = _listed_device(device)
-    if would_create(db):  # none saved; a mistyped --db is not created to say so
+    if holds_no_store(db):  # none saved; a mistyped --db is not created to say so
         return []
     with open_storage(db) as storage:
         return storage.list_probes(limit=limit, model=model, device=device)
@@ -140,7 +141,7 @@ def calibrations(db: str | None = None, limit: int = 20, target: str | None = No
     target (``H100-80G``, ``cpu:<model>``)."""
 
     limit = _positive_limit(limit)
-    if would_create(db):  # none saved; a mistyped --db is not created to say so
+    if holds_no_store(db):  # none saved; a mistyped --db is not created to say so
         return []
     with open_storage(db) as storage:
         return storage.list_calibrations(limit=limit, target=target)

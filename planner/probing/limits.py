@@ -52,6 +52,20 @@ def check_timeout(timeout_s: Any) -> float:
     return float(timeout_s)
 
 
+def check_device_present(device: str) -> None:
+    """InputError (one line) for ``cuda`` on a machine where torch sees no CUDA device: refused before the
+    database is opened or DeepSpeed's ops are built (imports torch for ``cuda`` only)."""
+    if device != "cuda":
+        return
+    from probes.model.build import max_ranks  # lazy on purpose: probes loads torch
+
+    if max_ranks(device) < 1:
+        raise InputError(
+            "--device cuda: torch sees no CUDA device on this machine (torch.cuda.device_count() is 0); "
+            "--device cpu probes on DeepSpeed's CPU backend"
+        )
+
+
 def check_run(device: Any, steps: Any, timeout_s: Any) -> tuple[str, int, float]:
     """(device, steps, timeout in seconds) of a probing command, each checked (see the functions above)."""
     return check_device(device), check_steps(steps), check_timeout(timeout_s)

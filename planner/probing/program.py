@@ -32,7 +32,7 @@ from planner.job.target import device_target
 from planner.planning.program_spread import RunSpread, run_spread
 from planner.probing.command import check_command
 from planner.probing.device import cpu_probe_dtype, device_coefficients, device_prediction, probe_gpu
-from planner.probing.limits import check_run
+from planner.probing.limits import check_device_present, check_run
 from planner.probing.plan import check_ranks, choose_strategies, workload_payload
 from planner.probing.runs import reusable
 from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict
@@ -380,6 +380,8 @@ def probe_program(
         raise InputError("planner probe -- CMD: give the launch command of your program after --")
     command = check_command(command)  # one that cannot start is bad input: refused before the database opens
     device, steps, timeout_s = check_run(device, steps, timeout_s)
+    if runner is None:  # a runner stands in for the device (tests): no device to look for
+        check_device_present(device)
     cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
     readings: list[str] = []
     resolved = program_job(model, device, db, readings, job)

@@ -17,7 +17,7 @@ from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target
 from planner.probing.device import cpu_probe_dtype
 from planner.probing.estimate import cost_note, planned_costs
-from planner.probing.limits import check_run
+from planner.probing.limits import check_device_present, check_run
 from planner.probing.plan import (
     PlannedProbe,
     check_ranks,
@@ -64,6 +64,8 @@ def probe(
     """
 
     device, steps, timeout_s = check_run(device, steps, timeout_s)
+    if runner is None:  # a runner stands in for the device (tests): no device to look for
+        check_device_present(device)
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     readings: list[str] = []  # said once the whole input is checked: a refused probe prints one line
     spec = cpu_probe_dtype(spec, device, readings.append)

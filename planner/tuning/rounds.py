@@ -5,12 +5,9 @@ confirmed plan and report every measured candidate."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from planner.calibration.fit import calibrate
@@ -21,6 +18,7 @@ from planner.probing.estimate import cost_note, device_step_time, probe_cost
 from planner.probing.runs import ProbeSettings
 from planner.report.prediction import prediction_report
 from planner.report.results import Plan, TuneReport
+from planner.tuning.claims import Claims, abandoned
 from planner.tuning.study import (
     ProgramCommand,
     parse_candidate,
@@ -29,7 +27,6 @@ from planner.tuning.study import (
     refit_values,
     step_noise,
 )
-from probes.process.jit_lock import pid_alive
 from search import Coefficients, Prediction, predict
 from search.calibration import apply_values
 from store.db import open_storage
@@ -37,7 +34,6 @@ from store.errors import InputError
 from store.measurements import ProbeResult
 from store.records import strategy_label
 
-ENQUEUED_FIRST = 3  # the predicted best, probed first
 TUNE_LESS = "--steps 2, fewer --max-probes, a smaller --batch, --seq-len or model"
 
 
@@ -64,49 +60,45 @@ def _measured_so_far(study: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _started(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field), None where unknown:
-    with the pid it names one process, even after the pid is reused."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+def _catch_up(state: _Round, study: Any, timeout_s: float, db: str | None) -> bool:
+    """Add what the study's finished trials measured (this run's, earlier runs', other tunes') to ``state``;
+    True when that is more than it knew. A timeout under a shorter timeout than ``timeout_s`` is left untested."""
+    found = _measured_so_far(study)
+    for key in _timed_out_shorter(found, timeout_s, db):
+        del found[key]
+    new = {k: v for k, v in found.items() if k not in state.measured}
+    state.measured.update(new)
+    return bool(new)
 
 
-def _owner() -> dict[str, Any]:
-    """What a trial records of the process probing it, so that a run after it can tell it died."""
-    return {"owner_host": socket.gethostname(), "owner_pid": os.getpid(), "owner_started": _started(os.getpid())}
+def _record(study: Any, distribution: Any, key: str, outcome: dict[str, Any]) -> None:
+    """Add the candidate's finished trial to the study: its measured step time, or failed (infeasible)."""
+    from optuna.trial import TrialState, create_trial
+
+    fits = bool(outcome["fits"])
+    study.add_trial(
+        create_trial(
+            params={"candidate": key},
+            distributions={"candidate": distribution},
+            value=outcome["step_time_s"] if fits else None,
+            state=TrialState.COMPLETE if fits else TrialState.FAIL,
+            user_attrs=outcome,
+        )
+    )
 
 
-def _abandoned(attrs: dict[str, Any]) -> bool:
-    """Whether a running trial's owner is a process of this host that is gone (killed outright: SIGKILL, an OOM
-    kill, a lost node). Another host's trial is never judged from here."""
-    pid = attrs.get("owner_pid")
-    if attrs.get("owner_host") != socket.gethostname() or not isinstance(pid, int):
-        return False
-    if not pid_alive(pid):
-        return True
-    started = attrs.get("owner_started")
-    return started is not None and _started(pid) not in (None, started)  # the pid now names another process
-
-
-def _running_elsewhere(study: Any, but: int | None = None) -> set[str]:
-    """The candidates of the study's running trials (but trial number ``but``, this run's own). A trial whose
-    owner died without telling (a tune killed outright) is failed here and its candidate queued again: left
-    running, it would look like another machine's probe to every later run, and never be probed."""
+def _fail_abandoned_trials(study: Any) -> set[str]:
+    """The candidates of running trials whose owner died without telling (a tune killed outright, by a memplan
+    that kept a trial running while it probed): each trial is failed here and its candidate named an orphan, to
+    be probed before the tune may stop. Left running, it would look like another machine's probe forever."""
     from optuna.trial import TrialState
 
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    live = set()
-    for trial in running:
-        if trial.number == but or "candidate" not in trial.params:
-            continue
-        if _abandoned(trial.user_attrs):
+    orphans = set()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "candidate" in trial.params and abandoned(trial.user_attrs):
             study.tell(trial.number, state=TrialState.FAIL)
-            study.enqueue_trial({"candidate": trial.params["candidate"]})
-            continue
-        live.add(trial.params["candidate"])
-    return live
+            orphans.add(trial.params["candidate"])
+    return orphans
 
 
 def _timed_out_shorter(measured: dict[str, dict[str, Any]], timeout_s: float, db: str | None) -> set[str]:
@@ -208,26 +200,26 @@ def run_rounds(
     calibration_block: dict[str, Any],
     on_note: Callable[[str], None] | None = None,
     program: ProgramCommand | None = None,
+    claims: Claims,
 ) -> TuneReport:
     """The tune's rounds (see the module docstring) and its report. ``on_progress`` gets a line as each probe
     starts; ``on_note`` one before the first, when the probes may take minutes (:mod:`planner.probing.estimate`).
-    With ``program`` each candidate runs in the user's own program (``planner tune ... -- CMD``)."""
+    With ``program`` each candidate runs in the user's own program (``planner tune ... -- CMD``). ``claims``
+    gives each candidate to one tune of the study (:mod:`planner.tuning.claims`)."""
     from optuna.distributions import CategoricalDistribution
-    from optuna.trial import TrialState
 
-    distribution = {"candidate": CategoricalDistribution(space)}
-    measured = _measured_so_far(study)
-    for key in _timed_out_shorter(measured, settings.timeout_s, db):
-        del measured[key]
-    state = _Round(coef, job, measured)
-    values: dict[str, float] = refit_values(base, target, db, settings.device) if measured else {}
-    if not study.trials:
-        for key in space[:ENQUEUED_FIRST]:
-            study.enqueue_trial({"candidate": key}, skip_if_exists=True)
+    distribution = CategoricalDistribution(space)
+    state = _Round(coef, job)
+    orphans = _fail_abandoned_trials(study)  # a memplan that kept a trial running while it probed, killed
+    values: dict[str, float] = {}
     stop = "probe budget spent"
     announced: list[bool] = []  # whether the estimate was said (before the first probe that runs)
     timed = settings.device == "cpu" and calibration_block.get("id") is not None
-    for _ in range(4 * len(space) + max_probes):
+    for round_number in range(4 * len(space) + max_probes):
+        taken, freed = claims.held()  # candidates other tunes of the study probe now; orphans of dead ones
+        orphans |= freed
+        if _catch_up(state, study, settings.timeout_s, db) and round_number == 0:  # what earlier runs measured
+            values = refit_values(base, target, db, settings.device)  # (each refit after a probe reads all probes)
         hardware, fitted = apply_values(job.hardware, base, values) if values else (job.hardware, coef)
         current = ResolvedJob(job.workload, hardware, job.readings)
         predicted = {key: predicted_for(current, key, fitted, settings.device) for key in space}
@@ -237,9 +229,12 @@ def run_rounds(
             default=None,
         )
         untested = sorted((k for k in space if k not in state.measured), key=lambda k: predicted[k].step_time_s)
+        queued = [k for k in untested if k in orphans]  # a killed tune's candidates: probed before stopping
+        worth = untested
         if best is not None:
             floor = state.measured[best]["step_time_s"] * (1 - state.measured[best]["noise"])
-            if not any(predicted[k].step_time_s < floor for k in untested):
+            worth = [k for k in untested if predicted[k].step_time_s < floor]
+            if not worth and not queued:
                 stop = "confirmed: no untested candidate is predicted faster than the measured best beyond its noise"
                 break
         if not untested:
@@ -247,58 +242,51 @@ def run_rounds(
             break
         if state.probes_run >= max_probes:
             break
-        running = _running_elsewhere(study)  # candidates another machine on this study is probing now
-        if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study.enqueue_trial({"candidate": next((k for k in untested if k not in running), untested[0])})
-        trial = study.ask(distribution)
-        for name, value in _owner().items():
-            trial.set_user_attr(name, value)
-        key = trial.params["candidate"]
-        if key in _running_elsewhere(study, but=trial.number):  # the sampler's pick, being probed elsewhere
-            trial.set_user_attr("duplicate", True)
-            study.tell(trial, state=TrialState.FAIL)
-            continue
-        if key in state.measured:  # the sampler's own pick, already measured: tell it again and go on
-            known = state.measured[key]
-            if known["fits"]:
-                study.tell(trial, known["step_time_s"])
-            else:
-                study.tell(trial, state=TrialState.FAIL)
-            continue
-        announce = None
-        if on_note is not None and not announced:  # once, before the first probe that runs
-            announce = partial(
-                _announce,
-                current,
-                untested,
-                predicted=predicted,
-                coef=fitted,
-                settings=settings,
-                budget=max_probes - state.probes_run,
-                timed=timed or bool(values),
-            )
-        starting = partial(_starting, announce, announced, on_note, on_progress, f"{state.probes_run + 1}/{max_probes}")
+        free = [k for k in dict.fromkeys([*queued, *worth]) if k not in taken]
+        if not free:
+            stop = "other tunes of this study are probing every candidate left"
+            break
+        key = next((k for k in free if claims.take(k)), None)
+        if key is None:
+            continue  # another tune took each one first: look again
         try:
-            probe_id, result, ran = probe_candidate(
-                current, key, settings, coef=fitted, db=db, on_start=starting, program=program
-            )
-        except BaseException:  # an interrupt (or a failure) leaves no trial running, and the candidate queued
-            trial.set_user_attr("interrupted", True)
-            study.tell(trial, state=TrialState.FAIL)
-            study.enqueue_trial({"candidate": key})
-            raise
-        outcome = _outcome(result, probe_id, predicted[key].gpu_budget_bytes)
-        for name, value in outcome.items():
-            trial.set_user_attr(name, value)
-        if outcome["fits"]:
-            study.tell(trial, outcome["step_time_s"])
-        else:
-            study.tell(trial, state=TrialState.FAIL)
+            if _catch_up(state, study, settings.timeout_s, db) and key in state.measured:
+                continue  # measured by another tune between the look and the claim
+            announce = None
+            if on_note is not None and not announced:  # once, before the first probe that runs
+                announce = partial(
+                    _announce,
+                    current,
+                    untested,
+                    predicted=predicted,
+                    coef=fitted,
+                    settings=settings,
+                    budget=max_probes - state.probes_run,
+                    timed=timed or bool(values),
+                )
+            count = f"{state.probes_run + 1}/{max_probes}"
+            starting = partial(_starting, announce, announced, on_note, on_progress, count)
+            try:
+                probe_id, result, ran = probe_candidate(
+                    current, key, settings, coef=fitted, db=db, on_start=starting, program=program
+                )
+            except BaseException:  # an interrupt (or a failure): said in the study, the candidate left untested
+                _record(study, distribution, key, {"interrupted": True, "fits": False, "step_time_s": None})
+                raise
+            outcome = _outcome(result, probe_id, predicted[key].gpu_budget_bytes)
+            _record(study, distribution, key, outcome)  # before the claim goes: whoever claims next finds it
+        finally:  # an interrupt (or a failure) too: the candidate is free for the next tune
+            claims.give_back(key)
         state.measured[key] = outcome
+        orphans.discard(key)
         if ran:
             state.probes_run += 1
             state.device_seconds += result.wall_s
             values = refit_values(base, target, db, settings.device)
+    unprobed = [k for k in space if k in orphans and k not in state.measured]
+    if unprobed:
+        labels = ", ".join(strategy_label(parse_candidate(job, k), job.workload) for k in unprobed)
+        stop += f"; not probed: {labels}, which a tune killed while probing it left (run again to probe it)"
     return _report(
         job,
         study,

@@ -21,11 +21,12 @@ from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target, target_hardware
 from planner.probing.command import check_command
 from planner.probing.device import cpu_probe_dtype, probe_gpu
-from planner.probing.limits import check_run, check_study_name
+from planner.probing.limits import check_device_present, check_run, check_study_name
 from planner.probing.plan import check_ranks
 from planner.probing.program import command_fingerprint
 from planner.probing.runs import ProbeSettings
 from planner.report.results import TuneReport
+from planner.tuning.claims import open_claims
 from planner.tuning.rounds import run_rounds
 from planner.tuning.study import MAX_PROBES, ProgramCommand, candidate_space, open_study, study_name
 from search import DEFAULT_COEFFICIENTS, Coefficients
@@ -70,6 +71,8 @@ def tune(
     """
 
     device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
+    if runner is None:  # a runner stands in for the device (tests): no device to look for
+        check_device_present(device)
     if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:
         raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
     study = check_study_name(study)
@@ -113,18 +116,23 @@ def tune(
             on_note(line)
     space: list[str] = list(the_study.user_attrs["candidates"])
 
-    return run_rounds(
-        resolved,
-        the_study,
-        space,
-        coef=coef,
-        base=coefficients,
-        target=target,
-        settings=ProbeSettings(device, steps, float(timeout_s), cap, runner),
-        db=db,
-        max_probes=max_probes,
-        on_progress=on_progress,
-        calibration_block=calibration_block,
-        on_note=on_note,
-        program=program,
-    )
+    claims = open_claims(url, name)  # each candidate to one tune of the study (planner.tuning.claims)
+    try:
+        return run_rounds(
+            resolved,
+            the_study,
+            space,
+            coef=coef,
+            base=coefficients,
+            target=target,
+            settings=ProbeSettings(device, steps, float(timeout_s), cap, runner),
+            db=db,
+            max_probes=max_probes,
+            on_progress=on_progress,
+            calibration_block=calibration_block,
+            on_note=on_note,
+            program=program,
+            claims=claims,
+        )
+    finally:
+        claims.close()

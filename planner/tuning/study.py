@@ -112,6 +112,38 @@ def study_errors(url: str) -> Iterator[None]:
         raise InputError(f"cannot use the Optuna study of the tune in database {shown}: {reason}") from None
 
 
+def check_optuna_schema(url: str) -> None:
+    """RuntimeError (as Optuna's own check says it, after creating its tables) when the database holds Optuna's
+    version table at a revision other than this Optuna's head: refused here, before anything is written."""
+    import os
+
+    import optuna.storages._rdb.storage as rdb
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(url, connect_args=connect_args(url))
+    try:
+        with engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return
+            found = [str(v) for v in conn.execute(text("SELECT version_num FROM alembic_version")).scalars()]
+    finally:
+        engine.dispose()
+    head = ScriptDirectory(os.path.join(os.path.dirname(rdb.__file__), "alembic")).get_current_head()
+    if found and found != [head]:
+        raise RuntimeError(
+            f"its Optuna tables are at schema {', '.join(found)}, not {head} (Optuna {optuna_version()}): "
+            "`optuna storage upgrade --storage URL` upgrades an older one; a newer one needs a newer Optuna"
+        )
+
+
+def optuna_version() -> str:
+    """The Optuna version installed."""
+    import optuna
+
+    return str(optuna.__version__)
+
+
 def open_study(url: str, name: str, space: list[str]) -> Any:
     """The study ``name`` in the database at ``url`` (created with ``space`` as its candidates, or loaded
     with the candidates it was created with); InputError (``study_errors``) when Optuna cannot use it."""
@@ -120,6 +152,7 @@ def open_study(url: str, name: str, space: list[str]) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with study_errors(url):
+        check_optuna_schema(url)  # before Optuna creates its tables in a database it will then refuse
         for attempt in range(STUDY_OPEN_ATTEMPTS):
             try:  # two machines starting on a new database both create Optuna's tables: the second one waits
                 kwargs = {"connect_args": connect_args(url)}  # PostgreSQL: UTF-8 even on a SQL_ASCII database

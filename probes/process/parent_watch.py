@@ -34,11 +34,20 @@ from typing import NoReturn
 from probes.process.jit_lock import pid_alive
 from probes.process.process_tree import descendants
 
-__all__ = ["PLANNER_PID_VARIABLE", "POLL_S", "end_tree", "parent_is_gone", "set_parent_death_signal", "watch_parent"]
+__all__ = [
+    "PLANNER_PID_VARIABLE",
+    "POLL_S",
+    "end_tree",
+    "parent_is_gone",
+    "set_child_subreaper",
+    "set_parent_death_signal",
+    "watch_parent",
+]
 
 PLANNER_PID_VARIABLE = "MEMPLAN_PLANNER_PID"
 POLL_S = 0.25  # how often the watch thread looks at its parent
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>, Linux 3.4+
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
@@ -48,6 +57,19 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_child_subreaper() -> bool:
+    """Make this process the reaper of every orphan under it (``prctl(PR_SET_CHILD_SUBREAPER)``): a daemon the
+    program starts (double fork and ``setsid``) is then this process's child, not init's, and is found and ended
+    with the rest of its tree. False where it cannot be (not Linux, or the call failed)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

@@ -17,7 +17,15 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["GROUP_GONE_S", "descendants", "kill_group", "kill_tree", "signal_group", "wait_group_gone"]
+__all__ = [
+    "GROUP_GONE_S",
+    "descendants",
+    "end_descendants",
+    "kill_group",
+    "kill_tree",
+    "signal_group",
+    "wait_group_gone",
+]
 
 GROUP_GONE_S = 30.0  # the most a killed group's members may take to be reaped (their parent is init)
 
@@ -97,3 +105,35 @@ def kill_tree(top: int, announced: list[int]) -> None:
     for group in groups:
         if group != top:  # the caller reaps ``top`` and then waits for its group
             wait_group_gone(group)
+
+
+def end_descendants(deadline_s: float = GROUP_GONE_S) -> int:
+    """SIGKILL every process under this one and reap those that become its children, until none is left (or
+    ``deadline_s`` passed); returns how many were killed. Under ``PR_SET_CHILD_SUBREAPER`` (see
+    :func:`probes.process.parent_watch.set_child_subreaper`) a daemon's parents exit and it becomes this
+    process's child, so the walk is repeated until nothing new shows up (a killed process starts nothing)."""
+    me = os.getpid()
+    killed: set[int] = set()
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        found = descendants(me)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        _reap_children()
+        if not found:
+            break
+        time.sleep(0.01)
+    return len(killed)
+
+
+def _reap_children() -> None:
+    """Reap every child of this process that has ended (a subreaper's adopted orphans included)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import platformdirs
 
@@ -143,6 +144,45 @@ def would_create(url: str | None = None) -> bool:
 
     target = resolve_db(url if url is not None else default_db_url())
     return target.path is not None and target.mode == "rwc" and not target.path.exists()
+
+
+def holds_no_store(url: str | None = None) -> bool:
+    """Whether opening ``url`` would create the store's tables: a new SQLite file (``would_create``), or an
+    existing database that holds none of them (an empty file, another application's database). Commands that
+    only read answer "nothing saved" for it and leave it as it is (opening it would add memplan's tables).
+    Looks without writing (a SQLite file is opened read only); False when it cannot tell (a database that
+    cannot be opened: ``open_storage`` then says why in one line). InputError as ``open_storage`` for a URL it
+    refuses."""
+    import sqlite3
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store.db._engine import LIBPQ_DRIVERS, libpq_defaults
+    from store.db._schema import stored_revision
+    from store.db._url import resolve_db
+
+    if would_create(url):
+        return True
+    target = resolve_db(url if url is not None else default_db_url())
+    if target.memory:
+        return False
+    if target.path is not None:
+        path = target.path
+        if not path.is_file():
+            return False
+        uri = f"file:{quote(str(path))}?mode=ro"
+        engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True))
+    else:
+        args = libpq_defaults(target.url) if target.url.drivername in LIBPQ_DRIVERS else {}
+        engine = create_engine(target.url, connect_args=args)
+    try:
+        with engine.connect() as conn:
+            return stored_revision(conn) is None
+    except (SQLAlchemyError, OSError, sqlite3.Error):
+        return False
+    finally:
+        engine.dispose()
 
 
 def database_exists(url: str | None = None) -> bool:

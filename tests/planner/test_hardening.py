@@ -236,3 +236,48 @@ def test_a_config_of_another_task_is_one_short_line(cli: Cli, tmp_path: Path) ->
         cli("recommend", "--model", files["t5"], *GPU, *CPU_MEM, "--db", tmp_path / "plans.db"), "'t5'"
     )
     assert len(line) < 300, len(line)
+
+
+def _foreign_database(path: Path) -> bytes:
+    """Another application's SQLite database (one table of its own); returns its bytes."""
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
+        conn.execute("INSERT INTO orders (item) VALUES ('tea')")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["export", "-o", "ds.json"], ["explain"], ["explain", "abc123"], ["plans"], ["probes"], ["calibrations"]],
+    ids=["export", "explain", "explain-id", "plans", "probes", "calibrations"],
+)
+def test_read_commands_leave_another_applications_database_as_it_was(
+    guarded: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """export and explain added memplan's tables to another application's database, then failed (issue 43):
+    a read command never creates tables; it says nothing is saved there."""
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "shop.db"
+    before = _foreign_database(db)
+    result = guarded(*args, "--db", db)
+    if args[0] in ("export", "explain"):
+        assert_one_error_line(result, "no memplan tables" if args[0] == "export" else "")
+    else:
+        assert result.rc == 0 and "Traceback" not in result.err
+    assert db.read_bytes() == before
+    assert not (tmp_path / "ds.json").exists()
+
+
+def test_a_cuda_probe_without_cuda_is_one_line_and_creates_no_database(cli: Cli, tmp_path: Path) -> None:
+    """--device cuda where torch sees no CUDA device printed a note and the ops-build failure, and left a new
+    database (issue 43): one line now, before the database is opened (not under the CPU guard: it imports torch)."""
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        pytest.skip("this machine has a CUDA device")
+    db = tmp_path / "plans.db"
+    assert_one_error_line(cli(*PROBE[:-1], "cuda", "--db", db), "--device cuda", "no CUDA device")
+    assert_one_error_line(cli("tune", *PROBE[1:-1], "cuda", "--db", db), "--device cuda", "no CUDA device")
+    assert not db.exists()
