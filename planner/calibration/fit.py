@@ -16,10 +16,9 @@ from planner.calibration.gather import (
     loop_row_observation,
     records_file_entries,
     stored_entries,
-    target_of,
 )
 from planner.job.host_terms import HOST_TERMS, host_terms
-from planner.job.target import detected_target
+from planner.job.target import detected_target, target_of
 from planner.report.results import CalibrationReport
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from search.calibration import CALIBRATION_VERSION, PARAMETERS

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypedDict
 
-from planner.job.model_shapes import resolve_model, shapes_saved_on_success
+from planner.job.model_shapes import resolve_model
+from planner.job.model_shapes import shapes_saved_on_success as shapes_saved_on_success  # the CLI's, from here
 from store.errors import InputError
 from store.frameworks import (
     DEFAULT_FRAMEWORK,

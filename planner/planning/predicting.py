@@ -30,7 +30,7 @@ from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction
 from search import predict as predict_strategy
 from search import search as run_search
 from search.batches import per_gpu_batch
-from search.choose.rlhf_search import ROLLOUT_FAMILIES
+from search.choose.rollout_space import ROLLOUT_FAMILIES
 from store.errors import InputError
 from store.records import MAX_COUNT, Hardware, RLHFStrategy, Strategy, Workload
 from store.workload_kinds import traits

@@ -206,7 +206,7 @@ class PredictionReport(Versioned):
     @model_serializer(mode="wrap")
     def _one_config_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The document carries ``ds_config`` or ``ds_configs``, never a null one."""
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         for key in ("ds_config", "ds_configs", "allocator_replay", "calibration"):
             if data.get(key) is None:
                 data.pop(key, None)

@@ -9,9 +9,10 @@ from functools import partial
 
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.confirm import confirm
-from search.choose.rlhf_search import ROLLOUT_FAMILIES, exhaustive_rlhf, search_rlhf
+from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.choose.rlhf_space import batch_choices, cache_choices
 from search.choose.rlhf_walk import RLHF_ALTERNATIVES
+from search.choose.rollout_space import ROLLOUT_FAMILIES
 from search.choose.single_search import exhaustive_single, search_single
 from search.choose.single_space import OuterPoint, inner_choices, strategy_at
 from search.coefficients import Coefficients

@@ -1,0 +1,128 @@
+"""A user's CI type-checks against memplan installed as a user installs it (issue 44 item 2).
+
+memplan is built as a wheel (a regular, non-editable install: the editable one's import hook hides ``py.typed``
+from mypy) and installed into a fresh venv; ``mypy --strict`` of a user's script outside the repo must find the
+package and its types: ``Plan.strategy`` typed (``PlanStrategy``), every public name importable from ``planner``.
+One deliberate error in the script proves mypy saw the types rather than ``Any``.
+
+The wheel and mypy's first pass over memplan's dependencies (torch, transformers, pydantic) take about a minute of CPU
+(60 CPU seconds measured on the 2-core EPYC, 2026-11-29): marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+from planner_helpers import REPO
+
+from planner.report.strategy_record import PlanStrategy
+
+PACKAGES = ("planner", "search", "probes", "launch", "store")
+USER_SCRIPT = """\
+from planner import Plan, PlanStrategy, check, predict, probe_program, recommend
+
+plan: Plan = recommend("opt-1.3b", gpu_mem="24G", workload="sft")
+strategy: PlanStrategy = plan.strategy
+rank: int | None = strategy.lora_rank
+stage: int | None = strategy.zero_stage
+actor_stage: int | None = strategy.actor.zero_stage if strategy.actor is not None else None
+peak: int = plan.predicted.peak_reserved_bytes
+again = predict("opt-1.3b", dict(strategy), gpu_mem="24G", workload="sft")
+fits: bool = again.fits and check("ds_config.json", "opt-1.3b", gpu_mem="24G").fits
+print(rank, stage, actor_stage, peak, fits, probe_program)
+wrong: str = strategy.micro_batch
+"""
+WRONG_LINE = USER_SCRIPT.splitlines().index("wrong: str = strategy.micro_batch") + 1
+
+
+def test_the_strategy_is_the_json_object_with_typed_attributes() -> None:
+    document = {"zero_stage": 2, "offload_optimizer": "none", "offload_param": "none",
+                "gradient_checkpointing": True, "lora_rank": 16, "micro_batch": 4, "grad_accum": 2,
+                "empty_cache": "never", "allocator": "default"}  # fmt: skip
+    strategy = PlanStrategy(document)
+    assert strategy == document and dict(strategy) == document
+    assert (strategy.zero_stage, strategy.lora_rank, strategy.micro_batch, strategy.is_rlhf) == (2, 16, 4, False)
+    assert strategy.actor is None and strategy.quantization == "none"
+    with pytest.raises(TypeError, match="read-only"):
+        strategy["lora_rank"] = 0
+    rlhf = PlanStrategy({"actor": {"zero_stage": 3, "lora_rank": 0}, "reference": {"zero_stage": 0, "offload": "none"},
+                         "micro_batch": 4, "grad_accum": 1, "empty_cache": "after-generation"})  # fmt: skip
+    assert rlhf.is_rlhf and rlhf.zero_stage is None
+    assert rlhf.actor is not None and rlhf.actor.zero_stage == 3
+    assert rlhf.reference is not None and rlhf.reference.offload == "none" and rlhf.critic is None
+
+
+def test_a_plans_strategy_is_typed_and_dumps_as_before() -> None:
+    import json
+
+    from planner import recommend
+
+    plan = recommend("opt-1.3b", gpu_mem="24G", cpu_mem="64G", workload="sft")
+    assert isinstance(plan.strategy, PlanStrategy)
+    assert plan.strategy.lora_rank == plan.model_dump()["strategy"]["lora_rank"]
+    assert json.loads(json.dumps(plan.strategy)) == json.loads(plan.to_json())["strategy"]
+    assert all(isinstance(alt.strategy, PlanStrategy) for alt in plan.alternatives)
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """memplan's wheel, built from a copy of its packages (nothing is written into the checkout)."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    dist = tmp_path / "dist"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = dist.glob("memplan-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_mypy_strict_of_a_users_script_against_the_installed_wheel(tmp_path: Path) -> None:
+    pytest.importorskip("mypy")
+    wheel = _wheel(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    # memplan's dependencies (pydantic, torch, ...) from this venv, after the installed wheel on the path
+    (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    assert (site / "planner" / "py.typed").is_file()
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "ci_check.py").write_text(textwrap.dedent(USER_SCRIPT))
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(python), "--cache-dir",
+         str(tmp_path / "mypy_cache"), "ci_check.py"],
+        cwd=user,
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    assert errors and all(line.startswith(f"ci_check.py:{WRONG_LINE}:") for line in errors), result.stdout
+    assert 'has type "int | None", variable has type "str"' in errors[0], errors
