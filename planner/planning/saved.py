@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.job.inputs import JobSpec, job_fields, resolve
-from planner.report.plot import EngineTurn, write_memory_plot
+from planner.report.plot import EngineTurn, PlanFigures, write_memory_plot
 from search import replay_timeline
 from store.db import holds_no_store, open_storage, would_create
 from store.errors import InputError
@@ -182,4 +182,5 @@ def memory_plot(
         engine = EngineTurn.from_report(rollout)
     timeline = replay_timeline(job.workload, strategy, job.hardware)
     title = f"plan {record.plan_id}: {job.workload.model.name} {job.workload.kind}, {strategy.describe()}"
-    return write_memory_plot(timeline, path, title, force=force, engine=engine)
+    figures = PlanFigures.from_document(document)
+    return write_memory_plot(timeline, path, title, force=force, engine=engine, figures=figures)

@@ -1,7 +1,10 @@
 """A picture of one step's memory from the allocator replay: allocated and reserved bytes, phase by phase.
 
 ``planner explain PLAN_ID --plot FILE`` draws what :func:`search.replay_timeline` gives: the measured step's
-allocated and reserved bytes event by event, a band per phase and a mark at every ``empty_cache`` call.
+allocated and reserved bytes, a band per phase. With the plan's figures (:class:`PlanFigures`) the x-axis is
+time: each phase run spans its predicted seconds (generation included, however few allocator events it makes),
+the usable memory and the plan's peak reserved plus its spread are lines, and only the ``empty_cache`` calls
+the plan's policy makes are marked (not the framework's own, such as the one before a colocated engine wakes).
 ``.html`` and ``.svg`` need nothing beyond the standard library (an inline SVG); ``.png`` uses matplotlib
 where it is installed (``pip install matplotlib``) and says so where it is not.
 """
@@ -16,11 +19,94 @@ from typing import Any
 from planner.files.atomic import write_bytes_atomic
 from search.step.replayed import StepTimeline
 from store.errors import InputError
+from store.phases import END_STEP, empties_after
 
 WIDTH, HEIGHT, PAD = 960, 360, 48
 ENGINE_W = 220  # the rollout engine's block, left of the trainer's phases
 PHASE_COLOURS = ("#eef3fb", "#fbf3e9", "#eefaf0", "#f7eef9", "#fbfbe9", "#e9f8fb")
 PLOT_SUFFIXES = (".html", ".svg", ".png")
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """What a plan's prediction says beside the replay: each phase's predicted seconds per run (``predicted.
+    phases``: ``time_s`` per step over ``count`` runs), usable GPU memory (``gpu_budget_bytes``), the predicted
+    peak reserved and its spread kept free (``reserved_uncertainty``), and the plan's ``empty_cache`` policy."""
+
+    run_seconds: dict[str, float]
+    usable_bytes: int
+    peak_reserved_bytes: int
+    spread: float
+    empty_cache: str
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> PlanFigures:
+        """The figures of a plan's (or prediction's) JSON document."""
+        predicted = document["predicted"]
+        runs = {p["name"]: float(p["time_s"]) / max(1, int(p.get("count", 1))) for p in predicted["phases"]}
+        return cls(
+            run_seconds=runs,
+            usable_bytes=int(predicted["gpu_budget_bytes"]),
+            peak_reserved_bytes=int(predicted["peak_reserved_bytes"]),
+            spread=float(predicted.get("reserved_uncertainty", 0.0)),
+            empty_cache=str(document["strategy"].get("empty_cache", "never")),
+        )
+
+    @property
+    def spread_line_bytes(self) -> int:
+        """Peak reserved with the spread on top: what the plan keeps below usable memory."""
+        return round(self.peak_reserved_bytes * (1 + self.spread))
+
+
+def run_bounds(timeline: StepTimeline) -> list[int]:
+    """The event index where each phase run starts, and one past the last event."""
+    return [i for i, _ in timeline.phases] + [timeline.samples[-1][0] + 1]
+
+
+def time_axis(timeline: StepTimeline, figures: PlanFigures) -> tuple[list[float], float]:
+    """Each phase run's start in seconds of the step (its predicted seconds per run laid end to end), and the
+    step's end. A phase the prediction does not time gets a sliver (0.2% of the step), so it stays visible."""
+    durations = [figures.run_seconds.get(name, 0.0) for _, name in timeline.phases]
+    floor = 0.002 * (sum(durations) or 1.0)
+    starts, now = [], 0.0
+    for seconds in durations:
+        starts.append(now)
+        now += max(seconds, floor)
+    return starts, now
+
+
+def _event_seconds(timeline: StepTimeline, figures: PlanFigures) -> Any:
+    """A function from an event index to its second in the step (linear inside each phase run)."""
+    bounds = run_bounds(timeline)
+    starts, end = time_axis(timeline, figures)
+    ends = starts[1:] + [end]
+
+    def at(i: float) -> float:
+        if i < bounds[0]:
+            return 0.0
+        for k in range(len(starts)):
+            if i < bounds[k + 1] or k == len(starts) - 1:
+                share = min(1.0, (i - bounds[k]) / max(1, bounds[k + 1] - bounds[k]))
+                return starts[k] + (ends[k] - starts[k]) * share
+        return end
+
+    return at
+
+
+def plan_calls(timeline: StepTimeline, policy: str) -> list[int]:
+    """The ``empty_cache`` calls of the drawn step that ``policy`` makes: after a phase it empties after, or at
+    the step's end; the others are the framework's (before a colocated rollout engine's turn)."""
+    bounds = run_bounds(timeline)
+    last = len(timeline.phases) - 1
+    calls = []
+    for i in timeline.empty_cache:
+        runs = [k for k in range(len(timeline.phases)) if bounds[k] <= i]
+        if not runs:
+            continue
+        k = runs[-1]
+        if empties_after(policy, timeline.phases[k][1]) or (k == last and empties_after(policy, END_STEP)):
+            calls.append(i)
+    return calls
 
 
 def _outside_at(timeline: StepTimeline) -> list[int]:
@@ -134,16 +220,33 @@ def _engine_svg(engine: EngineTurn, left: float, y: Any) -> list[str]:
     return parts
 
 
-def memory_svg(timeline: StepTimeline, title: str, engine: EngineTurn | None = None) -> str:
-    """An SVG of allocated (line) and reserved (filled) GiB over the step's events, with phase bands; with
-    ``engine``, the rollout engine's turn drawn first as a block of its own on the same GiB scale."""
-    xs, allocated, reserved = _series(timeline)
-    x0, x1 = xs[0], max(xs[-1], xs[0] + 1)
-    top = max(max(reserved), engine.awake if engine is not None else 0) * 1.08 or 1
+def memory_svg(
+    timeline: StepTimeline, title: str, engine: EngineTurn | None = None, figures: PlanFigures | None = None
+) -> str:
+    """An SVG of allocated (line) and reserved (filled) GiB over the step, with phase bands; with ``engine``, the
+    rollout engine's turn drawn first as a block of its own on the same GiB scale. With the plan's ``figures``
+    the x-axis is the step's predicted seconds, usable memory and peak reserved + spread are lines, and only the
+    plan's ``empty_cache`` calls are marked; without them, the x-axis counts allocator events."""
+    events, allocated, reserved = _series(timeline)
+    if figures is not None:
+        seconds = _event_seconds(timeline, figures)
+        xs = [seconds(i) for i in events]
+        starts, x1 = time_axis(timeline, figures)
+        x0 = 0.0
+        bounds = [*starts, x1]
+        calls = [seconds(i) for i in plan_calls(timeline, figures.empty_cache)]
+        limits = [figures.usable_bytes, figures.spread_line_bytes]
+    else:
+        xs = [float(i) for i in events]
+        x0, x1 = xs[0], max(xs[-1], xs[0] + 1)
+        bounds = [float(i) for i, _ in timeline.phases] + [x1]
+        calls = [float(i) for i in timeline.empty_cache]
+        limits = []
+    top = max(max(reserved), engine.awake if engine is not None else 0, *limits) * 1.08 or 1
     plot_left = PAD + (ENGINE_W if engine is not None else 0)
 
-    def x(i: int) -> float:
-        return plot_left + (WIDTH - PAD - plot_left) * (i - x0) / (x1 - x0)
+    def x(t: float) -> float:
+        return plot_left + (WIDTH - PAD - plot_left) * (t - x0) / ((x1 - x0) or 1)
 
     def y(b: float) -> float:
         return HEIGHT - PAD - (HEIGHT - 2 * PAD) * b / top
@@ -151,28 +254,43 @@ def memory_svg(timeline: StepTimeline, title: str, engine: EngineTurn | None = N
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif">']
     if engine is not None:
         parts += _engine_svg(engine, PAD, y)
-    bounds = [i for i, _ in timeline.phases] + [x1]
-    for k, (start, name) in enumerate(timeline.phases):
+    for k, (_, name) in enumerate(timeline.phases):
         colour = PHASE_COLOURS[k % len(PHASE_COLOURS)]
-        left, right = x(start), x(bounds[k + 1])
-        parts.append(f'<rect x="{left:.1f}" y="{PAD}" width="{right - left:.1f}" height="{HEIGHT - 2 * PAD}" '
-                     f'fill="{colour}"><title>{html.escape(name)}</title></rect>')  # fmt: skip
+        left, right = x(bounds[k]), x(bounds[k + 1])
+        parts.append(f'<rect class="phase" x="{left:.1f}" y="{PAD}" width="{right - left:.1f}" '
+                     f'height="{HEIGHT - 2 * PAD}" fill="{colour}">'
+                     f'<title>{html.escape(name)}</title></rect>')  # fmt: skip
         if right - left > 40:
             parts.append(f'<text x="{left + 3:.1f}" y="{PAD + 12}" font-size="10">{html.escape(name)}</text>')
-    area = " ".join(f"{x(i):.1f},{y(r):.1f}" for i, r in zip(xs, reserved, strict=True))
-    parts.append(f'<polygon points="{x(x0):.1f},{y(0):.1f} {area} {x(xs[-1]):.1f},{y(0):.1f}" '
+    area = " ".join(f"{x(t):.1f},{y(r):.1f}" for t, r in zip(xs, reserved, strict=True))
+    parts.append(f'<polygon points="{x(xs[0]):.1f},{y(0):.1f} {area} {x(xs[-1]):.1f},{y(0):.1f}" '
                  'fill="#f4a582" fill-opacity="0.6"><title>reserved</title></polygon>')  # fmt: skip
-    line = " ".join(f"{x(i):.1f},{y(a):.1f}" for i, a in zip(xs, allocated, strict=True))
+    line = " ".join(f"{x(t):.1f},{y(a):.1f}" for t, a in zip(xs, allocated, strict=True))
     parts.append(f'<polyline points="{line}" fill="none" stroke="#2166ac" stroke-width="1.2"/>')
-    for i in timeline.empty_cache:
-        parts.append(f'<line x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{PAD}" y2="{HEIGHT - PAD}" stroke="#b2182b" '
-                     'stroke-dasharray="4 3"><title>empty_cache()</title></line>')  # fmt: skip
+    if figures is not None:
+        for kind, size, colour, label in (
+            ("usable", figures.usable_bytes, "#1a9850", "usable memory"),
+            ("spread", figures.spread_line_bytes, "#762a83", f"peak reserved + spread ({figures.spread:.1%})"),
+        ):
+            tip = html.escape(f"{label}: {size / 2**30:.2f} GiB")
+            parts.append(f'<line class="{kind}" x1="{plot_left}" x2="{WIDTH - PAD}" y1="{y(size):.1f}" '
+                         f'y2="{y(size):.1f}" stroke="{colour}" stroke-width="1.2">'
+                         f'<title>{tip}</title></line>')  # fmt: skip
+    for t in calls:
+        parts.append(f'<line class="empty_cache" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{PAD}" y2="{HEIGHT - PAD}" '
+                     'stroke="#b2182b" stroke-dasharray="4 3"><title>empty_cache()</title></line>')  # fmt: skip
     for k in range(5):
         value = top * k / 4
         parts.append(f'<text x="4" y="{y(value) + 4:.1f}" font-size="10">{value / 2**30:.1f} GiB</text>')
+    if figures is not None:
+        for k in range(5):
+            t = x0 + (x1 - x0) * k / 4
+            parts.append(f'<text class="tick" x="{x(t):.1f}" y="{HEIGHT - PAD + 12}" font-size="10">{t:.2f} s</text>')
     parts.append(f'<text x="{PAD}" y="20" font-size="13">{html.escape(title)}</text>')
-    parts.append(f'<text x="{plot_left}" y="{HEIGHT - 14}" font-size="10">allocator events of one step · blue: '
-                 'allocated · orange: reserved · red dashes: empty_cache()</text>')  # fmt: skip
+    axis = "predicted seconds of one step" if figures is not None else "allocator events of one step"
+    lines = " · green: usable · purple: peak reserved + spread" if figures is not None else ""
+    parts.append(f'<text class="axis" x="{plot_left}" y="{HEIGHT - 14}" font-size="10">{axis} · blue: allocated · '
+                 f'orange: reserved{lines} · red dashes: empty_cache()</text>')  # fmt: skip
     if engine is not None:
         parts.append(f'<text x="{PAD}" y="{HEIGHT - 2}" font-size="10">{html.escape(engine.caption())}</text>')
     parts.append("</svg>")
@@ -222,11 +340,18 @@ def _png(timeline: StepTimeline, title: str, engine: EngineTurn | None = None) -
 
 
 def write_memory_plot(
-    timeline: StepTimeline, path: str | Path, title: str, *, force: bool = False, engine: EngineTurn | None = None
+    timeline: StepTimeline,
+    path: str | Path,
+    title: str,
+    *,
+    force: bool = False,
+    engine: EngineTurn | None = None,
+    figures: PlanFigures | None = None,
 ) -> tuple[Path, list[tuple[str, int, int]]]:
     """Write the picture to ``path`` (its suffix picks the format), atomically; an existing file only with
     ``force``. Returns the file and the picture as rows (:func:`phase_rows`; with a rollout ``engine``, its
-    turn's rows first: :meth:`EngineTurn.rows`)."""
+    turn's rows first: :meth:`EngineTurn.rows`). ``figures``: the plan's (:class:`PlanFigures`), for the SVG's
+    time axis, limit lines and the plan's own ``empty_cache`` calls."""
     target = Path(path)
     suffix = target.suffix.lower()
     if suffix not in PLOT_SUFFIXES:
@@ -234,7 +359,7 @@ def write_memory_plot(
     if suffix == ".png":
         data = _png(timeline, title, engine)
     else:
-        svg = memory_svg(timeline, title, engine)
+        svg = memory_svg(timeline, title, engine, figures)
         text = svg if suffix == ".svg" else (
             f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><body>{svg}</body>"
         )  # fmt: skip
