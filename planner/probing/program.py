@@ -393,6 +393,11 @@ def probe_program(
     if on_note is not None:
         for line in readings:
             on_note(line)
+    if runner is None:  # DeepSpeed's ops the program loads: built before its first run, outside its timeout
+        from planner.probing.program_ops import prepare_program_ops
+
+        singles = [s for s in chosen if isinstance(s, Strategy)]
+        prepare_program_ops(singles, resolved.workload, resolved.hardware, device, on_note=on_note)
     runs = []
     for index, strategy in enumerate(chosen):
         assert isinstance(strategy, Strategy)
