@@ -28,7 +28,14 @@ from planner.probing.runs import ProbeSettings
 from planner.report.results import TuneReport
 from planner.tuning.claims import open_claims
 from planner.tuning.rounds import run_rounds
-from planner.tuning.study import MAX_PROBES, ProgramCommand, candidate_space, open_study, study_name
+from planner.tuning.study import (
+    MAX_PROBES,
+    ProgramCommand,
+    candidate_space,
+    open_study,
+    parse_candidate,
+    study_name,
+)
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from store.db import optuna_storage_url
 from store.errors import InputError
@@ -115,6 +122,12 @@ def tune(
         for line in readings:
             on_note(line)
     space: list[str] = list(the_study.user_attrs["candidates"])
+    if program is not None and runner is None:  # DeepSpeed's ops the program loads: built once, outside its timeout
+        from planner.probing.program_ops import prepare_program_ops
+        from store.records import Strategy
+
+        singles = [s for s in (parse_candidate(resolved, key) for key in space) if isinstance(s, Strategy)]
+        prepare_program_ops(singles, resolved.workload, resolved.hardware, device, on_note=on_note)
 
     claims = open_claims(url, name)  # each candidate to one tune of the study (planner.tuning.claims)
     try:
