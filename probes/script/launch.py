@@ -483,7 +483,7 @@ def decide(
                 outcome="no_initialize",
                 reason="timeout",
                 message=f"ran past the limit of {timeout_s:g} s without calling deepspeed.initialize{unseen}; "
-                "the program was ended",
+                f"the program was ended{_running(log_tail)}",
                 **common,
             )
         if exit_code == 0:
@@ -506,7 +506,7 @@ def decide(
     if timed_out:
         return ScriptProbeResult(
             outcome="timeout",
-            message=f"timed out after {timeout_s:g} s {where}{rank}; the program was ended",
+            message=f"timed out after {timeout_s:g} s {where}{rank}; the program was ended{_running(log_tail)}",
             failed_phase=lagging.last_phase,
             failed_rank=lagging.rank,
             **common,
@@ -551,6 +551,13 @@ def _measured(
         worst_rank=done[worst].rank,
         **common,
     )
+
+
+def _running(log_tail: str) -> str:
+    """What the program was doing when its time ran out: its log's last line (a JIT op build prints torch's
+    ``Building extension module ...``), or nothing when it printed none."""
+    line = _last_line(log_tail) if log_tail.strip() else ""
+    return f"; it was running: {line[:200]}" if line else ""
 
 
 def _last_line(text: str) -> str:
