@@ -266,7 +266,7 @@ JOBS: tuple[Job, ...] = (
         gpu="A10",
         gpus=1,
         batch=4,
-        reward_model="none",
+        reward_model="smollm2-135m",  # DeepSpeed-Chat always scores with a reward model
         framework="deepspeed-chat",
         **RLHF_LENS,
     ),
