@@ -167,15 +167,17 @@ def holds_no_store(url: str | None = None) -> bool:
     target = resolve_db(url if url is not None else default_db_url())
     if target.memory:
         return False
-    if target.path is not None:
-        path = target.path
-        if not path.is_file():
-            return False
-        uri = f"file:{quote(str(path))}?mode=ro"
-        engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True))
-    else:
-        args = libpq_defaults(target.url) if target.url.drivername in LIBPQ_DRIVERS else {}
-        engine = create_engine(target.url, connect_args=args)
+    if target.path is not None and not target.path.is_file():
+        return False
+    try:
+        if target.path is not None:
+            uri = f"file:{quote(str(target.path))}?mode=ro"
+            engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True))
+        else:
+            args = libpq_defaults(target.url) if target.url.drivername in LIBPQ_DRIVERS else {}
+            engine = create_engine(target.url, connect_args=args)
+    except (SQLAlchemyError, ImportError):  # an unknown dialect, a missing driver: open_storage says it
+        return False
     try:
         with engine.connect() as conn:
             return stored_revision(conn) is None
