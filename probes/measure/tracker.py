@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -45,7 +45,8 @@ class _Mode(TorchDispatchMode):
         self.tracker = tracker
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        run_op = self.tracker.run_op
+        out = func(*args, **(kwargs or {})) if run_op is None else run_op(func, args, kwargs)
         leaves, _ = tree_flatten(out)
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
@@ -73,13 +74,20 @@ class LiveTensorTracker:
     creation). With ``cap_bytes`` set, an allocation that would take ``current`` above the cap raises
     :class:`ProbeOOM` (the op has run; its output is dropped as the error unwinds, so ``current`` stays
     consistent). With ``record_stream`` it keeps the allocation stream, :meth:`stream` (see the module
-    docstring). Re-entrant use and nesting are not supported: one tracker, one ``with`` block.
+    docstring). ``run_op`` runs each op in place of calling it (a meta trace passes
+    :func:`probes.measure.meta_results.run_meta_op`). Re-entrant use and nesting are not supported: one
+    tracker, one ``with`` block.
     """
 
     def __init__(
-        self, cap_bytes: int | None = None, device_types: Iterable[str] = ("cpu",), record_stream: bool = False
+        self,
+        cap_bytes: int | None = None,
+        device_types: Iterable[str] = ("cpu",),
+        record_stream: bool = False,
+        run_op: Callable[[Any, Any, Any], Any] | None = None,
     ) -> None:
         self.cap_bytes = cap_bytes
+        self.run_op = run_op
         self.device_types = frozenset(device_types)
         self.current = 0
         self.peak = 0

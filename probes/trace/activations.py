@@ -159,13 +159,15 @@ def trace_step(
     windows. ``every_layer``: each layer's saved bytes and windows too (``StepTrace.layers``, for hybrids)."""
     import torch
 
+    from probes.measure.meta_results import run_meta_op
     from probes.measure.tracker import LiveTensorTracker
     from probes.model.logprobs import token_logprobs
     from probes.model.shape import decoder_layers
 
     _, layers = decoder_layers(model, TRACED_LAYERS)
     device = next(model.parameters()).device
-    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True)
+    run_op = run_meta_op if device.type == "meta" else None  # a meta op's result is described once per signature
+    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True, run_op=run_op)
 
     def marker(name: str) -> Any:
         return lambda *args: tracker.mark_phase(name) and None

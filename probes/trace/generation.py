@@ -144,12 +144,14 @@ def trace_generation(model: Any, sequences: int, tokens: int) -> GenerationTrace
     check a meta trace against a real run)."""
     import torch
 
+    from probes.measure.meta_results import run_meta_op
     from probes.measure.tracker import LiveTensorTracker
     from probes.model.logprobs import token_logprobs
     from probes.model.sequences import unpacked_sequences
 
     device = next(model.parameters()).device
-    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True)
+    run_op = run_meta_op if device.type == "meta" else None  # a meta op's result is described once per signature
+    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True, run_op=run_op)
     forwards: list[dict[tuple[int, str], tuple[int, int]]] = []
     stage = ["prefill.head"]
 
