@@ -199,3 +199,36 @@ def test_a_claim_left_by_a_tune_killed_outright_is_probed_by_the_next(db: Path) 
 @pytest.fixture(autouse=True)
 def _tests_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def test_a_candidate_is_claimed_by_one_tune_and_a_dead_owners_claim_is_freed_once(tmp_path: Path) -> None:
+    """The claim itself: of two claimants one wins, a claim given back can be taken again, and the claim of a
+    process that is gone is freed by one of the tunes that find it (the orphan is theirs to probe)."""
+    import socket
+
+    from planner.tuning.claims import claim_key, open_claims
+    from planner.tuning.study import open_study
+    from store.db import open_storage, optuna_storage_url
+
+    db = str(tmp_path / "plans.db")
+    open_storage(db).close()
+    url = optuna_storage_url(db)
+    open_study(url, "shared", ["a", "b", "c"])
+    one, two = open_claims(url, "shared"), open_claims(url, "shared")
+    try:
+        assert one.take("a") and not two.take("a") and two.take("b")
+        one.give_back("a")
+        assert two.take("a")
+        assert one.held() == ({"a", "b"}, set())  # held by a live process: not freed
+        dead = {"candidate": "c", "owner_host": socket.gethostname(), "owner_pid": _dead_pid(), "owner_started": None}
+        from optuna.storages._rdb.models import StudySystemAttributeModel as Row
+        from sqlalchemy import insert
+
+        with one._engine.begin() as conn:
+            conn.execute(insert(Row).values(study_id=one.study_id, key=claim_key("c"), value_json=json.dumps(dead)))
+        assert not two.take("c")  # claimed, though by no one alive
+        assert one.held() == ({"a", "b"}, {"c"}) and two.held() == ({"a", "b"}, set())  # freed once
+        assert two.take("c")
+    finally:
+        one.close()
+        two.close()
