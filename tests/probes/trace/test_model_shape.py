@@ -146,7 +146,7 @@ def test_the_shape_records_what_read_it() -> None:
     ("config", "says"),
     [
         ({"model_type": "no-such-arch", "hidden_size": 8}, "unknown to transformers"),
-        ({"model_type": "t5", "d_model": 64, "num_layers": 2}, "not a causal language model"),
+        ({"model_type": "t5", "d_model": 64, "num_layers": 2}, "no causal language model class"),
         ({"hidden_size": 8}, "model_type"),
         ({"model_type": "bert", "hidden_size": 64}, "is an encoder"),
         ({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2}, "has no num_attention_heads"),
