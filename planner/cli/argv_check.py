@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import re
 import typing
+from collections.abc import Sequence
 from typing import Any
-
-from planner.probing.command import bare_separator
 
 SEPARATED_COMMANDS = ("probe", "tune")  # take a user's command after --
 WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
@@ -60,3 +59,18 @@ def argv_error(app: Any, args: list[str]) -> str | None:
                 return f"{name} must be a whole number, not {shown!r}"
         index += 2 if word in takes_value else 1
     return None
+
+
+def bare_separator(args: Sequence[str], value_options: set[str]) -> bool:
+    """Whether ``args`` (a command line after the subcommand) end in a ``--`` that separates nothing: the first
+    ``--`` that is not the value of an option (one of ``value_options``, which take a value) is the last word."""
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word == "--":
+            return index == len(args) - 1
+        if word in value_options:
+            index += 2
+            continue
+        index += 1
+    return False

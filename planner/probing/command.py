@@ -4,7 +4,8 @@ A command the operating system cannot start is bad input, not a probe that faile
 program that ``subprocess.Popen`` can execute from the folder the probe runs in (``shutil.which`` semantics: a
 word with a ``/`` is a path, which must be a file this user may execute; a bare word is looked up on ``PATH``).
 A bare ``--`` with nothing after it is refused too, rather than silently running memplan's own loop
-(:func:`bare_separator`, for the CLI). Each refusal is one InputError line, raised before the database opens.
+(``planner.cli.argv_check.bare_separator``, in the CLI). Each refusal is one InputError line, raised before the
+database opens.
 """
 
 from __future__ import annotations
@@ -57,18 +58,3 @@ def check_command(command: Sequence[str], cwd: Path | None = None) -> list[str]:
     if found is None:
         raise InputError(f"-- CMD: program {_shown(program)} is not found on PATH")
     return list(command)
-
-
-def bare_separator(args: Sequence[str], value_options: set[str]) -> bool:
-    """Whether ``args`` (a command line after the subcommand) end in a ``--`` that separates nothing: the first
-    ``--`` that is not the value of an option (one of ``value_options``, which take a value) is the last word."""
-    index = 0
-    while index < len(args):
-        word = args[index]
-        if word == "--":
-            return index == len(args) - 1
-        if word in value_options:
-            index += 2
-            continue
-        index += 1
-    return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.coefficients import Coefficients
-from search.model.fused_head import FusedHead, scored_tokens, trl_fused_head, workload_head
+from search.model.fused_head import trl_fused_head
 from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
 from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
@@ -25,6 +25,7 @@ from search.model.quantized import quant_constants_bytes
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
+from search.single.loss_head import fused_head, head_tokens, model_loss, sft_holds_output
 from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
 from search.step.finish import finish_step
@@ -33,7 +34,7 @@ from search.streams.init import engine_init
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
 from search.streams.workspaces import backward_workspace
 from store.errors import InputError
-from store.frameworks import TRL_FUSED_HEAD_WORKLOADS, TRL_HEAD_OUTPUTS
+from store.frameworks import TRL_HEAD_OUTPUTS
 from store.model_build import build_note, builds_partitioned
 from store.module_dropout import workload_as_run
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
@@ -71,34 +72,6 @@ def reference_bytes(workload: Workload, strategy: Strategy, hardware: Hardware) 
         return 0
     n = hardware.world_size if strategy.zero_stage == 3 else 1
     return DTYPE_BYTES[workload.dtype] * workload.model_for("reference").total_params // n
-
-
-def sft_holds_output(framework: str) -> bool:
-    """Whether the program keeps the model output (its logits) alive through an sft backward. DeepSpeed-Chat's
-    step 1 does: ``outputs = model(**batch, use_cache=False); loss = outputs.loss; model.backward(loss)``
-    (microsoft/DeepSpeedExamples, applications/DeepSpeed-Chat/training/step1_supervised_finetuning/main.py);
-    the Trainer (and TRL, accelerate and memplan's own loop as it documents it) keep only the loss."""
-    return framework == "deepspeed-chat"
-
-
-def model_loss(workload: Workload, strategy: Strategy) -> str:
-    """The loss the program runs: ``"trl"`` where TRL's trainer replaces the LM head by its fused log-prob head
-    (``store.frameworks.TRL_FUSED_HEAD_WORKLOADS``), else the strategy's loss knob."""
-    if workload.framework == "trl" and workload.kind in TRL_FUSED_HEAD_WORKLOADS:
-        return "trl"
-    return strategy.loss
-
-
-def fused_head(workload: Workload, strategy: Strategy) -> FusedHead | None:
-    """TRL's fused head of one micro-batch of the trained model (None where the program computes logits):
-    the LM head's weight trains in a full fine-tune (LoRA's adapters leave it frozen)."""
-    sequences = strategy.micro_batch * workload.sequences_per_sample
-    return workload_head(workload, strategy.lora_rank, sequences, workload.seq_len)
-
-
-def head_tokens(workload: Workload, strategy: Strategy) -> int:
-    """Tokens one micro-batch puts through TRL's fused head (``search.model.fused_head.scored_tokens``)."""
-    return scored_tokens(workload.kind, strategy.micro_batch * workload.sequences_per_sample, workload.seq_len)
 
 
 def micro_batch_of(

@@ -82,12 +82,33 @@ def measured_spread(
     distance = min(d for d, _ in apart)
     if distance > NEAR:  # nothing near: the widest of all
         under, worst = _worst(rows)
-        return MeasuredSpread(kind, kept(under), under, margin, False, distance, (), (), worst, factor)
+        return MeasuredSpread(
+            kind,
+            kept(under),
+            under,
+            margin,
+            near=False,
+            distance=distance,
+            records=(),
+            worst_record=worst,
+            program_factor=factor,
+        )
     nearest = [row for d, row in apart if d == distance]
     differs = sorted({name for row in nearest for name in kind.differs(SpreadKind.from_dict(row.kind))})
     under, worst = _worst(nearest)
     records = tuple(row.record for row in nearest)
-    return MeasuredSpread(kind, kept(under), under, margin, True, distance, records, tuple(differs), worst, factor)
+    return MeasuredSpread(
+        kind,
+        kept(under),
+        under,
+        margin,
+        near=True,
+        distance=distance,
+        records=records,
+        differs_in=tuple(differs),
+        worst_record=worst,
+        program_factor=factor,
+    )
 
 
 def with_measured_spread(
