@@ -60,11 +60,11 @@ def _argument_key(value: Any) -> Any:
 
 
 def _signature(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-    parts = [_argument_key(arg) for arg in args]
-    parts += [(name, _argument_key(value)) for name, value in sorted(kwargs.items())]
-    if any(part is _NOT_DESCRIBABLE or (isinstance(part, tuple) and part[-1] is _NOT_DESCRIBABLE) for part in parts):
+    names = sorted(kwargs)
+    keys = [_argument_key(value) for value in (*args, *(kwargs[name] for name in names))]
+    if any(key is _NOT_DESCRIBABLE for key in keys):
         return None
-    return (func, *parts)
+    return (func, tuple(names), *keys)
 
 
 def _storages(values: Any) -> set[int]:
@@ -91,10 +91,8 @@ def _describe(out: Any, inputs: set[int]) -> tuple[_Description, bool] | None:
         if storage in seen:
             return None  # an input's storage, or another output's: not a fresh tensor
         seen.add(storage)
-        extent = tensor.storage_offset() + sum(
-            (size - 1) * step for size, step in zip(tensor.shape, tensor.stride(), strict=True)
-        )
-        nbytes = (extent + 1) * tensor.element_size() if tensor.numel() else 0
+        last = sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride(), strict=True))
+        nbytes = (last + 1) * tensor.element_size() if tensor.numel() else 0
         if tensor.storage_offset() or tensor.untyped_storage().nbytes() != nbytes:
             return None  # not a fresh tensor of its own extent: let the op make it every time
         described.append((tuple(tensor.shape), tensor.stride(), tensor.dtype))
