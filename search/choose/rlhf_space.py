@@ -28,7 +28,7 @@ from search.rlhf.scoring import reference_is_actor, reference_may_be_actor, scor
 from search.rlhf.scoring_phase import scoring_forward
 from search.rlhf.step import generation_phase
 from search.rlhf.timing import ema_time, gae_seconds
-from search.step.phases import LIVE_PARTS, Live, trained_factor
+from search.streams.phases import LIVE_PARTS, Live, trained_factor
 from search.streams.workspaces import backward_workspace
 from store.records import (
     ALLOCATORS,

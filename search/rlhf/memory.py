@@ -18,7 +18,7 @@ from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import TRAINING_PHASES, NamedTensors
 from search.model.placement import TrainedPlacement, micro_step
 from search.model.shapes import kv_tokens_held
-from search.step.phases import Live, live, live_of
+from search.streams.phases import Live, live, live_of
 from store.activation_terms import GENERATION_WINDOWS, left_by, peak_of
 from store.records import DTYPE_BYTES, ModelSpec
 

@@ -16,8 +16,8 @@ from search.rlhf.memory import forward_live
 from search.rlhf.models import Models
 from search.rlhf.scoring import scorers, scoring_chunks, scoring_head
 from search.rlhf.timing import frozen_forward_time, gae_seconds, trained_forward_time
-from search.step.phases import INFERENCE, Live, StepPhase, frozen_factor, trained_factor
-from search.step.phases import live as moment_of
+from search.streams.phases import INFERENCE, Live, StepPhase, frozen_factor, trained_factor
+from search.streams.phases import live as moment_of
 from search.streams.sizes import Sizes, inference_sizes, sizes_of
 from store.workload_kinds import traits
 

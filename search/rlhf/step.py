@@ -43,8 +43,8 @@ from search.rlhf.scoring_phase import StepHalf, half_of, scoring_half
 from search.rlhf.timing import ema_time, generation_time
 from search.step.assemble import Step
 from search.step.assemble import reserved_floor as step_reserved_floor
-from search.step.phases import INFERENCE, TRAINING, StepPhase, trained_factor
 from search.streams.init import engine_init
+from search.streams.phases import INFERENCE, TRAINING, StepPhase, trained_factor
 from search.streams.sizes import inference_sizes, training_sizes, weight_tensors
 from store.records import RLHFStrategy, TrainedModelStrategy
 

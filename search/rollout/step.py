@@ -38,8 +38,8 @@ from search.rollout.timing import (
     weight_sync_seconds,
 )
 from search.step.assemble import Step, gpu_budget_bytes
-from search.step.phases import Live, StepPhase, live
 from search.streams.init import engine_init
+from search.streams.phases import Live, StepPhase, live
 from search.streams.sizes import weight_tensors
 from store.frameworks import framework_sleep_level
 from store.records import Hardware, RLHFStrategy, Workload

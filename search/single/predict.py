@@ -29,8 +29,8 @@ from search.single.loss_head import fused_head, head_tokens, model_loss, sft_hol
 from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
 from search.step.finish import finish_step
-from search.step.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.init import engine_init
+from search.streams.phases import OPTIMIZER, TRAINING, StepPhase, live_of, trained_factor
 from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weight_tensors
 from search.streams.workspaces import backward_workspace
 from store.errors import InputError

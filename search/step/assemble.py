@@ -15,8 +15,8 @@ from search.coefficients import Coefficients
 from search.model.host import HostMemory
 from search.prediction import PhasePrediction, Prediction
 from search.step.fragments import Structure, apply_policy
-from search.step.phases import StepPhase
 from search.streams.build import Engines
+from search.streams.phases import StepPhase
 from search.streams.sizes import Sizes
 from store.records import Hardware
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.timing import empty_cache_time
-from search.step.phases import StepPhase
+from search.streams.phases import StepPhase
 from store.phases import END_STEP, empties_after
 
 Structure = tuple[tuple[str, str, bool], ...]  # (name, group, group repeated within a step) per phase

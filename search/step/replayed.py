@@ -19,8 +19,8 @@ from functools import lru_cache
 from search.allocator import AllocatorConfig, PhaseReplay, ReplayResult, replay
 from search.coefficients import Coefficients
 from search.step.assemble import Step
-from search.step.phases import StepPhase
 from search.streams.build import STEP_MARK, outside_torch, step_stream
+from search.streams.phases import StepPhase
 from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
 
 STEPS = 3  # built and replayed: one warm-up step, then the measured ones (reserved may still grow in the second)

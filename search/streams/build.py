@@ -1,6 +1,6 @@
 """A step's allocation stream, built from the cost model's bytes: what torch's caching allocator is asked for.
 
-The cost model describes a step as resident bytes and phases of moments (:mod:`search.step.phases`): at each
+The cost model describes a step as resident bytes and phases of moments (:mod:`search.streams.phases`): at each
 moment, the bytes each live part holds. The stream makes those moments happen in order, tensor by tensor:
 
 1. **Engine init**, engine by engine (:mod:`search.streams.init`): the weights are loaded tensor by tensor;
@@ -28,9 +28,9 @@ from collections.abc import Iterable
 
 from search.model.moment_parts import NamedTensors
 from search.model.zero3_step import adam_steps
-from search.step.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.init import EngineInit, Zero3Init
 from search.streams.parts import Parts
+from search.streams.phases import LIVE_PARTS, OPTIMIZER, OUTSIDE_TORCH_PARTS, Live, StepPhase
 from search.streams.workspaces import BACKWARD_WORKSPACE, place_workspaces
 from store.alloc_stream import AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after

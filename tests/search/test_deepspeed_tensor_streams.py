@@ -22,8 +22,8 @@ from search.model.deepspeed_tensors import first_flush_layers, offload_norm_upca
 from search.model.moment_parts import REDUCTION_STREAM, Named
 from search.model.zero3_step import zero3_sub_groups
 from search.single.predict import single_step
-from search.step.phases import StepPhase, live
 from search.step.replayed import stream_of
+from search.streams.phases import StepPhase, live
 from search.streams.sizes import weight_tensors
 from store.alloc_stream import ALLOC, FREE, KIND_INDEX, PHASE, AllocStream
 from store.ds_buckets import ZeroBuckets

@@ -25,7 +25,7 @@ from search.rlhf.models import place_models
 from search.rlhf.scoring_phase import scoring_half
 from search.rlhf.step import step_halves, step_of
 from search.rlhf.timing import trained_forward_time
-from search.step.phases import LIVE_PARTS
+from search.streams.phases import LIVE_PARTS
 from store.frameworks import scores_old_policy, trl_old_logps_forward
 from store.gpus import get_gpu
 from store.models import get_model

@@ -1,5 +1,8 @@
 """The phases of a step before the allocator is applied: what each moment adds to the resident bytes.
 
+The shape every stream is built from (:mod:`search.streams.build`) and every step is assembled from
+(:mod:`search.step`): it sits below both.
+
 A phase is a tuple of ``Live`` moments (the bytes that exist only then: gradients between micro-steps,
 gathered parameters, activations, logits, KV cache, hybrid-engine workspace, DeepSpeed's transient buckets)
 and how many of them go through torch's caching allocator (``transient``: what leaves fragments), with the
