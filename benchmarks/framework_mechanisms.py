@@ -77,8 +77,8 @@ CASES: dict[str, dict[str, Any]] = {
             "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.5, "sleep_level": 1},
         },
         "off": [
-            ("search.rollout.engine", "framework_engine_batch", "lambda framework, engine: None"),
-            ("search.rollout.step", "framework_sleep_level", "lambda framework, level, rank: level"),
+            ("search.rlhf.engine", "framework_engine_batch", "lambda framework, engine: None"),
+            ("search.rlhf.engine_step", "framework_sleep_level", "lambda framework, level, rank: level"),
         ],
     },
 }

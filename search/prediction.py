@@ -61,7 +61,7 @@ class Prediction:
     # many, their largest under-prediction and the margin (search.spread.measured.MeasuredSpread.to_dict)
     reserved_spread_basis: dict[str, Any] = field(default_factory=dict)
     # RLHF with a vLLM/SGLang rollout engine: its settings (the solved gpu_memory_utilization), KV cache and
-    # bytes (search.rollout.engine.ResolvedEngine.report); empty otherwise
+    # bytes (search.rlhf.engine.ResolvedEngine.report); empty otherwise
     rollout: dict[str, Any] = field(default_factory=dict)
     # Where peak reserved comes from: "replay" (the step's allocation stream through the port of torch's
     # caching allocator, search.step.finish) or "screen" (the fragment coefficients a search ranks with)

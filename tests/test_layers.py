@@ -49,6 +49,9 @@ def test_the_import_contracts_hold() -> None:
         ("launch/ds_config.py", "import probes.runner"),  # launch below probes
         ("planner/job/inputs.py", "import planner.planning.saved"),  # inside planner: job below planning
         ("probes/model/lora.py", "import probes.step.child"),  # inside probes: model below step
+        ("search/rollout/engine_shape.py", "import search.rlhf.job"),  # inside search: engine rules below RLHF
+        ("search/streams/sizes.py", "import search.step.assemble"),  # inside search: streams below the step
+        ("planner/files/file_set.py", "import probes.process.jit_lock"),  # planner's files: OS helpers in store
     ],
 )
 def test_the_contracts_fail_on_an_upward_import(tmp_path: Path, module: str, upward: str) -> None:

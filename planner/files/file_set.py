@@ -31,8 +31,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.process.jit_lock import pid_alive
 from store.errors import InputError
+from store.processes import pid_alive
 
 __all__ = ["MARK", "remove_stale", "write_files"]
 

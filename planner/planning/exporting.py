@@ -22,8 +22,8 @@ from planner.planning.outside import sidecar_document, sidecar_path
 from planner.planning.saved import plan, plan_job
 from search.coefficients import DEFAULT_COEFFICIENTS
 from search.frameworks import differences
+from search.retarget import for_engine
 from search.rollout.engine_accepts import tensor_parallel_refusal
-from search.rollout.retarget import for_engine
 from store.frameworks import DEFAULT_FRAMEWORK, ROLLOUT_ENGINES_RUN
 from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
 
@@ -73,7 +73,7 @@ def _framework_engine(
 ) -> tuple[RLHFStrategy, tuple[str, ...]]:
     """The plan's strategy with its rollout engine as ``fmt`` runs it (``store.frameworks.ROLLOUT_ENGINES_RUN``):
     an engine the framework does not run becomes the framework's, at the utilization memplan predicts for it
-    under the plan's own calibration (:func:`search.rollout.retarget.for_engine`), with the line that says so."""
+    under the plan's own calibration (:func:`search.retarget.for_engine`), with the line that says so."""
     engines = ROLLOUT_ENGINES_RUN.get(fmt)
     rollout = strategy.rollout
     if rollout is None:

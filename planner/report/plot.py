@@ -150,7 +150,7 @@ class EngineTurn:
     """A vLLM or SGLang rollout engine's bytes on each of its GPUs, drawn as a block of its own beside the
     trainer's phases: awake while it generates (its weights, KV cache and the rest of its budget), asleep while
     the trainer works (what sleep at ``sleep_level`` leaves on the GPU), and waking for the weight sync. Read
-    from the ``rollout`` block of a plan's prediction (``search.rollout.engine``)."""
+    from the ``rollout`` block of a plan's prediction (``search.rlhf.engine``)."""
 
     engine: str
     placement: str  # "colocate": the trainer's GPUs; "separate": GPUs of its own

@@ -14,8 +14,8 @@ from search import Prediction, replay_memory
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.model.activation_sources import formula_reason, variant_sources
 from search.model.activation_sources import source as activation_source
-from search.rollout.retarget import Retargeted, for_engine
-from search.rollout.step import trainer_hardware
+from search.retarget import Retargeted, for_engine
+from search.rlhf.engine_step import trainer_hardware
 from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
 from store.framework_packages import packages_setting
@@ -30,7 +30,7 @@ def _framework_launch(
     framework's files (:func:`launch.frameworks.launch_entries`); a plan one of them cannot take gets its reason
     as the gap (the report is never refused for it). A framework that runs another rollout engine than the plan's
     (``store.frameworks.ROLLOUT_ENGINES_RUN``) gets its own engine at the budget memplan predicts for it
-    (:func:`search.rollout.retarget.for_engine`), as ``planner export`` writes it."""
+    (:func:`search.retarget.for_engine`), as ``planner export`` writes it."""
 
     try:
         entries = launch_entries(strategy, workload, hardware)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.process.jit_lock import pid_alive
+from store.processes import pid_alive
 
 CLAIM_PREFIX = "memplan_claim:"
 SQLITE_WAIT_S = 60.0  # how long a claim waits for another writer of the SQLite file (busy timeout)

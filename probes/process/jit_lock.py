@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from store.processes import pid_alive
+
 LOCK_NAME = "lock"  # torch.utils.cpp_extension._jit_compile: FileBaton(os.path.join(build_directory, "lock"))
 
 
@@ -45,20 +47,6 @@ def extensions_root(env: dict[str, str] | None = None) -> Path:
 def holder_line() -> str:
     """What this process writes into a lock file it takes."""
     return f"{socket.gethostname()} {os.getpid()}"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` names a running process here (a zombie, killed and not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return True
 
 
 def holder_is_gone(lock: Path) -> bool:

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import NoReturn
 
-from probes.process.jit_lock import pid_alive
 from probes.process.process_tree import descendants
+from store.processes import pid_alive
 
 __all__ = [
     "PLANNER_PID_VARIABLE",

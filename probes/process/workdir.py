@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from probes.process.jit_lock import holder_is_gone, holder_line, pid_alive
+from probes.process.jit_lock import holder_is_gone, holder_line
+from store.processes import pid_alive
 
 __all__ = ["OWNER_FILE", "PREFIX", "probe_folder", "remove_stale_folders"]
 

@@ -19,11 +19,11 @@ from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_
 from search.choose.rlhf_space import RLHFOuterPoint, batch_choices, cache_choices, rlhf_strategy_at
 from search.choose.rollout_space import engine_floor_bytes, engine_seconds, knob_variants
 from search.coefficients import Coefficients
+from search.rlhf.engine_step import engine_step_of, offloadable_states, trainer_hardware
 from search.rlhf.job import RLHFContext, rlhf_context
 from search.rlhf.models import place_models
 from search.rlhf.scoring_phase import scoring_half
 from search.rlhf.step import reserved_floor, training_half
-from search.rollout.step import engine_step_of, offloadable_states, trainer_hardware
 from search.rollout.timing import (
     offload_states_seconds,
 )

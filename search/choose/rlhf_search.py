@@ -35,10 +35,10 @@ from search.choose.rollout_space import (
     searched_generations,
 )
 from search.coefficients import Coefficients
+from search.rlhf.engine import engine_limits, replica_sequences, utilization_span
 from search.rlhf.job import RLHFContext, rlhf_context
 from search.rlhf.predict import rlhf_step, screen_rlhf
 from search.rlhf.step import reserved_floor, step_halves, step_of, step_time
-from search.rollout.engine import engine_limits, replica_sequences, utilization_span
 from search.step.assemble import gpu_budget_bytes, score_step, screen_step
 from store.records import Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy

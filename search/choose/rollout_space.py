@@ -25,10 +25,10 @@ from search.choose.rlhf_space import (
     role_seconds,
 )
 from search.model.placement import TrainedPlacement
+from search.rlhf.engine import engine_limits, engine_memory_at, replica_sequences, utilization_span
 from search.rlhf.job import RLHFContext
 from search.rlhf.models import trained_model
 from search.rlhf.step import generation_phase
-from search.rollout.engine import engine_limits, engine_memory_at, replica_sequences, utilization_span
 from search.rollout.engine_accepts import accepted_tensor_parallel
 from search.rollout.timing import engine_weight_bytes, rollout_seconds, sleep_wake_seconds, weight_sync_seconds
 from search.streams.sizes import weight_tensors
@@ -249,7 +249,7 @@ def _engine_floor(ctx: RLHFContext, rollout: RolloutStrategy) -> int:
 @lru_cache(maxsize=4096)
 def offloadable_bound(ctx: RLHFContext, role: str, block: TrainedModelStrategy | FrozenModelStrategy) -> int:
     """The most DeepSpeed's offload_states can move off the GPU for the rollout from one model (see
-    :func:`search.rollout.step.offloadable_states`): a trained model's optimizer states and ZeRO-3 gradients."""
+    :func:`search.rlhf.engine_step.offloadable_states`): a trained model's optimizer states and ZeRO-3 gradients."""
     if role in ("reference", "reward") or not isinstance(block, TrainedModelStrategy):
         return 0
     p = trained_model(ctx, role, block, 1)

@@ -1,5 +1,5 @@
 """An RLHF step, whoever generates its rollout: DeepSpeed (:mod:`search.rlhf.step`) or a vLLM/SGLang engine
-(:mod:`search.rollout.step`); and its prediction."""
+(:mod:`search.rlhf.engine_step`); and its prediction."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.prediction import Prediction
+from search.rlhf.engine_step import engine_step
 from search.rlhf.job import check_rlhf_strategy, rlhf_context
 from search.rlhf.step import step_of
-from search.rollout.step import engine_step
 from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
 from search.step.finish import finish_step

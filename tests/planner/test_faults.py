@@ -39,9 +39,9 @@ import pytest
 from planner_helpers import REPO, CliResult, assert_one_error_line, run_main, subprocess_env
 
 from planner.files.file_set import MARK
-from probes.process.jit_lock import pid_alive
 from probes.process.parent_watch import PLANNER_PID_VARIABLE
 from probes.process.workdir import OWNER_FILE, PREFIX
+from store.processes import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.process.jit_lock import pid_alive
 from probes.process.workdir import OWNER_FILE, PREFIX, remove_stale_folders
+from store.processes import pid_alive
 
 PROJECT = Path(__file__).resolve().parents[2]
 PATIENCE_S = 120.0  # the most any process here may take to start or to be gone (a busy 2-core machine)

@@ -14,9 +14,9 @@ from search.frameworks import differences, modelled
 from search.model.activations import activations, layer_saved_tensors
 from search.model.placement import frozen_placement
 from search.model.shapes import largest_module_params
+from search.rlhf.engine import engine_limits
 from search.rlhf.job import rlhf_context
 from search.rlhf.models import frozen_model
-from search.rollout.engine import engine_limits
 from store.ds_buckets import DS_PREFETCH_BUCKET_SIZE
 from store.ds_defaults import zero3_buckets
 from store.frameworks import (

@@ -10,8 +10,8 @@ from search import DEFAULT_COEFFICIENTS, Candidate, exhaustive_rlhf, screen_rlhf
 from search.choose.engine_inner import best_inner_engine, step_bounds
 from search.choose.rlhf_space import batch_choices, cache_choices, rlhf_outer_points, rlhf_strategy_at
 from search.choose.rollout_space import knob_variants, rollout_options, searched_generations
+from search.rlhf.engine_step import engine_step, trainer_hardware
 from search.rlhf.job import rlhf_context
-from search.rollout.step import engine_step, trainer_hardware
 from store.errors import InputError
 from store.gpus import get_gpu
 from store.models import get_model

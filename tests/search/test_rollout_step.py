@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from search import DEFAULT_COEFFICIENTS, predict_rlhf, screen_rlhf
+from search.rlhf.engine import engine_limits, resolve_engine
+from search.rlhf.engine_step import engine_step, offloadable_states, trainer_hardware
 from search.rlhf.job import rlhf_context
 from search.rlhf.models import place_models
-from search.rollout.engine import engine_limits, resolve_engine
-from search.rollout.step import engine_step, offloadable_states, trainer_hardware
 from search.rollout.timing import engine_weight_bytes, sleep_wake_seconds
 from search.step.assemble import gpu_budget_bytes
 from store.gpus import get_gpu

@@ -105,7 +105,7 @@ def test_old_policy_forward_follows_trls_condition_on_the_exported_config(
     ctx = rlhf_context(workload, A100, C)
     s = _strategy()
     models = place_models(ctx, s.actor, None, s.reference, s.reward, False)
-    if vllm:  # the scoring half of an engine step (search.rollout.step.engine_step_of)
+    if vllm:  # the scoring half of an engine step (search.rlhf.engine_step.engine_step_of)
         half = scoring_half(ctx, models, s.generation_batch, 2, s.micro_batch, s.grad_accum, rollout_engine=True)
     else:  # the step with transformers' generate
         half = step_halves(ctx, s)[1]

@@ -6,7 +6,7 @@ A GRPO plan may pick SGLang (``mem_fraction_static``); OpenRLHF 0.11.2 and TRL 1
 start (``search.rollout.sglang_rules``), vLLM's ``gpu_memory_utilization`` a share of the whole GPU whatever
 others hold (``search.rollout.vllm_rules``): the same number means different bytes, and vLLM may refuse to start
 at it. :func:`for_engine` re-solves the plan with the framework's engine and its utilization left open (the
-planner's own solve, :func:`search.rollout.engine.resolve_engine`), and says what it found, or that no budget of
+planner's own solve, :func:`search.rlhf.engine.resolve_engine`), and says what it found, or that no budget of
 that engine fits.
 """
 

@@ -15,7 +15,7 @@ the others (its world size shrinks), waits during the rollout, and broadcasts it
 the engine's GPUs hold only the engine (``Step.separate_gpu_bytes``).
 
 The engine's share of the GPU (``gpu_memory_utilization``) is solved here when the strategy leaves it unset
-(:func:`search.rollout.engine.resolve_engine`): between the least that holds the rollout's KV cache and the most
+(:func:`search.rlhf.engine.resolve_engine`): between the least that holds the rollout's KV cache and the most
 that fits beside the trainer in every phase the engine is awake in.
 """
 
@@ -26,11 +26,11 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.host import STEADY
+from search.rlhf.engine import ResolvedEngine, resolve_engine
 from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
 from search.rlhf.models import Models, models_init_cached, models_resident_sizes, place_models
 from search.rlhf.scoring_phase import scoring_half
 from search.rlhf.step import training_half
-from search.rollout.engine import ResolvedEngine, resolve_engine
 from search.rollout.timing import (
     offload_states_seconds,
     rollout_seconds,
