@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.choices import Framework, values
 from store.ds_buckets import ZeroBuckets, buckets_from_zero_config
 from store.errors import InputError
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS
 from store.workload_kinds import traits
 
-DEFAULT_FRAMEWORK = "deepspeed"
-FRAMEWORKS: tuple[str, ...] = ("deepspeed", "hf", "accelerate", "trl", "openrlhf", "verl", "deepspeed-chat")
+DEFAULT_FRAMEWORK: str = Framework.DEEPSPEED.value
+FRAMEWORKS: tuple[str, ...] = values(Framework)
 # The pinned release whose code each framework's differences are read from.
 VERSIONS: dict[str, str] = {
     "deepspeed": "deepspeed 0.19.8",

@@ -27,6 +27,7 @@ every-step        at the end of the step (after the optimizer steps)
 
 from __future__ import annotations
 
+from store.choices import Phase, values
 from store.records import EMPTY_CACHE_POLICIES
 from store.workload_kinds import KINDS
 
@@ -52,7 +53,9 @@ if list(PHASES) != list(KINDS):  # pragma: no cover - a table edited in one plac
     raise RuntimeError("store.phases.PHASES must name every kind of store.workload_kinds.KINDS, in its order")
 END_STEP = "end_step"
 INFERENCE_PHASES: frozenset[str] = frozenset({"generation", "scoring", "reference_forward"})
-ALL_PHASES: frozenset[str] = frozenset(name for names in PHASES.values() for name in names)
+ALL_PHASES: frozenset[str] = frozenset(values(Phase))
+if {name for names in PHASES.values() for name in names} != ALL_PHASES:  # pragma: no cover - one table edited alone
+    raise RuntimeError("store.phases.PHASES must run exactly the phases of store.choices.Phase")
 EMPTY_CACHE_AFTER: dict[str, frozenset[str]] = {
     "never": frozenset(),
     "after-generation": frozenset({"generation"}),

@@ -24,9 +24,10 @@ non-``Params4bit`` 16-bit parameter to float32 and, by default, enables gradient
 
 from __future__ import annotations
 
+from store.choices import Quantization, values
 from store.errors import InputError
 
-QUANTIZATIONS = ("none", "nf4", "int8")
+QUANTIZATIONS: tuple[str, ...] = values(Quantization)
 NF4_BLOCKSIZE = 64  # Params4bit / quantize_4bit default (bitsandbytes nn/modules.py:230-231, functional.py:917-918)
 NESTED_BLOCKSIZE = 256  # double quantization's second level (functional.py:940)
 FP32 = 4

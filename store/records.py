@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from store.choices import AllocatorSetting, EmptyCachePolicyName, OffloadDevice, values
 from store.ds_buckets import ZeroBuckets
 from store.errors import InputError, refuse_unknown_keys
 from store.loss_chunks import LOSSES
@@ -28,15 +29,9 @@ Allocator = Literal["default", "expandable-segments"]
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 ATTN_IMPLS: tuple[str, ...] = ("eager", "sdpa", "flash_attention_2")
-OFFLOADS: tuple[str, ...] = ("none", "cpu", "nvme")
-EMPTY_CACHE_POLICIES: tuple[str, ...] = (
-    "never",
-    "after-generation",
-    "after-inference",
-    "after-phase",
-    "every-step",
-)
-ALLOCATORS: tuple[str, ...] = ("default", "expandable-segments")
+OFFLOADS: tuple[str, ...] = values(OffloadDevice)
+EMPTY_CACHE_POLICIES: tuple[str, ...] = values(EmptyCachePolicyName)
+ALLOCATORS: tuple[str, ...] = values(AllocatorSetting)
 # The workload kinds by what they train (store.workload_kinds.KINDS says what each implies).
 SINGLE_MODEL_WORKLOADS: tuple[str, ...] = tuple(kind for kind, t in KINDS.items() if not t.rlhf)
 RLHF_WORKLOADS: tuple[str, ...] = tuple(kind for kind, t in KINDS.items() if t.rlhf)

@@ -26,10 +26,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from store.choices import RolloutEngine, values
 from store.errors import InputError, refuse_unknown_keys
 
-ROLLOUT_ENGINES: tuple[str, ...] = ("hybrid-engine", "vllm", "sglang")  # "hybrid-engine": DeepSpeed's own
-INFERENCE_ENGINES: tuple[str, ...] = ("vllm", "sglang")
+ROLLOUT_ENGINES: tuple[str, ...] = values(RolloutEngine)  # "hybrid-engine": DeepSpeed's own
+INFERENCE_ENGINES: tuple[str, ...] = tuple(name for name in ROLLOUT_ENGINES if name != RolloutEngine.HYBRID_ENGINE)
 ROLLOUT_PLACEMENTS: tuple[str, ...] = ("colocate", "separate")
 SLEEP_LEVELS: tuple[int, ...] = (0, 1, 2)
 

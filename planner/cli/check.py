@@ -7,8 +7,11 @@ from typing import Annotated
 
 import typer
 
+from planner.cli.choices import choices_metavar, choices_text
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.job.inputs import CONFIG_WORKLOAD, JobSpec
+from planner.job.inputs import JobSpec
+from planner.job.spec import CONFIG_WORKLOAD
+from store.choices import AllocatorSetting, EmptyCachePolicyName, Quantization
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.
 # --batch stays: it fills a transformers config's "auto" batch keys (and must agree with a config's own batch)
@@ -38,15 +41,27 @@ def check_command(
     ] = None,
     empty_cache: Annotated[
         str | None,
-        typer.Option("--empty-cache", help=f"Where empty_cache() is called (default: {EXPORTED}, or never)."),
+        typer.Option(
+            "--empty-cache",
+            metavar=choices_metavar(EmptyCachePolicyName),
+            help=f"Where empty_cache() is called (default: {EXPORTED}, or never).",
+        ),
     ] = None,
     allocator: Annotated[
         str | None,
-        typer.Option("--allocator", help=f"default or expandable-segments (default: {EXPORTED}, or default)."),
+        typer.Option(
+            "--allocator",
+            metavar=choices_metavar(AllocatorSetting),
+            help=f"{choices_text(AllocatorSetting)} (default: {EXPORTED}, or default).",
+        ),
     ] = None,
     quantization: Annotated[
         str | None,
-        typer.Option("--quantization", help=f"QLoRA's base weights: none, nf4 or int8 (default: {EXPORTED}, or none)."),
+        typer.Option(
+            "--quantization",
+            metavar=choices_metavar(Quantization),
+            help=f"QLoRA's base weights: {choices_text(Quantization)} (default: {EXPORTED}, or none).",
+        ),
     ] = None,
     json_out: Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict.")] = False,

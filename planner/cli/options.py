@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from planner.cli.choices import choices_metavar
 from planner.job.inputs import (
     DEFAULT_BATCH_PER_GPU,
     DEFAULT_GEN_LEN,
@@ -147,6 +148,7 @@ Framework = Annotated[
     str,
     typer.Option(
         "--framework",
+        metavar=choices_metavar(FRAMEWORKS),
         help=f"The program that runs the plan: {', '.join(FRAMEWORKS)}. The prediction follows its code where it "
         "differs (TRL's fused log-prob head, OpenRLHF's own ZeRO buckets, ...); deepspeed is memplan's own loop.",
         rich_help_panel=JOB,

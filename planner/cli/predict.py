@@ -6,8 +6,10 @@ from typing import Annotated
 
 import typer
 
+from planner.cli.choices import choices_metavar, choices_text
 from planner.cli.options import Calibration, Db, Json, job_options
 from planner.job.inputs import JobSpec
+from store.choices import AllocatorSetting, EmptyCachePolicyName, OffloadDevice, Quantization
 
 KNOBS = "Strategy"
 
@@ -20,10 +22,22 @@ def predict_command(
     ] = None,
     zero: Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3.", rich_help_panel=KNOBS)] = None,
     offload_optimizer: Annotated[
-        str | None, typer.Option("--offload-optimizer", help="none, cpu or nvme.", rich_help_panel=KNOBS)
+        str | None,
+        typer.Option(
+            "--offload-optimizer",
+            metavar=choices_metavar(OffloadDevice),
+            help=f"{choices_text(OffloadDevice)}.",
+            rich_help_panel=KNOBS,
+        ),
     ] = None,
     offload_param: Annotated[
-        str | None, typer.Option("--offload-param", help="none, cpu or nvme (ZeRO-3).", rich_help_panel=KNOBS)
+        str | None,
+        typer.Option(
+            "--offload-param",
+            metavar=choices_metavar(OffloadDevice),
+            help=f"{choices_text(OffloadDevice)} (ZeRO-3).",
+            rich_help_panel=KNOBS,
+        ),
     ] = None,
     grad_ckpt: Annotated[
         bool | None,
@@ -35,7 +49,10 @@ def predict_command(
     quantization: Annotated[
         str | None,
         typer.Option(
-            "--quantization", help="Base weights under LoRA: none, nf4 or int8 (QLoRA).", rich_help_panel=KNOBS
+            "--quantization",
+            metavar=choices_metavar(Quantization),
+            help=f"Base weights under LoRA: {choices_text(Quantization)} (QLoRA).",
+            rich_help_panel=KNOBS,
         ),
     ] = None,
     micro_batch: Annotated[
@@ -46,10 +63,21 @@ def predict_command(
     ] = None,
     empty_cache: Annotated[
         str | None,
-        typer.Option("--empty-cache", help="never, after-inference, after-phase, every-step.", rich_help_panel=KNOBS),
+        typer.Option(
+            "--empty-cache",
+            metavar=choices_metavar(EmptyCachePolicyName),
+            help=f"{choices_text(EmptyCachePolicyName)}.",
+            rich_help_panel=KNOBS,
+        ),
     ] = None,
     allocator: Annotated[
-        str | None, typer.Option("--allocator", help="default or expandable-segments.", rich_help_panel=KNOBS)
+        str | None,
+        typer.Option(
+            "--allocator",
+            metavar=choices_metavar(AllocatorSetting),
+            help=f"{choices_text(AllocatorSetting)}.",
+            rich_help_panel=KNOBS,
+        ),
     ] = None,
     json_out: Json = False,
     db: Db = None,

@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
+from planner.cli.choices import AUTO, choices_metavar, choices_text
 from planner.cli.options import Calibration, Db, Json, job_options
 from planner.job.inputs import JobSpec
+from store.choices import Quantization, RolloutEngine
 
 
 @job_options()
@@ -22,7 +24,9 @@ def recommend_command(
         str,
         typer.Option(
             "--quantization",
-            help="Base weights under LoRA: auto (16-bit; QLoRA nf4 only if no 16-bit plan fits), none, nf4 or int8.",
+            metavar=choices_metavar((AUTO, *Quantization)),
+            help="Base weights under LoRA: auto (16-bit; QLoRA nf4 only if no 16-bit plan fits), "
+            f"{choices_text(Quantization)}.",
         ),
     ] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the Optuna sampler.")] = 0,
@@ -33,8 +37,9 @@ def recommend_command(
         str,
         typer.Option(
             "--rollout",
-            help="RLHF: what may generate the rollout: auto, or a comma-separated list of hybrid-engine "
-            "(DeepSpeed's own generation), vllm, sglang.",
+            metavar=choices_metavar((AUTO, *RolloutEngine)) + ",...",
+            help="RLHF: what may generate the rollout: auto, or a comma-separated list of "
+            f"{', '.join(RolloutEngine)} (hybrid-engine: DeepSpeed's own generation).",
         ),
     ] = "auto",
     program: Annotated[

@@ -32,6 +32,7 @@ from search import search as run_search
 from search.batches import per_gpu_batch
 from search.choose.rollout_space import ROLLOUT_FAMILIES
 from store.errors import InputError
+from store.quantization import QUANTIZATIONS
 from store.records import MAX_COUNT, Hardware, RLHFStrategy, Strategy, Workload
 from store.workload_kinds import traits
 
@@ -70,7 +71,7 @@ def rollout_families(rollout: str) -> tuple[str, ...]:
     return names
 
 
-QUANTIZATION_CHOICES = ("auto", "none", "nf4", "int8")
+QUANTIZATION_CHOICES: tuple[str, ...] = ("auto", *QUANTIZATIONS)  # store.choices.Quantization, or auto
 
 
 def _lora_ranks(lora_rank: int | str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -26,6 +26,7 @@ from pydantic_core import CoreSchema
 from planner.files.atomic import write_configs
 from planner.report.bounded import Bytes, bound_byte_entries
 from planner.report.strategy_record import PlanStrategy
+from store.frameworks import FRAMEWORKS
 from store.records import RLHF_WORKLOADS, SINGLE_MODEL_WORKLOADS
 
 # The version of the ``--json`` documents' shape: bumped when a field is removed, renamed or changes meaning
@@ -183,7 +184,8 @@ class PredictionReport(Versioned):
 
     model_config = PLAN_DOCUMENT
 
-    workload: dict[str, Any]
+    # "framework" is written only when not memplan's own loop (store.records.Workload.to_dict)
+    workload: dict[str, Any] = Field(json_schema_extra={"properties": {"framework": {"enum": list(FRAMEWORKS)}}})
     hardware: dict[str, Any]
     strategy: PlanStrategy  # the JSON object of DESIGN.md's shape, with typed attributes (strategy.lora_rank)
     fits: bool

@@ -10,10 +10,14 @@ predicted.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from pydantic import GetCoreSchemaHandler
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
+
+from store.choices import AllocatorSetting, EmptyCachePolicyName, OffloadDevice, Quantization, RolloutEngine
 
 __all__ = ["FrozenModelBlock", "PlanStrategy", "TrainedModelBlock"]
 
@@ -171,3 +175,35 @@ class PlanStrategy(TrainedModelBlock):
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         """Validated and serialized as the JSON object it is (the same schema as ``dict[str, Any]``)."""
         return core_schema.no_info_after_validator_function(cls, handler.generate_schema(dict[str, Any]))
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The JSON object's schema, with the closed sets of its keys as ``enum`` lists read from ``store.choices``."""
+        body = dict(handler(schema))
+        body["properties"] = strategy_properties()
+        return body
+
+
+def _enum(choices: type[StrEnum]) -> dict[str, Any]:
+    return {"enum": [member.value for member in choices]}
+
+
+def strategy_properties() -> dict[str, Any]:
+    """The strategy keys that hold a closed set (``store.choices``), as JSON Schema properties: single-model keys,
+    RLHF's trained (``actor``, ``critic``) and frozen (``reference``, ``reward``) blocks and its rollout engine."""
+    trained = {
+        "offload_optimizer": _enum(OffloadDevice),
+        "offload_param": _enum(OffloadDevice),
+        "quantization": _enum(Quantization),
+    }
+    frozen = {"properties": {"offload": _enum(OffloadDevice)}}
+    return {
+        **trained,
+        "empty_cache": _enum(EmptyCachePolicyName),
+        "allocator": _enum(AllocatorSetting),
+        "actor": {"properties": trained},
+        "critic": {"properties": trained},
+        "reference": frozen,
+        "reward": frozen,
+        "rollout": {"properties": {"engine": _enum(RolloutEngine)}},
+    }

@@ -16,7 +16,11 @@ plan fits is then decided by the replay of its step (:func:`search.step.finish.f
    screen found not fitting it takes those whose floor fits that could beat them, and the first ones when
    nothing fits (the closest plans, by the replay's overflow).
 
-Every prediction in the answer is replayed; the screen only chooses which points are replayed.
+Every prediction in the answer is replayed; the screen only chooses which points are replayed. Before a
+variant is replayed, a sound floor of its replay (``floor``: :func:`search.choose.live_floor.measured_live_floor`,
+the requested bytes alive at once in its measured phases, the same for every ``empty_cache`` and allocator
+variant of a step) is held against the usable memory: a variant whose floor overflows cannot fit and is not
+replayed unless the point needs a replayed figure (nothing replayed yet while fewer than ``wanted`` plans fit).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ MAX_REPLAYS_PER_POINT = 4  # a point whose inner choices need more replays keeps
 FLOOR_SLACK = 0.02
 
 Predict = Callable[[Strategy | RLHFStrategy], Prediction]
+Floor = Callable[[Strategy | RLHFStrategy], int]
 
 
 def replay_floor(prediction: Prediction) -> int:
@@ -53,12 +58,40 @@ def near_fit(prediction: Prediction) -> bool:
     fragment coefficients) order the replays; they never rule a point out (issue 42: a ZeRO-3 plan the screen
     put at 125 GiB replayed at 69 GiB). The budget compared is the GPU's usable bytes beside the CUDA context,
     before the plan's spread is kept free: a replayed plan's spread may be smaller than its screen's."""
-    usable = prediction.gpu_budget_bytes * (1 + max(0.0, prediction.reserved_uncertainty))
-    return prediction.fits_host and replay_floor(prediction) <= usable
+    return prediction.fits_host and replay_floor(prediction) <= usable_bound(prediction)
+
+
+def usable_bound(prediction: Prediction) -> float:
+    """At least the usable GPU bytes of every strategy on the same GPU: a budget is the least of the GPU's
+    memory less its safety margin and the context, and of the memory beside the context over (1 + spread)
+    (:func:`search.step.assemble.gpu_budget_bytes`), so budget x (1 + spread) is at least the least of those
+    two without a spread, which bounds every other strategy's budget."""
+    return prediction.gpu_budget_bytes * (1 + max(0.0, prediction.reserved_uncertainty))
+
+
+def cannot_fit(
+    variant: Strategy | RLHFStrategy, screened: Prediction, floor: Floor | None, budget: int | None = None
+) -> bool:
+    """Is ``variant`` certain not to fit by the replay: its screened host bytes overflow, its screen's floor
+    (:func:`near_fit`) or its stream's live floor (``floor``) exceeds the usable bytes of any strategy, or
+    ``budget``, the usable bytes a replay of a variant of the same outer point found (a point's variants
+    differ in batch split, ``empty_cache`` and allocator only, and the measured spread that sets the budget
+    reads the layout: :func:`search.spread.kinds.kind_of`)?"""
+    if not near_fit(screened):
+        return True
+    if floor is None:
+        return False
+    return floor(variant) > (usable_bound(screened) if budget is None else budget)
 
 
 def resolve(
-    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, predict: Predict, first: Candidate | None = None
+    variants: Sequence[Strategy | RLHFStrategy],
+    screen: Predict,
+    predict: Predict,
+    first: Candidate | None = None,
+    *,
+    floor: Floor | None = None,
+    needed: bool = True,
 ) -> tuple[Candidate | None, float, int]:
     """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
 
@@ -69,11 +102,17 @@ def resolve(
 
     ``first``: the screen's best of them (the search's own choice), replayed first; when it fits, only the
     variants of steps that could be faster are screened (a step's fewest seconds are those of its variant
-    without ``empty_cache`` calls)."""
-    if first is not None:
+    without ``empty_cache`` calls).
+
+    ``floor``: a sound lower bound of a variant's replayed peak reserved; a variant it proves cannot fit is
+    not replayed once another was, nor at all when ``needed`` is False (the caller has enough fitting plans:
+    a point that does not fit adds nothing to its answer)."""
+    budget: int | None = None  # the point's usable bytes, once a replay has said them
+    if first is not None and (needed or not cannot_fit(first.strategy, first.prediction, floor)):
         replayed = Candidate(first.strategy, predict(first.strategy))
         if replayed.prediction.fits:
-            return _beaten(variants, screen, predict, replayed, first.prediction.step_time_s)
+            return _beaten(variants, screen, predict, replayed, first.prediction.step_time_s, floor)
+        budget = replayed.prediction.gpu_budget_bytes
     screened = _screened(range(len(variants)), variants, screen)
     screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
@@ -81,11 +120,12 @@ def resolve(
     for _, i, prediction in screened:
         if replays >= MAX_REPLAYS_PER_POINT:
             break
-        if best is not None and not near_fit(prediction):
-            continue  # even its allocated bytes overflow: the replay cannot find it fitting
         if best is not None and best[2].prediction.fits and prediction.step_time_s >= best[3]:
             continue  # it cannot beat the best replayed (equals keep the screen's preference)
+        if (best is not None or not needed) and cannot_fit(variants[i], prediction, floor, budget):
+            continue  # even its floor overflows: the replay cannot find it fitting
         candidate = Candidate(variants[i], predict(variants[i]))
+        budget = candidate.prediction.gpu_budget_bytes
         replays += 1
         if best is None or (candidate.score, i) < best[:2]:
             best = (candidate.score, i, candidate, prediction.step_time_s)
@@ -109,7 +149,12 @@ def _screened(
 
 
 def _beaten(
-    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, predict: Predict, best: Candidate, seconds: float
+    variants: Sequence[Strategy | RLHFStrategy],
+    screen: Predict,
+    predict: Predict,
+    best: Candidate,
+    seconds: float,
+    floor: Floor | None = None,
 ) -> tuple[Candidate, float, int]:
     """``best`` (replayed, it fits) against the variants the screen has faster and near fitting: screened only
     for the steps whose variant without ``empty_cache`` calls is faster (the others cannot be)."""
@@ -119,11 +164,11 @@ def _beaten(
     faster: list[tuple[float, int, Prediction]] = []
     for fewest, members in steps.items():
         own = [i for i in members if variants[i] == fewest]
-        floor = _screened(own, variants, screen)
-        if own and (not floor or floor[0][2].step_time_s >= seconds):
+        fewest_own = _screened(own, variants, screen)
+        if own and (not fewest_own or fewest_own[0][2].step_time_s >= seconds):
             continue  # invalid, or no variant of this step is faster
         rest = _screened([i for i in members if i not in own], variants, screen)
-        faster += [e for e in floor + rest if e[2].step_time_s < seconds and near_fit(e[2])]
+        faster += [e for e in fewest_own + rest if e[2].step_time_s < seconds and near_fit(e[2])]
     faster.sort(key=lambda entry: entry[:2])
     replays, score = 1, best.score
     index = variants.index(best.strategy) if best.strategy in variants else len(variants)
@@ -132,6 +177,8 @@ def _beaten(
             break
         if prediction.step_time_s >= seconds:
             continue  # no faster than the best replayed since
+        if floor is not None and cannot_fit(variants[i], prediction, floor, best.prediction.gpu_budget_bytes):
+            continue  # its stream's floor overflows the point's budget: it cannot fit
         candidate = Candidate(variants[i], predict(variants[i]))
         replays += 1
         if (candidate.score, i) < (score, index):
@@ -145,10 +192,11 @@ def confirm(
     variants: Callable[[Any], Sequence[Strategy | RLHFStrategy]],
     screen: Predict,
     predict: Predict,
+    floor: Floor | None = None,
 ) -> SearchResult:
     """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
     ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's: a
-    yardstick of time, whose memory the search does not decide with."""
+    yardstick of time, whose memory the search does not decide with. ``floor``: see :func:`resolve`."""
     confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
     replays = 0
     seen: set[Strategy | RLHFStrategy] = set()
@@ -158,7 +206,10 @@ def confirm(
             continue  # it cannot beat the last of those wanted (equals keep the screen's order)
         if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):
             continue
-        exact, seconds, made = resolve(variants(candidate.strategy), screen, predict, candidate)
+        needed = len(fitting) < wanted
+        exact, seconds, made = resolve(
+            variants(candidate.strategy), screen, predict, candidate, floor=floor, needed=needed
+        )
         replays += made
         if exact is not None and exact.strategy not in seen:
             seen.add(exact.strategy)

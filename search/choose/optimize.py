@@ -9,6 +9,7 @@ from functools import partial
 
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.confirm import confirm
+from search.choose.live_floor import strategy_floor
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.choose.rlhf_space import batch_choices, cache_choices
 from search.choose.rlhf_walk import RLHF_ALTERNATIVES
@@ -95,6 +96,7 @@ def search(
             partial(rlhf_variants, workload, hardware),
             partial(screen_rlhf, workload, hardware=hardware, coef=coef),
             partial(predict_rlhf, workload, hardware=hardware, coef=coef),
+            partial(strategy_floor, workload, hardware, coef),
         )
     return confirm(
         screened,
@@ -102,6 +104,7 @@ def search(
         partial(single_variants, workload, hardware),
         partial(screen_single_model, workload, hardware=hardware, coef=coef),
         partial(predict_single_model, workload, hardware=hardware, coef=coef),
+        partial(strategy_floor, workload, hardware, coef),
     )
 
 

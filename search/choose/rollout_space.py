@@ -35,10 +35,10 @@ from search.streams.sizes import weight_tensors
 from store.errors import InputError
 from store.framework_placement import generations_run
 from store.records import FrozenModelStrategy, Hardware, TrainedModelStrategy, Workload
-from store.rollout import RolloutStrategy
+from store.rollout import ROLLOUT_ENGINES, RolloutStrategy
 
 # what generates the rollout: DeepSpeed ("hybrid-engine": its hybrid engine or HF generate), vLLM, SGLang
-ROLLOUT_FAMILIES: tuple[str, ...] = ("hybrid-engine", "vllm", "sglang")
+ROLLOUT_FAMILIES: tuple[str, ...] = ROLLOUT_ENGINES  # store.choices.RolloutEngine
 
 
 def searched_generations(

@@ -43,6 +43,7 @@ CLI_MAY_IMPORT = {
     "planner.report.text",
     "planner.report.calibration_text",
     "store.errors",
+    "store.choices",  # the closed sets (StrEnum) the CLI offers as choices: data, like store.errors
 }
 GIB = 2**30
 

@@ -1,0 +1,137 @@
+"""The stream's live floor (search.choose.live_floor) is a lower bound of the replay's peak reserved, the same
+for every ``empty_cache`` and allocator variant of a step, and the confirmation that skips replays on it ranks
+the same plans as one that replays them (issue 42: ``recommend`` no slower, no fitting plan pruned)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.planning.predicting import _job
+from search import DEFAULT_COEFFICIENTS as C
+from search import predict
+from search.choose.candidates import Candidate
+from search.choose.confirm import resolve
+from search.choose.live_floor import measured_live_floor, strategy_floor
+from search.choose.optimize import single_variants
+from search.choose.single_space import all_strategies
+from search.prediction import Prediction
+from search.rlhf.predict import rlhf_step
+from search.single.predict import checked_step, screen_single_model
+from store.gpus import get_gpu
+from store.models import get_model
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
+
+GiB = 2**30
+EVERY = 29  # a few dozen strategies a job: every ZeRO stage, offload, checkpointing, micro-batch and policy met
+
+
+def _opt125m_sft() -> tuple[Workload, Hardware]:
+    job = _job("opt-125m", {"gpu_mem": "3G", "gpus": 2, "workload": "sft", "cpu_mem": "64G"})
+    return job.workload, job.hardware
+
+
+def test_the_floor_is_below_every_replay_and_one_for_every_policy_of_a_step() -> None:
+    workload, hardware = _opt125m_sft()
+    strategies = list(all_strategies(workload, hardware, (0, 8)))[::EVERY]
+    assert {s.zero_stage for s in strategies} == {0, 1, 2, 3}
+    assert {s.empty_cache for s in strategies} == {"never", "after-phase", "every-step"}
+    for strategy in strategies:
+        step = checked_step(workload, strategy, hardware, C)
+        floors = {measured_live_floor(step, policy) for policy in ("never", "after-phase", "every-step")}
+        assert len(floors) == 1, strategy.describe()  # empty_cache adds events, never a request
+        replayed = predict(workload, strategy, hardware, C)
+        assert 0 < floors.pop() <= replayed.peak_reserved_bytes, strategy.describe()
+
+
+def test_the_floor_is_below_the_replay_of_rlhf_steps_with_and_without_an_engine() -> None:
+    spec = get_gpu("L4")
+    hardware = Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=2, cpu_memory_bytes=256 * GiB)
+    workload = Workload(
+        kind="grpo", model=get_model("opt-125m"), seq_len=512, global_batch=8, prompt_len=256, gen_len=256,
+        samples_per_prompt=4,
+    )  # fmt: skip
+    from search import search_rlhf  # the search's own points: DeepSpeed's generate and a rollout engine's
+
+    ranked = (
+        search_rlhf(workload, hardware, C).ranked[:4]
+        + search_rlhf(workload, hardware, C, rollouts=("hybrid-engine",)).ranked[:4]
+    )
+    engines = {c.strategy.rollout is not None for c in ranked if isinstance(c.strategy, RLHFStrategy)}
+    assert engines == {True, False}
+    for candidate in ranked:
+        strategy = candidate.strategy
+        assert isinstance(strategy, RLHFStrategy)
+        replayed = predict(workload, strategy, hardware, C)
+        floor = measured_live_floor(rlhf_step(workload, strategy, hardware, C), strategy.empty_cache)
+        assert 0 < floor <= replayed.peak_reserved_bytes, strategy
+        assert strategy_floor(workload, hardware, C, replace(strategy, empty_cache="every-step")) == floor
+
+
+def test_resolve_skips_a_variant_whose_floor_overflows_the_points_budget() -> None:
+    """Variants: 1 the search's choice, replayed, does not fit; 2 faster on the screen, its floor above the
+    budget the replay of 1 said (never replayed); 3 floor within it (replayed, fits)."""
+    variants = [Strategy(micro_batch=m) for m in (1, 2, 3)]
+
+    def made(seconds: float, reserved: float, allocated: float = 1.0) -> Prediction:
+        return Prediction(
+            peak_allocated_bytes=int(allocated * GiB), peak_reserved_bytes=int(reserved * GiB),
+            gpu_budget_bytes=10 * GiB, host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={},
+            phases=(), peak_phase="",
+        )  # fmt: skip
+
+    screened = {1: made(1.0, 9.0), 2: made(0.5, 10.5), 3: made(0.8, 9.8)}
+    replayed = {1: made(1.0, 10.5), 2: made(0.5, 9.0), 3: made(0.8, 9.9)}
+    floors = {1: 9 * GiB, 2: 11 * GiB, 3: 9 * GiB}
+    asked: list[int] = []
+
+    def replay(s: Strategy | RLHFStrategy) -> Prediction:
+        asked.append(s.micro_batch)
+        return replayed[s.micro_batch]
+
+    def floor(s: Strategy | RLHFStrategy) -> int:
+        return floors[s.micro_batch]
+
+    first = Candidate(variants[0], screened[1])
+    best, _, _ = resolve(variants, lambda s: screened[s.micro_batch], replay, first, floor=floor)
+    assert best is not None and best.strategy.micro_batch == 3 and 2 not in asked
+    asked.clear()
+    without, _, _ = resolve(variants, lambda s: screened[s.micro_batch], replay, first)
+    assert 2 in asked  # without the floor, the replay of 2 is what rules it out (here it even "fits")
+    assert without is not None and without.strategy.micro_batch == 2
+    asked.clear()
+    resolve(variants, lambda s: screened[s.micro_batch], replay, first, floor=lambda s: 11 * GiB, needed=False)
+    assert asked == []  # nothing could fit and nothing is needed: no replay at all
+
+
+@pytest.mark.parametrize(("model", "gpu", "kind"), [("opt-125m", "3G", "sft"), ("gpt2", "4G", "dpo")])
+def test_resolving_with_the_floor_keeps_every_plan_that_fits(model: str, gpu: str, kind: str) -> None:
+    """Points of a boundary job resolved with and without the floor: a point that fits still fits, as fast."""
+    job = _job(model, {"gpu_mem": gpu, "gpus": 2, "workload": kind, "cpu_mem": "64G"})
+    workload, hardware = job.workload, job.hardware
+    points = {replace(s, micro_batch=1, grad_accum=1, empty_cache="never", allocator="default", loss="hf")
+              for s in all_strategies(workload, hardware, (0,))}  # fmt: skip
+    fits = 0
+    for point in sorted(points, key=lambda s: s.describe())[::3]:
+        variants = single_variants(workload, hardware, point)
+
+        def screen(s: Strategy | RLHFStrategy) -> Prediction:
+            assert isinstance(s, Strategy)
+            return screen_single_model(workload, s, hardware, C)
+
+        def replay(s: Strategy | RLHFStrategy) -> Prediction:
+            return predict(workload, s, hardware, C)
+
+        def floor(s: Strategy | RLHFStrategy) -> int:
+            return strategy_floor(workload, hardware, C, s)
+
+        plain, _, _ = resolve(variants, screen, replay)
+        floored, _, _ = resolve(variants, screen, replay, floor=floor)
+        assert (plain is None) == (floored is None)
+        if plain is not None and floored is not None:
+            assert floored.prediction.fits == plain.prediction.fits, point.describe()
+            if plain.prediction.fits:
+                fits += 1
+                assert floored.score <= plain.score, point.describe()  # its replays go to what can fit
+    assert fits > 0
