@@ -178,7 +178,7 @@ def built_stream(probe: Probe) -> AllocStream:
     """The allocation stream memplan builds for the probe's job and strategy (what ``planner predict`` and
     ``compare_probe`` replay), with the default coefficients."""
     from planner.calibration.records import _catalog_gpu, _probe_job
-    from planner.planning.predicting import _with_batch_of, batch_of_job, job_spec, resolve
+    from planner.planning.predicting import batch_of_job, job_spec, resolve, with_batch_of
     from search.coefficients import DEFAULT_COEFFICIENTS
     from search.predictor import _step
     from search.step.replayed import stream_of
@@ -189,7 +189,7 @@ def built_stream(probe: Probe) -> AllocStream:
         job_spec(request["workload"]["model"], _probe_job(request, _catalog_gpu(probe.result["fingerprint"])))
     )
     strategy = Strategy.from_dict(batch_of_job(resolved, dict(request["strategy"])))
-    resolved = _with_batch_of(resolved, strategy, given=False)
+    resolved = with_batch_of(resolved, strategy, given=False)
     step = _step(resolved.workload, strategy, resolved.hardware, DEFAULT_COEFFICIENTS)
     return stream_of(step, strategy.empty_cache)
 

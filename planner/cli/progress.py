@@ -2,7 +2,8 @@
 
 ``planner probe`` shows a live progress bar on a terminal; elsewhere, and for ``planner tune`` always, the
 progress is lines on stderr: one as each probe starts (``probe 2/5: ZeRO-2, mb 4 x 2``), then, while it runs, a
-heartbeat every ``MEMPLAN_PROGRESS_INTERVAL_S`` seconds (default 30; 0 turns it off) counted from its start:
+heartbeat every ``MEMPLAN_PROGRESS_INTERVAL_S`` seconds (default 30; 0 turns it off: ``planner.progress``)
+counted from its start:
 ``  still running: 1m30s of at most 10m`` (the probe's timeout). A probe ends by its timeout at the latest: the
 heartbeat stops a minute after it.
 """
@@ -10,44 +11,18 @@ heartbeat stops a minute after it.
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
 
-INTERVAL_ENV = "MEMPLAN_PROGRESS_INTERVAL_S"
-DEFAULT_INTERVAL_S = 30.0
+from planner.progress import INTERVAL_ENV, elapsed_text, interval_s
+
+# the interval and the elapsed time as every progress line of memplan has them (planner.progress)
+__all__ = ["GRACE_S", "INTERVAL_ENV", "ProbeLines", "elapsed_text", "interval_s"]
+
 GRACE_S = 60.0  # after its timeout, a probe's process group is killed: it has ended within this
-
-
-def interval_s(env: Mapping[str, str] = os.environ) -> float | None:
-    """Seconds between heartbeats: ``MEMPLAN_PROGRESS_INTERVAL_S`` (default 30), None (no heartbeat) for 0 or
-    less; an unreadable value is the default."""
-    text = env.get(INTERVAL_ENV, "").strip()
-    if not text:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(text)
-    except ValueError:
-        return DEFAULT_INTERVAL_S
-    if not math.isfinite(value):
-        return DEFAULT_INTERVAL_S
-    return value if value > 0 else None
-
-
-def elapsed_text(seconds: float) -> str:
-    """``45s``, ``1m30s``, ``10m``, ``1h05m``."""
-    whole = max(0, round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    return f"{secs}s"
 
 
 class ProbeLines:

@@ -10,13 +10,13 @@ kept in the same entry: later plans of that config and setting read the cache an
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from planner.job.heartbeat import heartbeat
+from planner.progress import stderr_note
 from store.activation_terms import TRACED_KEYS, terms_key, valid_terms
 from store.db import database_exists, open_storage
 from store.model_shape import UntracedModelError, installed_versions, shape_key, spec_from_shape
@@ -50,11 +50,14 @@ def resolve_model(
     readings: list[str] | None = None,
     db: str | None = None,
     setting: tuple[str, str] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> ModelSpec:
     """The spec of a catalog name or local config; an untraced architecture is traced once and cached in
     the database ``db`` (default: ``$PLANNER_DB`` or the user's data folder), with the activation terms of
     ``setting`` (dtype, attention implementation; every setting when None), traced now if the cached entry
-    lacks them. ``readings`` gains a line saying where a traced shape came from.
+    lacks them. ``readings`` gains a line saying where a traced shape came from. A first trace says so, and
+    then every interval that it is still at work (:mod:`planner.job.heartbeat`), through ``on_note`` (default:
+    stderr).
 
     The database is read only where it exists, and written only once a shape was traced; inside
     :func:`shapes_saved_on_success` only when the whole block succeeds."""
@@ -71,12 +74,13 @@ def resolve_model(
     pending = _PENDING.get()
     shape = (pending or {}).get((db, key)) or _load_shape(db, key)
     cached = shape is not None and _usable(name, config, shape)
+    note = on_note if on_note is not None else stderr_note
     if not cached:  # never traced, or an entry from an older memplan that lacks a field
-        shape = _trace(config, source, versions)
+        shape = _trace(config, source, versions, note)
     assert shape is not None
     missing = _missing_keys(shape, setting)
     if missing:
-        shape = _with_terms(shape, config, missing)
+        shape = _with_terms(shape, config, missing, note)
     if missing or not cached:
         if pending is None:
             _save_shape(db, key, shape)
@@ -138,33 +142,33 @@ def _missing_keys(shape: dict[str, Any], setting: tuple[str, str] | None) -> tup
     return tuple(key for key in wanted if key not in have)
 
 
-def _with_terms(shape: dict[str, Any], config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+def _with_terms(
+    shape: dict[str, Any], config: dict[str, Any], keys: tuple[str, ...], on_note: Callable[[str], None]
+) -> dict[str, Any]:
     """``shape`` with the activation terms of ``keys`` traced now (imports torch and transformers)."""
     from probes.trace.terms import trace_all_terms  # lazy on purpose: probes loads torch
 
-    print(
+    on_note(
         f"memplan: tracing the activations of {config.get('model_type')} for {', '.join(keys)} on the meta device; "
-        "first use of this setting only, the terms are cached",
-        file=sys.stderr,
-        flush=True,
+        "first use of this setting only, the terms are cached"
     )
-    with heartbeat(f"tracing the activations of {config.get('model_type')}"):
+    with heartbeat(f"tracing the activations of {config.get('model_type')}", on_note):
         terms = trace_all_terms(config, keys)
     unfitted = {**shape.get("activation_unfitted", {}), **terms.pop("unfitted", {})}
     traced = {**shape.get("activation_terms", {}), **terms}
     return {**shape, "activation_terms": traced, "activation_unfitted": unfitted}
 
 
-def _trace(config: dict[str, object], source: str, versions: dict[str, str]) -> dict[str, object]:
+def _trace(
+    config: dict[str, object], source: str, versions: dict[str, str], on_note: Callable[[str], None]
+) -> dict[str, object]:
     from probes.model.shape import config_object, trace_model_shape  # these import torch and transformers
 
     config_object(config, source)  # a config transformers refuses is one error line, without the progress line
-    print(
+    on_note(
         f"memplan: reading {source} (model_type {config.get('model_type')}) with transformers "
-        f"{versions['transformers']} on the meta device; first use only, the shape is cached",
-        file=sys.stderr,
-        flush=True,
+        f"{versions['transformers']} on the meta device; first use only, the shape is cached"
     )
-    with heartbeat(f"reading {source}"):
+    with heartbeat(f"reading {source}", on_note):
         shape = trace_model_shape(config, source)
     return {**shape, "activation_terms": {}, "activation_unfitted": {}}

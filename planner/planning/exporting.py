@@ -72,23 +72,36 @@ def _framework_engine(
     document: dict[str, Any], job: ResolvedJob, strategy: RLHFStrategy, fmt: str, db: str | None
 ) -> tuple[RLHFStrategy, tuple[str, ...]]:
     """The plan's strategy with its rollout engine as ``fmt`` runs it (``store.frameworks.ROLLOUT_ENGINES_RUN``):
-    an engine the framework does not run becomes the framework's, at the utilization memplan predicts for it
-    under the plan's own calibration (:func:`search.retarget.for_engine`), with the line that says so."""
+    an engine the framework does not run becomes the framework's, at the utilization memplan predicted for it
+    when it made the plan, with the line that says so: read from the plan's ``framework_rollouts``
+    (:func:`planner.planning.figures.framework_rollouts`, the plan's own coefficients)."""
     engines = ROLLOUT_ENGINES_RUN.get(fmt)
     rollout = strategy.rollout
     if rollout is None:
         return strategy, ()
     engine = rollout.engine if not engines or rollout.engine in engines else engines[0]
+    stored = document.get("framework_rollouts")
+    if engine != rollout.engine and isinstance(stored, dict) and fmt in stored:
+        entry = stored[fmt]
+        return RLHFStrategy.from_dict(entry["strategy"]), tuple(entry.get("lines", ()))
     refused = tensor_parallel_refusal(engine, job.workload.model, rollout.tensor_parallel)
     if refused:  # a plan saved before the engine's rule (search.rollout.engine_accepts): the engine would not start
         return strategy, (f"{refused}: plan this job again (memplan now plans only sizes the engine accepts)",)
-    if not engines or rollout.engine in engines:
+    if engine == rollout.engine:
         return strategy, ()
+    return _solved_before(document, job, strategy, engines[0] if engines else engine, db)
+
+
+def _solved_before(
+    document: dict[str, Any], job: ResolvedJob, strategy: RLHFStrategy, engine: str, db: str | None
+) -> tuple[RLHFStrategy, tuple[str, ...]]:
+    """A plan saved before it kept ``framework_rollouts``: the framework's engine solved now, under the plan's
+    calibration looked up again by its id (:func:`search.retarget.for_engine`)."""
     block = document.get("calibration") or {}
     found_id = block.get("id") if isinstance(block, dict) else None
     choice = found_id if isinstance(found_id, str) else "none"
     job, coef, _ = calibrated(job, DEFAULT_COEFFICIENTS, choice=choice, db=db)
-    found = for_engine(job.workload, strategy, job.hardware, engines[0], coef)
+    found = for_engine(job.workload, strategy, job.hardware, engine, coef)
     return found.strategy, found.lines
 
 

@@ -13,10 +13,10 @@ from typing import Any
 from planner.calibration.fit import calibrate
 from planner.job.calibrated import calibrated
 from planner.job.inputs import ResolvedJob
+from planner.planning.figures import prediction_report
 from planner.planning.saved import save_plan
 from planner.probing.estimate import cost_note, device_step_time, probe_cost
 from planner.probing.runs import ProbeSettings
-from planner.report.prediction import prediction_report
 from planner.report.results import Plan, TuneReport
 from planner.tuning.claims import Claims, abandoned
 from planner.tuning.study import (
@@ -338,7 +338,7 @@ def _report(
     if best is not None:
         strategy = parse_candidate(job, json.dumps(best["strategy"]))
         prediction = predict(job.workload, strategy, job.hardware, coef)
-        report = prediction_report(job, strategy, prediction, calibration_block)
+        report = prediction_report(job, strategy, prediction, calibration_block, coef)
         tuned = {
             "study": study.study_name,
             "probe_id": best["probe_id"],

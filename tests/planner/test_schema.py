@@ -40,7 +40,7 @@ def test_the_committed_schema_is_the_generated_one(name: str) -> None:
     assert path.is_file(), f"{path} is missing: run python -m planner.schema --write"
     assert path.read_text(encoding="utf-8") == render(generated_schema(name)), (
         f"{path.name} is stale: run python -m planner.schema --write (and bump SCHEMA_VERSION in "
-        "planner/report/results.py when a field was removed, renamed or changed meaning)"
+        "planner/report/versioned.py when a field was removed, renamed or changed meaning)"
     )
     schema = committed_schema(name)
     assert schema["properties"]["schema_version"]["const"] == SCHEMA_VERSION

@@ -42,6 +42,7 @@ CLI_MAY_IMPORT = {
     "planner.files.atomic",
     "planner.report.text",
     "planner.report.calibration_text",
+    "planner.progress",  # the progress lines' interval and elapsed time, shared with the job layer's heartbeat
     "store.errors",
     "store.choices",  # the closed sets (StrEnum) the CLI offers as choices: data, like store.errors
 }
