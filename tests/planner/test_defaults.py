@@ -15,7 +15,8 @@ from planner_helpers import REPO
 
 import planner
 from planner.cli import app
-from planner.job.inputs import (
+from planner.job.inputs import JobSpec, resolve
+from planner.job.spec import (
     CONFIG_WORKLOAD,
     DEFAULT_ATTN_IMPL,
     DEFAULT_BATCH_PER_GPU,
@@ -24,8 +25,6 @@ from planner.job.inputs import (
     DEFAULT_GRPO_SAMPLES,
     DEFAULT_PROMPT_LEN,
     DEFAULT_SEQ_LEN,
-    JobSpec,
-    resolve,
 )
 
 JOB_COMMANDS = ("recommend", "predict", "check", "probe")

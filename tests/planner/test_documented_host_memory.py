@@ -11,7 +11,8 @@ import re
 
 from planner_helpers import REPO
 
-from planner.job.inputs import JobSpec, resolve_hardware
+from planner.job.hardware import resolve_hardware
+from planner.job.inputs import JobSpec
 from store.nodes import get_node, reference_node
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -17,14 +17,10 @@ from typing import Any
 import pytest
 from planner_helpers import REPO, CliResult, assert_one_error_line
 
-import planner.job.inputs as inputs
+import planner.job.hardware as hardware
 from planner import predict, recommend
-from planner.job.inputs import (
-    FALLBACK_INTER_NODE_GBPS,
-    JobSpec,
-    job_fields,
-    resolve,
-)
+from planner.job.hardware import FALLBACK_INTER_NODE_GBPS
+from planner.job.inputs import JobSpec, job_fields, resolve
 from store.errors import InputError
 from store.gpus import get_gpu, gpu_names
 from store.nodes import REFERENCE_NODES, get_node, least_host_memory_ratio, nodes, reference_node
@@ -41,7 +37,7 @@ HARDWARE_READINGS = ("node:", "host memory", "between nodes", "GPU-to-GPU", "GPU
 
 
 def _machine_with(monkeypatch: pytest.MonkeyPatch, gib: int) -> None:
-    monkeypatch.setattr(inputs, "host_memory_bytes", lambda: gib * GIB)
+    monkeypatch.setattr(hardware, "host_memory_bytes", lambda: gib * GIB)
 
 
 # --- (a) the planning machine's memory never stands in for the target's --------------------------------------

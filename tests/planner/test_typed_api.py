@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from planner_helpers import REPO, CliResult, assert_one_error_line
 
-from planner.job.inputs import MIN_MEMORY, JobKeywords, JobSpec
+from planner.job.hardware import MIN_MEMORY
+from planner.job.inputs import JobKeywords, JobSpec
 from store.errors import InputError
 
 Cli = Callable[..., CliResult]
