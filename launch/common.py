@@ -188,7 +188,7 @@ def python_kwargs(name: str, kwargs: dict[str, Any]) -> str:
 
 def yaml_text(data: dict[str, Any]) -> str:
     """``data`` as block YAML in its own key order."""
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]  # PyYAML ships no types (types-PyYAML)
 
     return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 

@@ -69,11 +69,15 @@ def deepspeed_parser() -> tuple[type, tuple[type[Exception], ...]] | None:
     config; None where deepspeed is not installed. Imports deepspeed (seconds), once."""
     with _deepspeed_quiet():
         try:
-            from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
+            # deepspeed ships no type information: under a user's strict mypy its classes are Any
+            from deepspeed.runtime.config import (  # type: ignore[import-untyped, unused-ignore]
+                DeepSpeedConfig,
+                DeepSpeedConfigError,
+            )
         except ImportError:
             return None
 
-    class AtWorldSize(DeepSpeedConfig):
+    class AtWorldSize(DeepSpeedConfig):  # type: ignore[misc, unused-ignore]
         """DeepSpeedConfig at a given data-parallel world size, without a process group."""
 
         def __init__(self, config: dict[str, Any], world_size: int) -> None:

@@ -34,7 +34,7 @@ def _device(block: Any, name: str) -> str:
     device = block.get("device", "none")
     if device not in ("none", "cpu", "nvme"):
         raise InputError(f"ds_config: zero_optimization.{name}.device must be none, cpu or nvme, not {device!r}")
-    return device
+    return str(device)
 
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu")

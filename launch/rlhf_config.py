@@ -100,7 +100,7 @@ def trained_model_strategy(strategy: RLHFStrategy, role: str) -> Strategy:
     )
 
 
-def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict]:
+def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware: Hardware) -> dict[str, dict[str, Any]]:
     """Return one DeepSpeed config per model: keys ``actor``, ``critic`` (PPO only), ``reference`` (unless the KL
     coefficient is 0), ``reward`` (unless the rewards are rule-based).
 
@@ -118,7 +118,7 @@ def render_rlhf_ds_configs(strategy: RLHFStrategy, workload: Workload, hardware:
         "max_out_tokens": _max_out_tokens(workload),
         **HYBRID_ENGINE_SETTINGS,
     }
-    configs: dict[str, dict] = {"actor": actor}
+    configs: dict[str, dict[str, Any]] = {"actor": actor}
     if "critic" in specs:
         critic_strategy = trained_model_strategy(strategy, "critic")
         configs["critic"] = render_ds_config(critic_strategy, replace(workload, model=specs["critic"]), hardware)

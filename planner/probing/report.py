@@ -13,6 +13,7 @@ Two extrapolations from two cut depths K1 < K2 to the full depth L:
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from planner.job.inputs import ResolvedJob
 from planner.probing.device import device_coefficients, device_prediction
@@ -34,7 +35,7 @@ def build_report(
     device: str,
     run_id: str,
     rows: list[ProbeRow],
-    fingerprint: dict | None = None,
+    fingerprint: dict[str, Any] | None = None,
     coefficients: Coefficients = DEFAULT_COEFFICIENTS,
     notes: list[str] | None = None,
 ) -> ProbeReport:

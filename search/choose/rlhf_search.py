@@ -11,7 +11,7 @@ guarantee). Scores and ranking are those of ``search.choose.candidates``.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult, penalized_score
 from search.choose.engine_inner import best_inner_engine
@@ -131,7 +131,7 @@ def search_rlhf(
         bounds = point_bounds(workload, hardware, coef, list(by_key.values()))
         if not closest and min(bounds, default=INFEASIBLE_PENALTY_S) >= INFEASIBLE_PENALTY_S:
             return SearchResult(ranked=(), trials=0, sampler=sampler)
-    evaluated: dict[tuple, Candidate] = {}
+    evaluated: dict[tuple[Any, ...], Candidate] = {}
     if sampler == "grid":
         for key, point in by_key.items():
             evaluated[key] = best_inner_rlhf(point, workload, hardware, coef)

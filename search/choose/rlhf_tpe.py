@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from search.choose.candidates import Candidate
 from search.choose.rlhf_space import RLHFOuterPoint
@@ -19,7 +20,7 @@ def frozen_name(block: FrozenModelStrategy) -> str:
     return f"z{block.zero_stage}/{block.offload}"
 
 
-def rlhf_key(p: RLHFOuterPoint) -> tuple:
+def rlhf_key(p: RLHFOuterPoint) -> tuple[Any, ...]:
     critic = (None, None) if p.critic is None else (trained_name(p.critic), p.critic.gradient_checkpointing)
     return (
         trained_name(p.actor),
@@ -37,8 +38,8 @@ def tpe_rlhf(
     workload: Workload,
     hardware: Hardware,
     resolve: Callable[[RLHFOuterPoint], Candidate],
-    by_key: dict[tuple, RLHFOuterPoint],
-    evaluated: dict[tuple, Candidate],
+    by_key: dict[tuple[Any, ...], RLHFOuterPoint],
+    evaluated: dict[tuple[Any, ...], Candidate],
     *,
     seed: int,
     n_trials: int,
@@ -52,7 +53,7 @@ def tpe_rlhf(
     # a frozen model the workload does not hold (KL 0, rule-based rewards) has one block in the points
     references = list(dict.fromkeys(frozen_name(p.reference) for p in points))
     rewards = list(dict.fromkeys(frozen_name(p.reward) for p in points))
-    space: dict[str, list] = {"actor": layouts, "actor_checkpointing": [False, True]}
+    space: dict[str, list[Any]] = {"actor": layouts, "actor_checkpointing": [False, True]}
     if workload.has_critic:
         space.update(critic=layouts, critic_checkpointing=[False, True])
     ranks = list(dict.fromkeys(p.actor.lora_rank for p in points))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Any
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_score
 from search.choose.engine_inner import engine_bound
@@ -105,8 +106,8 @@ def point_bounds(
         for split in splits
     )
     constant = shared_bytes(ctx)
-    parts: dict[tuple, Part] = {}  # by (role, identity of the block, generation): one model's piece
-    prefixes: dict[tuple, Part] = {}  # by the identities of a point's first blocks: their pieces added
+    parts: dict[tuple[Any, ...], Part] = {}  # by (role, identity of the block, generation): one model's piece
+    prefixes: dict[tuple[Any, ...], Part] = {}  # by the identities of a point's first blocks: their pieces added
     engine_floors: dict[int, tuple[bool, int]] = {}  # by the identity of the rollout
 
     def part(role: str, block: TrainedModelStrategy | FrozenModelStrategy, p: RLHFOuterPoint) -> Part:
@@ -151,8 +152,8 @@ def bound_walk(
     workload: Workload,
     hardware: Hardware,
     coef: Coefficients,
-    by_key: dict[tuple, RLHFOuterPoint],
-    evaluated: dict[tuple, Candidate],
+    by_key: dict[tuple[Any, ...], RLHFOuterPoint],
+    evaluated: dict[tuple[Any, ...], Candidate],
     *,
     n_trials: int,
     resolve: Callable[[RLHFOuterPoint], Candidate],

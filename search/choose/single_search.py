@@ -54,7 +54,7 @@ def search_single(
     layouts = list(dict.fromkeys(_layout(p) for p in points))
     loras = list(dict.fromkeys(p.lora_rank for p in points))
     bases = list(dict.fromkeys(p.quantization for p in points)) or ["none"]  # the base weights the points hold
-    evaluated: dict[tuple, Candidate] = {}
+    evaluated: dict[tuple[Any, ...], Candidate] = {}
 
     def objective(trial: optuna.Trial) -> float:
         layout = trial.suggest_categorical("layout", layouts)
@@ -133,7 +133,7 @@ def exhaustive_single(
     return best
 
 
-def _key(p: OuterPoint) -> tuple:
+def _key(p: OuterPoint) -> tuple[Any, ...]:
     return (p.zero_stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing, p.lora_rank, p.quantization)
 
 
