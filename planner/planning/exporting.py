@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from launch.frameworks import DEFAULT_OUTPUTS, check_format, file_layout, render
 from planner.files.atomic import checked_output, write_configs, write_texts
-from planner.job.calibrated import calibrated
 from planner.job.inputs import ResolvedJob, resolve
 from planner.planning.outside import sidecar_document, sidecar_path
-from planner.planning.saved import plan, plan_job
-from search.coefficients import DEFAULT_COEFFICIENTS
+from planner.planning.saved import plan, plan_job, planned_coefficients
 from search.frameworks import differences
 from search.retarget import for_engine
 from search.rollout.engine_accepts import tensor_parallel_refusal
@@ -97,10 +95,7 @@ def _solved_before(
 ) -> tuple[RLHFStrategy, tuple[str, ...]]:
     """A plan saved before it kept ``framework_rollouts``: the framework's engine solved now, under the plan's
     calibration looked up again by its id (:func:`search.retarget.for_engine`)."""
-    block = document.get("calibration") or {}
-    found_id = block.get("id") if isinstance(block, dict) else None
-    choice = found_id if isinstance(found_id, str) else "none"
-    job, coef, _ = calibrated(job, DEFAULT_COEFFICIENTS, choice=choice, db=db)
+    job, coef = planned_coefficients(document, job, db)
     found = for_engine(job.workload, strategy, job.hardware, engine, coef)
     return found.strategy, found.lines
 

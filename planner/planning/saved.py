@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.job.inputs import JobSpec, job_fields, resolve
+from planner.job.calibrated import calibrated
+from planner.job.inputs import JobSpec, ResolvedJob, job_fields, resolve
 from planner.report.plot import EngineTurn, PlanFigures, write_memory_plot
-from search import replay_timeline
+from search import DEFAULT_COEFFICIENTS, Coefficients, replay_timeline
 from store.db import holds_no_store, open_storage, would_create
 from store.errors import InputError
 from store.records import RLHFStrategy, Strategy
@@ -160,13 +161,28 @@ def plan_job(document: dict[str, Any], plan_id: str = "") -> JobSpec:
         raise _damaged(plan_id, why) from None
 
 
+def planned_coefficients(
+    document: dict[str, Any], job: ResolvedJob, db: str | None
+) -> tuple[ResolvedJob, Coefficients]:
+    """The job and coefficients a saved plan was made with, as far as its document names them: the calibration
+    its ``calibration`` block names (looked up again by id in ``db``; InputError where it is gone) over the
+    defaults. For what a plan does not keep: its figures are in its document (``planner.planning.figures``)."""
+    block = document.get("calibration") or {}
+    found_id = block.get("id") if isinstance(block, dict) else None
+    job, coef, _ = calibrated(
+        job, DEFAULT_COEFFICIENTS, choice=found_id if isinstance(found_id, str) else "none", db=db
+    )
+    return job, coef
+
+
 def memory_plot(
     plan_id: str | None, path: str | Path, db: str | None = None, *, force: bool = False
 ) -> tuple[Path, list[tuple[str, int, int]]]:
     """Draw a saved plan's step from the allocator replay (:mod:`planner.report.plot`) into ``path``; returns
     the file and each phase run's (name, peak allocated, peak reserved) bytes. A plan whose rollout runs on a
     vLLM or SGLang engine draws the engine's turn as a block of its own (its weights, KV cache, awake and asleep
-    bytes, from the plan's ``predicted.rollout``), its rows first, beside the trainer's replayed phases."""
+    bytes, from the plan's ``predicted.rollout``), its rows first, beside the trainer's replayed phases. The step
+    is replayed under the plan's own calibration (:func:`planned_coefficients`), as its prediction was."""
 
     record = plan(plan_id, db=db)
     document = record.document
@@ -180,7 +196,8 @@ def memory_plot(
         if not isinstance(rollout, dict):
             raise _damaged(record.plan_id, f"it generates with {strategy.rollout.engine} but has no predicted.rollout")
         engine = EngineTurn.from_report(rollout)
-    timeline = replay_timeline(job.workload, strategy, job.hardware)
+    job, coef = planned_coefficients(document, job, db)
+    timeline = replay_timeline(job.workload, strategy, job.hardware, coef)
     title = f"plan {record.plan_id}: {job.workload.model.name} {job.workload.kind}, {strategy.describe()}"
     figures = PlanFigures.from_document(document)
     return write_memory_plot(timeline, path, title, force=force, engine=engine, figures=figures)

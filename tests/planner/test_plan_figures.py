@@ -5,7 +5,8 @@ Old behaviour these catch: ``planner.report.prediction`` replayed the allocator 
 beside a ``predicted`` block from calibrated ones (a calibrated plan's ``allocator_replay`` said another peak
 reserved than its prediction), and ``planner export`` solved a framework's rollout engine again under the
 calibration looked up anew, losing the coefficients the plan was made with (``recommend(coefficients=...)``,
-a program's spread), so the exported engine budget was not the one the plan's launch flags showed.
+a program's spread), so the exported engine budget was not the one the plan's launch flags showed; the memory
+picture of ``planner explain --plot`` replayed a calibrated plan's step under the defaults.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from planner import export, predict, recommend
+from planner import export, memory_plot, predict, recommend
 from planner.report import text
 from search import DEFAULT_COEFFICIENTS
 from search.calibration import CALIBRATION_VERSION
@@ -83,6 +84,9 @@ def test_a_calibrated_plan_replays_the_allocator_with_its_own_coefficients(
     # the export: the plan's document as it was made
     _, exported = export(plan.plan_id, tmp_path / "ds_config.json", db=calibrated_db.db)
     assert exported["allocator_replay"] == replay and exported["predicted"] == predicted
+    # the memory picture (planner explain --plot) replays the step under the plan's calibration too
+    _, rows = memory_plot(plan.plan_id, tmp_path / "memory.svg", db=calibrated_db.db)
+    assert max(reserved for _, _, reserved in rows) == predicted["peak_reserved_bytes"]
 
 
 def _flag(flags: list[str], name: str) -> str:
