@@ -9,15 +9,17 @@ class InputError(ValueError):
     """Bad input from the user: the CLI prints its message on one line and exits with code 2.
 
     The message is complete on its own (what was wrong, and what would be right); it never needs a
-    traceback to be understood.
+    traceback to be understood. ``detail`` is the whole of a cause the message shows cut (a library's error of
+    many lines, of which the message repeats the first): ``planner --verbose`` prints it below the line.
     """
 
-    def __init__(self, message: object = "") -> None:
+    def __init__(self, message: object = "", *, detail: str | None = None) -> None:
         # One line whatever the user typed: control characters of quoted input are shown escaped.
         text = str(message)
         for char, shown in (("\r", "\\r"), ("\n", "\\n"), ("\t", " ")):
             text = text.replace(char, shown)
         super().__init__(text)
+        self.detail = detail
 
 
 def refuse_unknown_keys(data: Iterable[str], known: Iterable[str], where: str) -> None:

@@ -1,14 +1,15 @@
 """The ``planner`` command line: a thin loop over ``planner.api`` (one module per subcommand).
 
-Bad input of any kind prints one line on stderr and exits with code 2. Each command imports the API inside its
-function, on purpose: ``planner --help`` and a mistyped option load typer and nothing else of memplan's.
+Bad input of any kind prints one line on stderr and exits with code 2 (a long line cut; the global ``--verbose``
+prints it whole, and an internal error's traceback: :mod:`planner.cli.failing`). Each command imports the API
+inside its function, on purpose: ``planner --help`` and a mistyped option load typer and nothing else of memplan's.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -23,7 +24,8 @@ from planner.cli import probe as probe_cmd
 from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from planner.cli import tune as tune_cmd
-from planner.cli.argv_check import argv_error
+from planner.cli.argv_check import argv_error, take_verbose
+from planner.cli.failing import internal_error, refuse
 from planner.cli.stopping import stop_on_signals
 from planner.job.inputs import shapes_saved_on_success
 from store.errors import InputError
@@ -57,31 +59,41 @@ app.command("tune")(tune_cmd.tune_command)
 app.command("gpus")(gpus_cmd.gpus_command)
 
 
-def _fail(message: str) -> int:
-    print(f"planner: error: {message}", file=sys.stderr)
-    return 2
+@app.callback()
+def _global_options(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Before or after the command: print a cut error line whole (with the whole cause it repeats) "
+            "and an internal error's traceback.",
+        ),
+    ] = False,
+) -> None:
+    """Options of every command (``--verbose`` is read by :func:`main`, before typer)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 'does not fit' for check, 2 bad input)."""
-    refused = argv_error(app, [str(a) for a in (sys.argv[1:] if argv is None else argv)])
+    """Run the CLI; returns the exit code (0 ok, 1 'does not fit' for check or an internal error, 2 bad input)."""
+    verbose, args = take_verbose(app, [str(a) for a in (sys.argv[1:] if argv is None else argv)])
+    refused = argv_error(app, args)
     if refused is not None:  # what typer would let through: 2.0 for a whole number, a bare -- before nothing
-        return _fail(refused)
+        return refuse(refused, verbose=verbose)
     try:
         with shapes_saved_on_success():  # a refused command writes no traced model shape
-            result = app(args=argv, standalone_mode=False, prog_name="planner")
+            result = app(args=args, standalone_mode=False, prog_name="planner")
     except InputError as exc:
-        return _fail(str(exc))
+        return refuse(str(exc), detail=exc.detail, verbose=verbose)
     except click_errors.NoArgsIsHelpError:
         return 0  # typer has printed the help already
-    except click_errors.UsageError as exc:
-        return _fail(" ".join(exc.format_message().split()))
-    except click_errors.ClickException as exc:
-        return _fail(" ".join(exc.format_message().split()))
+    except click_errors.ClickException as exc:  # a usage error among them
+        return refuse(exc.format_message(), verbose=verbose)
     except (typer.Exit, getattr(click_errors, "Exit", typer.Exit)) as exc:
         return int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
     except (typer.Abort, KeyboardInterrupt):
-        return _fail("aborted")
+        return refuse("aborted", verbose=verbose)
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, its traceback with --verbose
+        return internal_error(exc, verbose=verbose)
     return result if isinstance(result, int) else 0
 
 

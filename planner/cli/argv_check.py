@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 SEPARATED_COMMANDS = ("probe", "tune")  # take a user's command after --
+VERBOSE = "--verbose"  # the global flag: a failure's whole line, an internal error's traceback (planner.cli.failing)
 WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 
 
@@ -59,6 +60,33 @@ def argv_error(app: Any, args: list[str]) -> str | None:
                 return f"{name} must be a whole number, not {shown!r}"
         index += 2 if word in takes_value else 1
     return None
+
+
+def take_verbose(app: Any, args: list[str]) -> tuple[bool, list[str]]:
+    """(whether the global ``--verbose`` flag is in ``args``, the words without it). It may stand before or after
+    the subcommand; a ``--verbose`` after the ``--`` of ``planner probe|tune ... -- CMD`` is the user's program's,
+    and one that is an option's value (``--study --verbose``) names that value: both are left as they are."""
+    if VERBOSE not in args:  # the usual case: the subcommand's options are not read
+        return False, args
+    first = next((i for i, word in enumerate(args) if not word.startswith("-")), len(args))  # the subcommand
+    takes_value = _options(app, args[first])[0] if first < len(args) else set()
+    verbose = False
+    kept: list[str] = []
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word == "--" and index > first:  # the user's command follows, untouched
+            kept.extend(args[index:])
+            break
+        if word == VERBOSE:
+            verbose = True
+        else:
+            kept.append(word)
+        if index > first and word in takes_value and index + 1 < len(args):
+            kept.append(args[index + 1])  # its value, whatever it reads
+            index += 1
+        index += 1
+    return verbose, kept
 
 
 def bare_separator(args: Sequence[str], value_options: set[str]) -> bool:

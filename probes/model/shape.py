@@ -107,10 +107,11 @@ def _build(config: Any, source: str) -> Any:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config)
     except ValueError as err:
-        raise InputError(f"{source}: not a causal language model transformers can build ({_first_line(err)})") from None
+        line = f"{source}: not a causal language model transformers can build ({_first_line(err)})"
+        raise InputError(line, detail=str(err)) from None
     except Exception as err:  # a config transformers accepts but its model code cannot build
         why = f"{type(err).__name__}: {_first_line(err)}"
-        raise InputError(f"{source}: transformers could not build the model ({why})") from None
+        raise InputError(f"{source}: transformers could not build the model ({why})", detail=str(err)) from None
 
 
 REASON_CHARS = 200  # transformers' reason, as the refusing line repeats it
@@ -118,7 +119,8 @@ REASON_CHARS = 200  # transformers' reason, as the refusing line repeats it
 
 def _first_line(err: BaseException) -> str:
     """The first line of ``err``'s message, cut to REASON_CHARS: transformers lists every model class it knows
-    after the first line (3 KB for a T5 config), and a refusal is one short line."""
+    after the first line (3 KB for a T5 config), and a refusal is one short line (the whole message is the
+    refusal's ``detail``, which ``planner --verbose`` prints)."""
     lines = str(err).strip().splitlines()
     first = " ".join(lines[0].split()) if lines else type(err).__name__
     return first if len(first) <= REASON_CHARS else first[: REASON_CHARS - 3] + "..."
