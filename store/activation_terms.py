@@ -15,6 +15,9 @@ The terms of one model are kept per dtype width and attention kernel (:func:`ter
   ``policy_head_backward``: the same two head windows of an RLHF actor, whose loss is built on the token
   log-probs of the model output (the fp32 log-softmax of the shifted logits). A window's peak is its highest
   running sum; what it leaves is its sum.
+- ``layer_forward_tensors`` (where traced): every tensor one decoder layer's forward makes, in order, with
+  when it is freed (``sizes``: fitted bytes; ``freed_after``: the index of the last of them made before its
+  free, -1 for a saved one): the layer's temporaries between its saved tensors (:func:`layer_forward_tensors`).
 
 Beside these terms of a full fine-tune, ``variants`` holds the same fields traced with the training code
 changed (:data:`VARIANTS`): HF's own gradient checkpointing (``checkpointed``: a layer keeps its output as the
@@ -41,6 +44,7 @@ VARIANTS: dict[str, tuple[bool, bool]] = {  # (HF gradient checkpointing, LoRA) 
 }
 # Generation and scoring as the RLHF probe runs them (``probes.trace.generation``; b sequences, s the prompt,
 # the KV cache's tokens at a decoding step, or the scored tokens); kept in ``windows`` beside WINDOWS.
+LAYER_FORWARD_TENSORS = "layer_forward_tensors"
 GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
 
 
@@ -93,6 +97,16 @@ def left_by(window: list[Polynomial], sequences: int, tokens: int, rank: int = 0
 def evaluate_all(polynomials: list[Polynomial], sequences: int, tokens: int, rank: int = 0) -> tuple[int, ...]:
     """Bytes of each fitted size at ``sequences`` x ``tokens``, in order."""
     return tuple(_values(polynomials, sequences, tokens, rank))
+
+
+def layer_forward_tensors(terms: dict[str, Any], sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
+    """Each tensor a decoder layer's forward makes at ``sequences`` x ``tokens``, in order: (bytes, index of
+    the last tensor made before it is freed, -1 for a saved one); empty where the terms do not carry them."""
+    found = terms.get(LAYER_FORWARD_TENSORS)
+    if not found:
+        return ()
+    sizes = _values(found["sizes"], sequences, tokens)
+    return tuple((max(0, size), int(freed)) for size, freed in zip(sizes, found["freed_after"], strict=True))
 
 
 def variant_name(checkpointing: bool, lora: bool) -> str | None:
@@ -163,4 +177,8 @@ def _valid_fields(terms: Any, windows: tuple[str, ...]) -> bool:
     polys = [*terms.get("layer_saved", [None]), terms.get("outside_saved")]
     polys += [p for w in windows for p in terms["windows"].get(w, [None])]
     polys += [p for w in GENERATION_WINDOWS for p in terms["windows"].get(w, [])]  # where they were traced
+    forward = terms.get(LAYER_FORWARD_TENSORS, {"sizes": [], "freed_after": []})
+    if not isinstance(forward, dict) or len(forward.get("sizes", ())) != len(forward.get("freed_after", [None])):
+        return False
+    polys += forward["sizes"]
     return all(isinstance(p, list) and len(p) in (SHAPE_TERMS, len(TERM_BASIS)) for p in polys)

@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any
 
 from probes.model.sequences import unpacked_sequences
-from store.activation_terms import Polynomial, basis, compact, evaluate
+from store.activation_terms import LAYER_FORWARD_TENSORS, Polynomial, basis, compact, evaluate
 from store.alloc_stream import ALLOC, FREE, PHASE
 
 # (sequences, tokens) of the fit: six shapes for the six terms 1, b, s, b*s, s^2, b*s^2 (b >= 2: at b = 1 some
@@ -61,6 +61,10 @@ class StepTrace:
     windows: dict[str, tuple[int, ...]]
     # each layer's own (saved bytes, forward window, backward window), where traced with every_layer (hybrids)
     layers: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
+    # every tensor the standing layer's forward makes, in order: (bytes, index of the last tensor of the forward
+    # made before it is freed; -1 for one still alive at the LM head: a saved tensor), so that its temporaries
+    # are made and freed where the layer's code makes and frees them (search.streams.parts)
+    layer_forward_tensors: tuple[tuple[int, int], ...] = ()
 
 
 @contextlib.contextmanager
@@ -219,6 +223,41 @@ def trace_step(
     return _read(tracker.stream(), layer=0 if checkpointed else 1)
 
 
+def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
+    """The tensors the second decoder layer of a two-layer ``model`` (not checkpointed) makes in its forward
+    (:attr:`StepTrace.layer_forward_tensors`): one forward with labels and without a KV cache, traced until
+    the LM head, no backward."""
+    import torch
+
+    from probes.measure.meta_results import run_meta_op
+    from probes.measure.tracker import LiveTensorTracker
+    from probes.model.shape import decoder_layers
+
+    _, layers = decoder_layers(model, TRACED_LAYERS)
+    device = next(model.parameters()).device
+    run_op = run_meta_op if device.type == "meta" else None
+    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True, run_op=run_op)
+    handles = [
+        layers[1].register_forward_pre_hook(lambda *args: tracker.mark_phase("layer1.fwd") and None),
+        layers[1].register_forward_hook(lambda *args: tracker.mark_phase("layer1.fwd.end") and None),
+        model.get_output_embeddings().register_forward_pre_hook(lambda *args: tracker.mark_phase("head") and None),
+    ]
+    ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
+    try:
+        with tracker, unpacked_sequences():
+            tracker.track_existing(model.parameters())
+            # as memplan's SFT probe calls it (probes.step.phases_sft): no KV cache, whose torch.cat copies of
+            # K and V would free the projections' outputs
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            del loss
+    finally:
+        for handle in handles:
+            handle.remove()
+    stream = tracker.stream()
+    at = {stream.phases[key]: i for i, (op, key, *_) in reversed(list(enumerate(stream.events))) if op == PHASE}
+    return _made_and_freed(stream, at["layer1.fwd"], at["layer1.fwd.end"], at["head"])
+
+
 def _read(stream: Any, layer: int = 1) -> StepTrace:
     """The StepTrace of a recorded stream: live bytes walked event by event, windows cut at the markers."""
     live, live_after, deltas = 0, [], []
@@ -279,7 +318,33 @@ def _read(stream: Any, layer: int = 1) -> StepTrace:
         if f"layer{i}.bwd" in index_at
     )
     outside = at["head"] - at["start"] - 2 * sum(saved)
-    return StepTrace(layer_saved=saved, outside_saved=outside, windows=windows, layers=per_layer)
+    return StepTrace(
+        layer_saved=saved,
+        outside_saved=outside,
+        windows=windows,
+        layers=per_layer,
+        layer_forward_tensors=_made_and_freed(
+            stream, index_at[f"layer{layer}.fwd"], index_at[f"layer{layer}.fwd.end"], head
+        ),
+    )
+
+
+def _made_and_freed(stream: Any, first: int, last: int, head: int) -> tuple[tuple[int, int], ...]:
+    """Each tensor made between events ``first`` and ``last`` (a layer's forward), in order: its bytes and the
+    index (among them) of the last one made before it is freed, or -1 where it is still alive at event ``head``
+    (saved for the backward). One freed after ``last`` but before ``head`` counts as freed after the last one
+    made; frees of tensors made before ``first`` are not the layer's own."""
+    order: dict[int, int] = {}
+    made: list[list[int]] = []
+    for i, (op, key, size, _, _) in enumerate(stream.events):
+        if i >= head:
+            break
+        if op == ALLOC and first < i < last:
+            order[key] = len(made)
+            made.append([size, -1])
+        elif op == FREE and key in order:
+            made[order.pop(key)][1] = len(made) - 1
+    return tuple((size, freed) for size, freed in made)
 
 
 class FitError(ValueError):
@@ -347,10 +412,37 @@ def fit_terms(
     def fit(name: str, traced: list[tuple[int, ...]], checked: tuple[int, ...]) -> list[Polynomial]:
         return _fit(name, traced, checked, points, check_point)
 
-    return {
+    terms = {
         "layer_saved": fit("layer_saved", [t.layer_saved for t in traces], check.layer_saved),
         "outside_saved": fit("outside_saved", [(t.outside_saved,) for t in traces], (check.outside_saved,))[0],
         "windows": {w: compact(fit(w, [t.windows[w] for t in traces], check.windows[w])) for w in check.windows},
         "fit_shapes": [list(point) for point in points],
         "check_shape": list(check_point),
     }
+    forward = fit_layer_forward(traces, check, points, check_point)
+    if forward is not None:
+        terms[LAYER_FORWARD_TENSORS] = forward
+    return terms
+
+
+def fit_layer_forward(
+    traces: list[StepTrace],
+    check: StepTrace,
+    points: tuple[tuple[int, ...], ...] = FIT_POINTS,
+    check_point: tuple[int, ...] = CHECK_POINT,
+) -> dict[str, Any] | None:
+    """The standing layer's forward tensors (:attr:`StepTrace.layer_forward_tensors`) as fitted sizes and the
+    order of their frees, where that order is the same at every shape and the sizes fit exactly (else None:
+    the cost model then makes the layer's saved tensors only)."""
+    every = [*traces, check]
+    freed = [tuple(f for _, f in t.layer_forward_tensors) for t in every]
+    if not freed[0] or len(set(freed)) != 1:
+        return None
+    sizes = [tuple(size for size, _ in t.layer_forward_tensors) for t in traces]
+    try:
+        fitted = _fit(
+            "layer_forward_tensors", sizes, tuple(size for size, _ in check.layer_forward_tensors), points, check_point
+        )
+    except FitError:
+        return None
+    return {"sizes": fitted, "freed_after": list(freed[0])}

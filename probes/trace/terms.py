@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, cut_model, fit_terms, gpu_kernels, trace_step
+from probes.trace.activations import (
+    CHECK_SHAPE,
+    FIT_SHAPES,
+    StepTrace,
+    cut_model,
+    fit_layer_forward,
+    fit_terms,
+    gpu_kernels,
+    trace_layer_forward_tensors,
+    trace_step,
+)
 from probes.trace.generation import trace_generation_terms
 from probes.trace.hybrid import trace_hybrid_terms
 from probes.trace.hybrid_cut import layer_kinds
@@ -69,3 +79,18 @@ def trace_terms(
     if unfitted:
         terms["variants_unfitted"] = unfitted
     return terms
+
+
+def trace_layer_forward(hf_config: dict[str, Any], dtype: str, attn_impl: str) -> dict[str, Any] | None:
+    """Only the ``layer_forward_tensors`` term of a model config (what ``fit_terms`` adds to a full trace):
+    for a catalog traced before the term existed. None for a hybrid (traced per kind of layer) or where the
+    layer's order of frees differs between shapes."""
+    if layer_kinds(hf_config) is not None:
+        return None
+    model = cut_model(hf_config, dtype, attn_impl)
+    with gpu_kernels(attention=attn_impl != "eager"):
+        traces = [
+            StepTrace((), 0, {}, layer_forward_tensors=trace_layer_forward_tensors(model, b, s)) for b, s in FIT_SHAPES
+        ]
+        check = StepTrace((), 0, {}, layer_forward_tensors=trace_layer_forward_tensors(model, *CHECK_SHAPE))
+    return fit_layer_forward(traces, check)

@@ -3,7 +3,10 @@ a part's pattern of sizes or by name, freed newest first or when no longer named
 
 from __future__ import annotations
 
+import itertools
+
 from search.model.moment_parts import Named, NamedTensors
+from search.streams.sizes import FORWARD_FREED, FORWARD_MADE
 from store.alloc_stream import KIND_INDEX, StreamBuilder
 
 
@@ -71,6 +74,35 @@ class Parts:
             missing, total, i = missing - size, total + size, i + 1
         self.patterned[part] = (total, i)
 
+    def run_forward(self, part: str, target: int, made: tuple[int, ...], freed: tuple[int, ...]) -> None:
+        """Grows an empty ``part`` to ``target`` bytes layer by layer as the layer's forward makes them
+        (:func:`search.streams.sizes.layer_forward_program`): each tensor in order, a temporary freed once the
+        tensor its code frees it after is made; the saved ones held as the part's patterned tensors. The bytes
+        past the last whole layer (what is saved outside the layers) are requested as saved tensors only."""
+        held = self.held.setdefault(part, [])
+        kind, layer = _kind(part), sum(size for size, order in zip(made, freed, strict=True) if order == 0)
+        total = count = 0
+        temporaries: dict[int, list[int]] = {}
+        whole = True
+        for j in itertools.count():
+            if total >= target:
+                break
+            i = j % len(made)
+            whole = whole if i else target - total >= layer
+            size = made[i]
+            if freed[i] == 0:
+                size = min(size, target - total)
+                held.append((self.out.alloc(size, kind), size, ""))
+                total, count = total + size, count + 1
+            elif whole:
+                temporaries.setdefault(freed[i] - 1, []).append(self.out.alloc(size, kind))
+            for key in temporaries.pop(i, []):
+                self.out.free(key)
+        for keys in temporaries.values():
+            for key in keys:
+                self.out.free(key)
+        self.patterned[part] = (total, count)
+
     def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
         """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
         ``sizes`` is a group of tensors of those sizes (made together, freed together)."""
@@ -101,5 +133,9 @@ class Parts:
             self.shrink(part, max(0, target - sum(t.size for t in keep.values())))
         for part, target in targets.items():
             keep = by_part.get(part, {})
-            self.grow(part, max(0, target - sum(t.size for t in keep.values())), sizes.get(part, ()))
+            wanted = max(0, target - sum(t.size for t in keep.values()))
+            if part == "activations" and FORWARD_MADE in sizes and wanted and not self.bytes(part):
+                self.run_forward(part, wanted, sizes[FORWARD_MADE], sizes[FORWARD_FREED])
+            else:
+                self.grow(part, wanted, sizes.get(part, ()))
             self.make(part, keep, sizes)

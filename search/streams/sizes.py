@@ -15,17 +15,22 @@ from __future__ import annotations
 from functools import lru_cache
 
 from search.coefficients import Coefficients
+from search.model.activation_sources import traced_terms
 from search.model.activations import layer_saved_tensors
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import FP32_UPCASTS
 from search.model.placement import TrainedPlacement
 from search.model.quantized import quantized_weight_elements
 from search.model.shapes import linear_shapes, token_embedding_params
+from store.activation_terms import layer_forward_tensors
 from store.loss_chunks import chunk_tokens
 from store.quantization import quantized_linear_bytes
 from store.records import DTYPE_BYTES, ModelSpec
 
 Sizes = tuple[tuple[str, tuple[int, ...]], ...]  # (part or resident name, tensor sizes in bytes) pairs
+# A decoder layer's forward as its code runs it (:func:`layer_forward_program`): every tensor it makes, in order,
+# and for each 0 (saved for the backward) or 1 + the index of the last tensor made before it is freed.
+FORWARD_MADE, FORWARD_FREED = "activations:forward_made", "activations:forward_freed"
 
 
 def sizes_of(**patterns: tuple[int, ...]) -> Sizes:
@@ -81,6 +86,28 @@ def checkpointed_activation_tensors(
     return (checkpoint,) * model.num_layers + activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
 
 
+@lru_cache(maxsize=1024)
+def layer_forward_program(
+    model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str, coef: Coefficients
+) -> Sizes:
+    """The :data:`FORWARD_MADE` and :data:`FORWARD_FREED` patterns of one decoder layer's forward without
+    checkpointing, from the traced ``layer_forward_tensors`` (``probes.trace.activations``): the saved tensors
+    (:func:`activation_tensors`, in their order) with the temporaries the layer's code makes and frees between
+    them (OPT's ``q_proj`` output before ``* self.scaling``, ``out_proj``'s and ``fc2``'s outputs before dropout
+    and the dropout outputs once the residual add has read them, ``fc1``'s output before the ReLU that saves its
+    own: transformers' ``modeling_opt.py``). Empty where the model's terms do not carry them."""
+    traced = traced_terms(model, dtype, attn_impl)
+    tensors = layer_forward_tensors(traced, sequences, seq_len) if traced is not None else ()
+    saved = activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
+    if sum(1 for _, freed in tensors if freed < 0) != len(saved):
+        return ()
+    made, order, kept = [], [], iter(saved)
+    for size, freed in tensors:  # a saved tensor as activation_tensors sizes it (the padded log-sum-exp)
+        made.append(next(kept) if freed < 0 else size)
+        order.append(freed + 1)
+    return ((FORWARD_MADE, tuple(made)), (FORWARD_FREED, tuple(order)))
+
+
 def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, loss: str = "hf") -> tuple[int, ...]:
     """The LM head's 16-bit logits, then the fp32 tensors of the loss (upcast, log-softmax, gradients): of the
     whole micro-batch, or of one chunk of tokens for a chunked loss (``store.loss_chunks``)."""
@@ -104,7 +131,9 @@ def training_sizes(placed: TrainedPlacement, batch: MicroBatchContext) -> Sizes:
     gathered = weight_tensors(model, dtype, layout.lora_rank, layout.quantization, layout.zero_stage)
     layers = checkpointed_activation_tensors if layout.gradient_checkpointing else activation_tensors
     head_sizes = batch.head.sizes() if batch.head is not None else None
-    return sizes_of(
+    plain = not (layout.gradient_checkpointing or layout.lora_rank)  # the traced layer's own forward
+    forward = layer_forward_program(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl, batch.coef)
+    return (forward if plain else ()) + sizes_of(
         gradients=tuple(reversed(weights)),
         zero3_gathered=gathered[1:],
         activations=layers(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl, batch.coef),

@@ -198,15 +198,6 @@ def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
 # (search.model.moments' named tensors: ZeRO-2's partition from the first bucket flush, on the reduction
 # stream under overlap_comm; the step's norm, flat and fp32 copies; FP16_Optimizer's upcasts) and the loss's
 # (transformers' cross-entropy: the fp32 upcast and log-softmax, the NLL's and log-softmax's gradients).
-_H200_ZERO0_NO_CKPT = (
-    "H200, opt-1.3b ZeRO-0 without checkpointing, mb 8 x 1024, in memplan's loop and in measure_sft.py as the "
-    "user's program alike: 39.33 GiB reserved against 34.63 replayed (-12%), allocated within 0.1%. The recorded "
-    "allocator history, replayed through the same allocator model, reserves exactly 39.33 and, without the layer "
-    "forward's own temporaries (122 x 32 MiB and 24 x 128 MiB a step: q_proj before its scaling, out_proj and fc2 "
-    "before dropout, the dropout outputs, fc1 before ReLU), 34.43: their holes spread the backward's gradients into "
-    "the block FP16_Optimizer's init left free, so its flat fp32 gradient (5019 MiB) needs a segment of its own "
-    "(benchmarks/results/cuda_history_gap.md). The built stream does not make those temporaries yet"
-)
 _H200_LARGE_VOCAB = (
     "H200, qwen2.5-1.5b (151k vocabulary) ZeRO-2 mb 4 x 1024 without checkpointing: the replay reserves 45.63 GiB "
     "against 48.57 (-6.1%; allocated within 2%). The backward's cuBLAS workspace, made where torch makes it, "
@@ -214,11 +205,6 @@ _H200_LARGE_VOCAB = (
     "the same way, now within 0.3%); the 2.9 GiB left is not placed (benchmarks/results/cuda_history_gap.md)"
 )
 REPLAY_NOT_YET: dict[tuple[str, str], str] = {  # (record id, scope) -> why its replay is not yet in bounds
-    **{
-        (probe, phase): _H200_ZERO0_NO_CKPT
-        for probe in ("d6f25d97b90b", "bbcc9fcc0bc4", "e6120cff3ecb")
-        for phase in ("forward", "backward", "optimizer_step")
-    },
     ("opt13_z3ckoff_mb8_s1024", "step"): _H200_ZERO3_OFFLOAD,
     **{
         (probe, phase): _H200_LARGE_VOCAB

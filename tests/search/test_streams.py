@@ -161,13 +161,15 @@ def test_a_checkpointed_forward_requests_one_checkpoint_per_layer() -> None:
     for checkpointing in (True, False):
         strategy = Strategy(zero_stage=2, micro_batch=4, gradient_checkpointing=checkpointing)
         stream = _stream(single_step(workload, strategy, _hardware(), COEF))
-        name, sizes = "", []
+        name, made = "", {}
         for op, key, size, _, kind in stream:
             if op == PHASE:
                 name = stream.phases[key]
             elif op == ALLOC and kind == KIND_INDEX["activations"] and name == "forward":
-                sizes.append(size)
-        requested[checkpointing] = sizes
+                made[key] = size
+            elif op == FREE and name == "forward":  # the layer's temporaries (test_layer_forward_stream.py)
+                made.pop(key, None)
+        requested[checkpointing] = list(made.values())
     assert requested[True][: model.num_layers] == [hidden_states] * model.num_layers
     layer = layer_saved_tensors(model, 4, 512, "bf16", "sdpa", COEF)
     assert tuple(requested[False][: len(layer)]) == layer

@@ -1,0 +1,80 @@
+"""A decoder layer's forward temporaries in the built stream (issue 46): made and freed where the layer's code
+makes and frees them, between its saved tensors.
+
+OPT's decoder layer (transformers' ``modeling_opt.py``, no KV cache, 16-bit, dropout on) makes five b x s x h
+tensors it frees within the layer: the ``q_proj`` output before ``* self.scaling``, ``out_proj``'s output
+before its dropout, that dropout's output once the residual add has read it, ``fc2``'s output before its
+dropout and that dropout's output; and one b x s x ffn tensor: ``fc1``'s output, freed once the ReLU (which
+saves its own output) has run. The H200's allocator history of opt-1.3b at 8 x 1024 shows them: 122 x 32 MiB
+and 24 x 128 MiB a step (``benchmarks/results/cuda_history_gap.md``).
+"""
+
+from __future__ import annotations
+
+from search.coefficients import Coefficients
+from search.model.activations import layer_saved_tensors
+from search.single.predict import single_step
+from search.step.replayed import stream_of
+from search.streams.parts import Parts
+from search.streams.sizes import FORWARD_FREED, FORWARD_MADE, layer_forward_program
+from store.alloc_stream import ALLOC, FREE, KIND_INDEX, PHASE, StreamBuilder
+from store.gpus import get_gpu
+from store.models import get_model
+from store.records import Hardware, Strategy, Workload
+
+COEF = Coefficients()
+MiB = 2**20
+
+
+def _forward_allocations(zero_stage: int, checkpointing: bool = False) -> tuple[list[int], list[int]]:
+    """(sizes of the activations freed within the first forward, sizes of those it keeps) of opt-1.3b at
+    8 x 1024 on an H200."""
+    spec = get_gpu("H200")
+    hardware = Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=1, cpu_memory_bytes=512 * 2**30)
+    workload = Workload(kind="sft", model=get_model("opt-1.3b"), seq_len=1024, global_batch=8)
+    strategy = Strategy(zero_stage=zero_stage, micro_batch=8, gradient_checkpointing=checkpointing)
+    stream = stream_of(single_step(workload, strategy, hardware, COEF), "never")
+    made: dict[int, int] = {}
+    freed: list[int] = []
+    phase, forwards = "", 0
+    for op, key, size, _, kind in stream:
+        if op == PHASE:
+            phase = stream.phases[key]
+            forwards += phase == "forward"
+            if forwards > 1 or phase == "backward":
+                break
+        elif op == ALLOC and phase == "forward" and kind == KIND_INDEX["activations"]:
+            made[key] = size
+        elif op == FREE and key in made:
+            freed.append(made.pop(key))
+    return freed, list(made.values())
+
+
+def test_opt_layer_forward_frees_its_temporaries_within_the_forward() -> None:
+    layers = get_model("opt-1.3b").num_layers
+    freed, kept = _forward_allocations(zero_stage=0, checkpointing=False)
+    assert freed.count(32 * MiB) == 5 * layers  # 8 x 1024 x 2048 in bf16
+    assert freed.count(128 * MiB) == layers  # 8 x 1024 x 8192 in bf16: fc1's output
+    assert len(freed) == 6 * layers
+    layer = layer_saved_tensors(get_model("opt-1.3b"), 8, 1024, "bf16", "sdpa", COEF)
+    assert kept[: len(layer)] == list(layer)  # the saved tensors as before, in their order
+
+
+def test_a_layer_program_frees_each_temporary_after_the_tensor_it_names() -> None:
+    """Parts.run_forward: three layers of (saved 4, temporary 2 freed after the third tensor, saved 3);
+    the bytes left are the saved ones, and the last, cut layer makes no temporary."""
+    out = StreamBuilder()
+    parts = Parts(out)
+    program = {FORWARD_MADE: (4, 2, 3), FORWARD_FREED: (0, 3, 0)}
+    parts.move({"activations": 2 * 7 + 4}, program)
+    events = [(op, size) for op, _, size, _, _ in out.build().events]
+    layer = [(ALLOC, 4), (ALLOC, 2), (ALLOC, 3), (FREE, 0)]
+    assert events == layer + layer + [(ALLOC, 4)]
+    assert parts.bytes("activations") == 18
+
+
+def test_program_keeps_the_saved_tensors_of_the_cost_model() -> None:
+    model = get_model("opt-1.3b")
+    program = dict(layer_forward_program(model, 8, 1024, "bf16", "sdpa", COEF))
+    kept = tuple(s for s, f in zip(program[FORWARD_MADE], program[FORWARD_FREED], strict=True) if f == 0)
+    assert kept == layer_saved_tensors(model, 8, 1024, "bf16", "sdpa", COEF)
