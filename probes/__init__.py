@@ -1,8 +1,11 @@
 """probes: measuring. Short real runs of a strategy (with the DeepSpeed configs ``launch`` renders) that
 measure its memory and time, and meta-device tracing for the model catalog.
 
-Public API (loaded on first use, so ``import launch.ds_config`` on the planner's fast path stays light;
-nothing here imports torch)::
+Layers, each importing only those below (docs/layout.md): ``runner`` and ``script`` (the user's own program),
+``ops``, ``step`` and ``trace``, ``model``, ``measure`` and ``process``.
+
+Public API (loaded on first use, so that ``import probes`` on the planner's fast path stays light: nothing here
+imports torch)::
 
     from probes import run_probe, prepare_ops, PHASES
     prepare_ops(requests, on_note=print)  # DeepSpeed's ops, built once before any probe (OpBuildError)

@@ -1,8 +1,8 @@
 """Probing the user's own training program: their script, their framework, their launcher, under the plan.
 
 Every built-in probe runs memplan's own training step. A script probe runs the user's command (a plain DeepSpeed
-loop, a Hugging Face ``Trainer``, TRL, Accelerate, OpenRLHF or DeepSpeed-Chat, under ``python``, ``torchrun``,
-``deepspeed`` or ``accelerate launch``) and measures what that program does under one strategy, without touching
+loop, a Hugging Face ``Trainer``, TRL, Accelerate, OpenRLHF or DeepSpeed-Chat, under ``python``/``torchrun``/
+``deepspeed``/``accelerate launch``) and measures what that program does under one strategy, without touching
 its files:
 
 - ``settings``: what the probe asks (:class:`ScriptProbeSettings`: the strategy's DeepSpeed config keys, the
@@ -12,9 +12,11 @@ its files:
 - ``wrapper``: the wrapper, in the program's processes: it applies the strategy at ``initialize``, records what the
   engine really runs with, measures the engine's forward, backward and optimizer step as the built-in probes do
   (:class:`probes.step.phases.PhaseClock`), and ends every rank cleanly after the timed steps;
+- ``program_model``: what the wrapper reads of the program's model and engine (LoRA ranks, checkpointing, the
+  engine's settings, a forward's batch size) and where the run contradicts the plan;
 - ``launch`` and ``watch``: the planner's side: run the command in a process tree that ends with the planner, end it
-  on a timeout or an interrupt, and decide the outcome (``ok``, ``oom``, ``error``, ``timeout``, ``no_initialize``,
-  ``not_applied``, ``contradicts_plan``).
+  on a timeout or an interrupt;
+- ``outcome``: what the ranks left, and the outcome decided from it (:data:`probes.script.outcome.OUTCOMES`).
 
 From Python::
 
@@ -35,7 +37,11 @@ __all__ = ["OUTCOMES", "ScriptProbeResult", "ScriptProbeSettings", "program_fing
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("OUTCOMES", "ScriptProbeResult", "program_fingerprint", "run_script_probe"):
+    if name in ("OUTCOMES", "ScriptProbeResult"):
+        import probes.script.outcome
+
+        return getattr(probes.script.outcome, name)
+    if name in ("program_fingerprint", "run_script_probe"):
         import probes.script.launch
 
         return getattr(probes.script.launch, name)

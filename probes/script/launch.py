@@ -17,7 +17,8 @@ failure (after :data:`FAILURE_GRACE_S`, the others waiting for it in a collectiv
 timed steps and the launcher has not exited within :data:`DONE_GRACE_S`, when the hook failed to install, and
 on any exception of its own (Ctrl-C, the planner's SIGTERM and SIGHUP, which it re-raises).
 
-The outcome (:data:`OUTCOMES`), worst first where ranks differ:
+The outcome (:data:`probes.script.outcome.OUTCOMES`, decided in :mod:`probes.script.outcome`), worst first where
+ranks differ:
 
 - ``oom`` / ``error``: a rank ran out of memory or failed in a phase or in ``deepspeed.initialize`` (the phase and
   the exception), the hook failed, the program exited non-zero before ``initialize`` (the exception is in the log
@@ -44,138 +45,35 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from probes.process.isolation import child_env, read_events, read_result, release_shared_memory, tail
+from probes.process.isolation import child_env, release_shared_memory, tail
 from probes.process.jit_lock import extensions_root, release_stale_locks
 from probes.process.process_tree import kill_tree, wait_group_gone
 from probes.process.workdir import probe_folder
-from probes.process.worst_rank import worst_phases
+from probes.script.outcome import RankReport, ScriptProbeResult, decide, failed, finished, read_hook_errors, read_ranks
 from probes.script.settings import (
-    EVENTS_FILE,
-    HOOK_ERRORS_FILE,
     HOOK_FOLDER,
     PROJECT_ROOT,
-    RESULT_FILE,
     SETTINGS_FILE,
     SETTINGS_VARIABLE,
     ScriptProbeSettings,
 )
-from store.measurements import PhaseMeasurement, ProbeResult, script_sha256
+from store.measurements import script_sha256
 
-__all__ = [
-    "OUTCOMES",
-    "RankReport",
-    "ScriptProbeResult",
-    "decide",
-    "program_fingerprint",
-    "run_script_probe",
-    "script_env",
-]
+__all__ = ["program_fingerprint", "run_script_probe", "script_env"]
 
-OUTCOMES = ("ok", "contradicts_plan", "not_applied", "oom", "error", "timeout", "no_initialize")
-NO_INITIALIZE_REASONS = ("exited", "timeout")
 LOG_FILE = "program.log"
 OUT_FOLDER = "out"
 POLL_S = 0.2
 FAILURE_GRACE_S = 5.0  # after a rank reported a failure: the others' time to report theirs
 DONE_GRACE_S = 20.0  # after every rank reported its timed steps: the launcher's time to exit
-FAILURES = ("oom", "error")  # which failing rank names the outcome, in this order
 VERSIONED = ("torch", "deepspeed", "transformers", "accelerate", "trl", "peft")
 WATCH_CODE = (
     "import sys; sys.path.insert(0, {root!r}); from probes.script.watch import main; sys.exit(main(sys.argv[1:]))"
 )
-
-
-@dataclass(frozen=True)
-class RankReport:
-    """What one rank left in its folder: its events and its result (None: it wrote none)."""
-
-    rank: int
-    events: tuple[dict[str, Any], ...] = ()
-    result: dict[str, Any] | None = None
-
-    @property
-    def initialized(self) -> bool:
-        return any("initialize" in event for event in self.events)
-
-    @property
-    def last_phase(self) -> str | None:
-        phases = [event["phase"] for event in self.events if "phase" in event]
-        return phases[-1] if phases else None
-
-    @property
-    def steps(self) -> int:
-        return max((event["step"] for event in self.events if isinstance(event.get("step"), int)), default=0)
-
-    @property
-    def world_size(self) -> int:
-        return max((e["world_size"] for e in self.events if isinstance(e.get("world_size"), int)), default=1)
-
-    @property
-    def pids(self) -> list[int]:
-        return [event["pid"] for event in self.events if isinstance(event.get("pid"), int)]
-
-    @property
-    def ports(self) -> list[str]:
-        return [str(event["master_port"]) for event in self.events if event.get("master_port")]
-
-    @property
-    def rss(self) -> int:
-        return max((event["rss"] for event in self.events if isinstance(event.get("rss"), int)), default=0)
-
-
-@dataclass(frozen=True)
-class ScriptProbeResult:
-    """One script probe (module docstring). ``phases`` are the worst rank's per phase; ``ranks`` every rank's
-    own result (or, for a rank without one, its last phase and steps); ``ran_with`` what the engine ran with
-    (the lowest rank that reported), ``program`` the command's fingerprint (:func:`program_fingerprint`)."""
-
-    outcome: str
-    reason: str = ""  # no_initialize: "exited" or "timeout"
-    message: str = ""
-    failed_phase: str | None = None
-    failed_rank: int | None = None
-    phases: tuple[PhaseMeasurement, ...] = ()
-    ran_with: dict[str, Any] = field(default_factory=dict)
-    contradictions: tuple[str, ...] = ()
-    not_applied: tuple[str, ...] = ()
-    step_time_s: dict[str, Any] = field(default_factory=dict)
-    phase_time_s: dict[str, Any] = field(default_factory=dict)
-    host_rss_peak_bytes: int = 0
-    worst_rank: int | None = None
-    world_size: int = 0  # ranks that reported themselves
-    initialized: bool = False
-    steps_done: int = 0  # optimizer steps of the rank that did fewest (of the ranks that initialized)
-    exit_code: int | None = None
-    timed_out: bool = False
-    wall_s: float = 0.0
-    log_tail: str = ""
-    pid: int = 0  # the watch process that ran the command: also the program's process group, gone by now
-    ranks: tuple[dict[str, Any], ...] = ()
-    program: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {self.outcome!r}")
-
-    @property
-    def peak_allocated_bytes(self) -> int:
-        return max((p.peak_allocated_bytes for p in self.phases), default=0)
-
-    @property
-    def peak_reserved_bytes(self) -> int:
-        return max((p.peak_reserved_bytes for p in self.phases), default=0)
-
-    def phase(self, name: str) -> PhaseMeasurement | None:
-        return next((p for p in self.phases if p.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # --- the command -----------------------------------------------------------------------------------------------
@@ -264,42 +162,30 @@ def script_env(
 # --- running it ------------------------------------------------------------------------------------------------
 
 
-def read_ranks(out: Path) -> list[RankReport]:
-    """Every rank folder under ``out``, by rank."""
-    reports = []
-    for folder in sorted(out.glob("rank*")):
-        suffix = folder.name[len("rank") :]
-        if not suffix.isdigit():
-            continue
-        reports.append(
-            RankReport(
-                rank=int(suffix),
-                events=tuple(read_events(folder / EVENTS_FILE)),
-                result=read_result(folder / RESULT_FILE),
-            )
-        )
-    return sorted(reports, key=lambda report: report.rank)
-
-
-def read_hook_errors(folder: Path) -> list[str]:
-    """The hook's own failures before it could report per rank (one line each)."""
-    return [
-        f"pid {e.get('pid')}: {e.get('what')}: {_last_line(str(e.get('error', '')))}"
-        for e in read_events(folder / HOOK_ERRORS_FILE)
-    ]
-
-
-def _finished(ranks: list[RankReport]) -> bool:
-    """Every rank of the program has written a result (ok, or a setting it cannot apply)."""
-    if not ranks:
-        return False
-    world = max(report.world_size for report in ranks)
-    done = [r for r in ranks if r.result is not None and r.result.get("outcome") in ("ok", "not_applied")]
-    return len(done) >= world
-
-
-def _failed(ranks: list[RankReport]) -> bool:
-    return any(r.result is not None and r.result.get("outcome") in FAILURES for r in ranks)
+def _watch(
+    proc: subprocess.Popen[bytes], folder: Path, start: float, timeout_s: float, poll_s: float
+) -> tuple[bool, str]:
+    """Poll the ranks' folders until the program exits or must be ended (module docstring): whether it ran past
+    ``timeout_s``, and why else it was stopped (``hook``, ``failure``, ``finished``; empty: it exited)."""
+    out = folder / OUT_FOLDER
+    failed_at = finished_at = None
+    while proc.poll() is None:
+        now = time.perf_counter()
+        ranks = read_ranks(out)
+        if read_hook_errors(folder):
+            return False, "hook"
+        if now - start > timeout_s:
+            return True, ""
+        if failed(ranks):
+            failed_at = failed_at if failed_at is not None else now
+            if now - failed_at > FAILURE_GRACE_S:
+                return False, "failure"
+        if finished(ranks):
+            finished_at = finished_at if finished_at is not None else now
+            if now - finished_at > DONE_GRACE_S:
+                return False, "finished"
+        time.sleep(poll_s)
+    return False, ""
 
 
 def run_script_probe(
@@ -327,8 +213,7 @@ def run_script_probe(
         program_env = script_env(settings, settings_path, env)
         watcher = [sys.executable, "-c", WATCH_CODE.format(root=str(PROJECT_ROOT)), *command]
         start = time.perf_counter()
-        timed_out = False
-        stopped = ""
+        timed_out, stopped = False, ""
         ranks: list[RankReport] = []
         with (folder / LOG_FILE).open("wb") as log:
             proc = subprocess.Popen(
@@ -341,27 +226,7 @@ def run_script_probe(
                 start_new_session=True,  # its own process group: ended as a whole
             )
             try:
-                failed_at = finished_at = None
-                while proc.poll() is None:
-                    now = time.perf_counter()
-                    ranks = read_ranks(out)
-                    if read_hook_errors(folder):
-                        stopped = "hook"
-                        break
-                    if now - start > timeout_s:
-                        timed_out = True
-                        break
-                    if _failed(ranks):
-                        failed_at = failed_at if failed_at is not None else now
-                        if now - failed_at > FAILURE_GRACE_S:
-                            stopped = "failure"
-                            break
-                    if _finished(ranks):
-                        finished_at = finished_at if finished_at is not None else now
-                        if now - finished_at > DONE_GRACE_S:
-                            stopped = "finished"
-                            break
-                    time.sleep(poll_s)
+                timed_out, stopped = _watch(proc, folder, start, timeout_s, poll_s)
             finally:  # whatever ended the wait (an interrupt too): leave nothing behind
                 ranks = read_ranks(out)
                 kill_tree(proc.pid, [pid for report in ranks for pid in report.pids])
@@ -389,177 +254,3 @@ def run_script_probe(
 
 
 # --- the outcome ------------------------------------------------------------------------------------------------
-
-
-def _rank_view(report: RankReport) -> dict[str, Any]:
-    if report.result is not None:
-        return {"rank": report.rank, **report.result}
-    return {
-        "rank": report.rank,
-        "outcome": None,
-        "initialized": report.initialized,
-        "last_phase": report.last_phase,
-        "steps_done": report.steps,
-        "pids": report.pids,
-    }
-
-
-def _phases(result: dict[str, Any]) -> tuple[PhaseMeasurement, ...]:
-    return tuple(PhaseMeasurement.from_dict(p) for p in result.get("phases") or ())
-
-
-def decide(
-    ranks: list[RankReport],
-    *,
-    settings: ScriptProbeSettings,
-    timed_out: bool,
-    exit_code: int | None,
-    exited: bool,
-    timeout_s: float,
-    wall_s: float = 0.0,
-    stopped: str = "",
-    hook_errors: list[str] | None = None,
-    log_tail: str = "",
-    program: dict[str, Any] | None = None,
-    pid: int = 0,
-) -> ScriptProbeResult:
-    """The probe's result from what the ranks left (module docstring). ``exited``: the program ended by itself
-    (not killed: ``timed_out`` or ``stopped`` say why it was); ``exit_code`` is its exit status."""
-    views = tuple(_rank_view(report) for report in ranks)
-    initialized = any(report.initialized for report in ranks)
-    stepped = [report.steps for report in ranks if report.initialized]
-    rss = max([int(r.result.get("host_rss_peak_bytes", 0)) for r in ranks if r.result] + [r.rss for r in ranks] + [0])
-    first = next((r.result for r in ranks if r.result and r.result.get("ran_with")), None)
-    common: dict[str, Any] = {
-        "ranks": views,
-        "world_size": len(ranks),
-        "initialized": initialized,
-        "steps_done": min(stepped, default=0),
-        "exit_code": exit_code,
-        "timed_out": timed_out,
-        "wall_s": wall_s,
-        "log_tail": log_tail,
-        "pid": pid,
-        "program": program or {},
-        "settings": settings.to_dict(),
-        "host_rss_peak_bytes": rss,
-        "ran_with": dict(first.get("ran_with") or {}) if first else {},
-    }
-    failed = [r for r in ranks if r.result is not None and r.result.get("outcome") in FAILURES]
-    if failed:
-        worst = min(failed, key=lambda r: (FAILURES.index(r.result["outcome"]), r.rank))  # type: ignore[index]
-        result = worst.result or {}
-        prefix = f"rank {worst.rank}: " if len(ranks) > 1 else ""
-        return ScriptProbeResult(
-            outcome=result["outcome"],
-            message=prefix + str(result.get("message", "")),
-            failed_phase=result.get("failed_phase"),
-            failed_rank=worst.rank,
-            phases=_phases(result),
-            **common,
-        )
-    if hook_errors:
-        return ScriptProbeResult(
-            outcome="error", message="memplan's hook failed: " + "; ".join(hook_errors[:2]), **common
-        )
-    refused = [r for r in ranks if r.result is not None and r.result.get("outcome") == "not_applied"]
-    if refused:
-        lines = tuple(refused[0].result.get("not_applied") or ())  # type: ignore[union-attr]
-        return ScriptProbeResult(
-            outcome="not_applied",
-            message="not probed: " + "; ".join(lines),
-            not_applied=lines,
-            failed_rank=refused[0].rank,
-            **common,
-        )
-    done = [r for r in ranks if r.result is not None and r.result.get("outcome") == "ok"]
-    if done and _finished(ranks) and (stopped == "finished" or not exited or exit_code == 0):
-        return _measured(done, ranks, settings, common)
-    if not initialized:
-        # a rank folder is made where deepspeed is imported under the hook: none means the hook never saw it
-        unseen = "" if ranks else " (no process of it imported deepspeed under the hook)"
-        if timed_out:
-            return ScriptProbeResult(
-                outcome="no_initialize",
-                reason="timeout",
-                message=f"ran past the limit of {timeout_s:g} s without calling deepspeed.initialize{unseen}; "
-                f"the program was ended{_running(log_tail)}",
-                **common,
-            )
-        if exit_code == 0:
-            return ScriptProbeResult(
-                outcome="no_initialize",
-                reason="exited",
-                message=f"the program exited (code 0) without calling deepspeed.initialize{unseen}",
-                **common,
-            )
-        return ScriptProbeResult(
-            outcome="error",
-            message=f"the program exited with code {exit_code} before calling deepspeed.initialize: "
-            f"{_last_line(log_tail)}",
-            **common,
-        )
-    missing = [r for r in ranks if r.result is None]
-    lagging = missing[0] if missing else ranks[0]
-    where = f"in phase {lagging.last_phase or 'setup'}, after {lagging.steps} of {settings.steps} steps"
-    rank = f" (rank {lagging.rank})" if len(ranks) > 1 else ""
-    if timed_out:
-        return ScriptProbeResult(
-            outcome="timeout",
-            message=f"timed out after {timeout_s:g} s {where}{rank}; the program was ended{_running(log_tail)}",
-            failed_phase=lagging.last_phase,
-            failed_rank=lagging.rank,
-            **common,
-        )
-    if done and exit_code not in (0, None):
-        message = f"every rank finished its timed steps, but the program exited with code {exit_code}"
-    elif exit_code == 0:
-        message = (
-            f"the program ended by itself {where}{rank}: it runs fewer optimizer steps than the probe needs "
-            f"({settings.warmup_steps} warm-up + {settings.timed_steps} timed)"
-        )
-    else:
-        message = f"the program exited with code {exit_code} {where}{rank}: {_last_line(log_tail)}"
-    return ScriptProbeResult(
-        outcome="error", message=message, failed_phase=lagging.last_phase, failed_rank=lagging.rank, **common
-    )
-
-
-def _measured(
-    done: list[RankReport], ranks: list[RankReport], settings: ScriptProbeSettings, common: dict[str, Any]
-) -> ScriptProbeResult:
-    """``ok`` or ``contradicts_plan``: every rank ran its timed steps; the figures are the worst rank's."""
-    results = [ProbeResult(outcome="ok", phases=_phases(r.result or {})) for r in done]
-    phases, _ = worst_phases(results) if results[0].phases else ((), {})
-    worst = max(range(len(done)), key=lambda i: (results[i].peak_allocated_bytes, -done[i].rank))
-    worst_result = done[worst].result or {}
-    lines: list[str] = []
-    for report in done:
-        for line in (report.result or {}).get("contradictions") or ():
-            text = f"rank {report.rank}: {line}" if len(ranks) > 1 else line
-            if line not in [existing.split(": ", 1)[-1] for existing in lines]:
-                lines.append(text)
-    outcome = "contradicts_plan" if lines else "ok"
-    message = "the program does not run the plan: " + "; ".join(lines) if lines else ""
-    return ScriptProbeResult(
-        outcome=outcome,
-        message=message,
-        phases=phases,
-        contradictions=tuple(lines),
-        step_time_s=dict(worst_result.get("step_time_s") or {}),
-        phase_time_s=dict(worst_result.get("phase_time_s") or {}),
-        worst_rank=done[worst].rank,
-        **common,
-    )
-
-
-def _running(log_tail: str) -> str:
-    """What the program was doing when its time ran out: its log's last line (a JIT op build prints torch's
-    ``Building extension module ...``), or nothing when it printed none."""
-    line = _last_line(log_tail) if log_tail.strip() else ""
-    return f"; it was running: {line[:200]}" if line else ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"

@@ -47,15 +47,14 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NoReturn
 
+from probes.script.program_model import apply_outside, batch_size_of, contradictions, load_config, ran_with
 from probes.script.settings import EVENTS_FILE, RESULT_FILE, ScriptProbeSettings, merge_config, rank_folder
 
 __all__ = ["ScriptProbe", "batch_size_of", "install", "preload"]
 
 WRAPPED = "__memplan_script_probe__"
-BATCH_KEYS = ("input_ids", "inputs_embeds", "pixel_values", "labels", "attention_mask")
 TRACEBACK_CHARS = 4000
 
 
@@ -107,81 +106,6 @@ def _watch_parent() -> None:
         end_tree()
 
     threading.Thread(target=watch, name="memplan-script-probe-watch", daemon=True).start()
-
-
-def batch_size_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The batch size of a forward's inputs: the first dimension of ``input_ids`` (or another input key), else
-    of the first tensor among the arguments (a dict argument is looked into); None when there is no tensor."""
-    import torch
-
-    def first(values: Any) -> int | None:
-        for value in values:
-            if isinstance(value, torch.Tensor) and value.dim() >= 1:
-                return int(value.shape[0])
-            if isinstance(value, dict):
-                found = by_key(value) or first(value.values())
-                if found is not None:
-                    return found
-        return None
-
-    def by_key(mapping: dict[str, Any]) -> int | None:
-        return first(mapping[key] for key in BATCH_KEYS if key in mapping)
-
-    return by_key(kwargs) or first(args) or first(kwargs.values())
-
-
-def _device_of(block: Any) -> str:
-    if block is None:
-        return "none"
-    device = getattr(block, "device", "none")
-    return str(getattr(device, "value", device))
-
-
-def _dtype_of(engine: Any) -> str:
-    if engine.bfloat16_enabled():
-        return "bf16"
-    return "fp16" if engine.fp16_enabled() else "fp32"
-
-
-def _checkpointing(model: Any) -> bool | None:
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name) or hasattr(model, name):
-            with contextlib.suppress(Exception), _quiet():
-                return bool(getattr(model, name))
-    return None
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """transformers 5 warns that the gradient_checkpointing names are deprecated: not the program's doing."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        yield
-
-
-def _zero_init(model: Any) -> bool:
-    """Whether the model's parameters were built partitioned, under ZeRO-3's ``zero.Init``."""
-    parameters = getattr(model, "parameters", None)
-    return parameters is not None and any(hasattr(p, "ds_id") for p in parameters())
-
-
-def _lora_ranks(model: Any) -> list[int]:
-    """The ranks of the LoRA adapters a (PEFT) model carries; empty without adapters."""
-    ranks: set[int] = set()
-    configs = getattr(model, "peft_config", None)
-    if isinstance(configs, dict):
-        for config in configs.values():
-            rank = getattr(config, "r", None)
-            if isinstance(rank, int):
-                ranks.add(rank)
-    if not ranks and hasattr(model, "named_modules"):
-        for name, _ in model.named_modules():
-            if name.rsplit(".", 1)[-1] in ("lora_A", "lora_B"):
-                ranks.add(0)  # adapters of a rank not said
-                break
-    return sorted(ranks)
 
 
 class ScriptProbe:
@@ -246,7 +170,7 @@ class ScriptProbe:
         try:
             bound = inspect.signature(self.original).bind_partial(*args, **kwargs)
             if first:
-                lines = self._apply_outside(bound.arguments.get("model"))
+                lines = apply_outside(self.settings, bound.arguments.get("model"), self.record["applied"])
                 if lines:
                     self.record["not_applied"] = lines
                     self.finish("not_applied", message="; ".join(lines))
@@ -266,56 +190,10 @@ class ScriptProbe:
             if first:
                 self._measure(engine)
             else:
-                self.record["other_engines"].append(self._ran_with(engine))
+                self.record["other_engines"].append(ran_with(engine, self.world))
         except Exception as exc:  # noqa: BLE001
             self.fail(exc, hook=True)
         return result
-
-    def _apply_outside(self, model: Any) -> list[str]:
-        """Apply checkpointing; check LoRA and the loss. Returns one line per setting that cannot be applied."""
-        settings, lines = self.settings, []
-        kind = type(model).__name__
-        lora = _lora_ranks(model) if model is not None else []
-        if settings.lora_rank > 0 and not lora:
-            lines.append(
-                f"LoRA rank {settings.lora_rank}: the program builds no adapters ({kind} has no LoRA layers), "
-                "and the hook cannot add them"
-            )
-        elif settings.lora_rank > 0 and any(r and r != settings.lora_rank for r in lora):
-            lines.append(f"LoRA rank {settings.lora_rank}: the program's adapters have rank {lora}")
-        elif settings.lora_rank == 0 and lora:
-            lines.append("LoRA off: the program trains LoRA adapters, the plan trains every weight")
-        stage = settings.zero_stage
-        if stage is not None and stage != 3 and model is not None and _zero_init(model):
-            lines.append(
-                f"ZeRO-{stage}: the program builds its model under ZeRO-3's zero.Init (its parameters are "
-                "partitioned before deepspeed.initialize), which the hook cannot undo"
-            )
-        if settings.loss == "chunked":
-            lines.append("chunked loss: the program computes its own loss on the whole logits; the hook cannot chunk")
-        applied = self.record["applied"]
-        if settings.gradient_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None)
-            keyword = "activation_checkpointing_kwargs"
-            if enable is None:
-                enable, keyword = getattr(model, "gradient_checkpointing_enable", None), "gradient_checkpointing_kwargs"
-            if enable is None:
-                lines.append(f"gradient checkpointing: {kind} has no gradient_checkpointing_enable()")
-            else:
-                with _quiet():
-                    enable(**{keyword: {"use_reentrant": False}})
-                applied["gradient_checkpointing"] = "enabled"
-        elif _checkpointing(model):
-            disable = getattr(model, "activation_checkpointing_disable", None) or getattr(
-                model, "gradient_checkpointing_disable", None
-            )
-            if disable is None:
-                lines.append(f"gradient checkpointing off: {kind} checkpoints and has no way to turn it off")
-            else:
-                with _quiet():
-                    disable()
-                applied["gradient_checkpointing"] = "disabled"
-        return lines
 
     def _merge_config(self, bound: inspect.BoundArguments, first: bool) -> None:
         """Put the strategy's keys into the config the program passed (module docstring)."""
@@ -329,7 +207,7 @@ class ScriptProbe:
                 config, source = getattr(holder, name), f"args.{name}"
         if config is None:
             raise ValueError("deepspeed.initialize was called without a config (config=, config_params= or args)")
-        program = self._load(config)
+        program = load_config(config)
         merged = merge_config(program, self.settings.ds_overrides)
         arguments["config"] = merged
         arguments.pop("config_params", None)
@@ -338,17 +216,6 @@ class ScriptProbe:
                 setattr(holder, name, None)
         if first:
             self.record.update(config_source=source, program_config=program, config=merged)
-
-    @staticmethod
-    def _load(config: Any) -> dict[str, Any]:
-        if isinstance(config, dict):
-            return config
-        import deepspeed
-
-        loader = getattr(deepspeed, "load_ds_config", None)
-        if loader is not None:
-            return dict(loader(config))
-        return dict(json.loads(Path(config).read_text(encoding="utf-8")))
 
     def _start_tracker(self) -> None:
         from probes.measure.tracker import LiveTensorTracker
@@ -365,30 +232,12 @@ class ScriptProbe:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
 
-    def _ran_with(self, engine: Any) -> dict[str, Any]:
-        """What the engine really runs with, as the program sees it."""
-        module = getattr(engine, "module", None)
-        return {
-            "engine": type(engine).__name__,
-            "zero_stage": int(engine.zero_optimization_stage()),
-            "micro_batch": int(engine.train_micro_batch_size_per_gpu()),
-            "grad_accum": int(engine.gradient_accumulation_steps()),
-            "train_batch_size": int(engine.train_batch_size()),
-            "dtype": _dtype_of(engine),
-            "offload_optimizer": _device_of(engine.zero_offload_optimizer()),
-            "offload_param": _device_of(engine.zero_offload_param()),
-            "world_size": int(getattr(engine, "dp_world_size", self.world)),
-            "gradient_checkpointing": _checkpointing(module),
-            "optimizer": type(getattr(engine, "optimizer", None)).__name__,
-            "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-        }
-
     def _measure(self, engine: Any) -> None:
         """Record the engine, then wrap its forward, backward and step in the probe's phases."""
         from probes.step.phases import PhaseClock
 
         self.engine = engine
-        self.record["ran_with"] = self._ran_with(engine)
+        self.record["ran_with"] = ran_with(engine, self.world)
         if self.tracker is not None:
             self.record.update(setup_peak_bytes=self.tracker.peak, resident_bytes=self.tracker.current)
         else:
@@ -469,36 +318,6 @@ class ScriptProbe:
         if self.steps_done >= self.settings.steps:
             self.finish("ok")
 
-    def contradictions(self) -> list[str]:
-        """Where what the program really ran differs from the plan (one line each)."""
-        settings, ran, lines = self.settings, self.record.get("ran_with", {}), []
-        if settings.zero_stage is not None and ran.get("zero_stage") != settings.zero_stage:
-            lines.append(f"the engine runs ZeRO-{ran.get('zero_stage')} (the plan: ZeRO-{settings.zero_stage})")
-        if settings.micro_batch is not None:
-            if ran.get("micro_batch") != settings.micro_batch:
-                lines.append(f"the engine's micro-batch is {ran.get('micro_batch')} (the plan: {settings.micro_batch})")
-            if self.batch_sizes and max(self.batch_sizes) != settings.micro_batch:
-                sizes = sorted(set(self.batch_sizes))
-                lines.append(f"the program feeds micro-batches of {sizes} (the plan: {settings.micro_batch})")
-        if settings.grad_accum is not None and self.micro_steps:
-            counts = sorted(set(self.micro_steps))
-            if counts != [settings.grad_accum]:
-                lines.append(
-                    f"the program steps the optimizer every {counts} micro-batches "
-                    f"(the plan accumulates {settings.grad_accum})"
-                )
-        if settings.dtype is not None and ran.get("dtype") != settings.dtype:
-            lines.append(f"the engine computes in {ran.get('dtype')} (the plan: {settings.dtype})")
-        if settings.world_size and ran.get("world_size") not in (None, settings.world_size):
-            ranks = ran.get("world_size")
-            lines.append(f"the program runs {ranks} data-parallel ranks (the plan: {settings.world_size})")
-        if settings.device == "cuda":
-            wanted = "expandable_segments:True" if settings.allocator == "expandable-segments" else ""
-            found = ran.get("PYTORCH_CUDA_ALLOC_CONF", "")
-            if found != wanted:
-                lines.append(f"PYTORCH_CUDA_ALLOC_CONF is {found!r} (the plan: {wanted!r})")
-        return lines
-
     # --- the end -----------------------------------------------------------------------------------------
 
     def fail(self, exc: BaseException, hook: bool = False) -> NoReturn:
@@ -542,7 +361,11 @@ class ScriptProbe:
             "world_size": self.settings.world_size,
         }
         record["observed"] = {"batch_sizes": sorted(set(self.batch_sizes)), "micro_steps_per_step": self.micro_steps}
-        record["contradictions"] = self.contradictions() if self.engine is not None else []
+        record["contradictions"] = (
+            contradictions(self.settings, record.get("ran_with", {}), self.batch_sizes, self.micro_steps)
+            if self.engine is not None
+            else []
+        )
         record["steps_done"] = self.steps_done
         record["warmup_steps"] = self.settings.warmup_steps
         record["step_wall_s"] = self.step_wall

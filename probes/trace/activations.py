@@ -114,7 +114,7 @@ def _representative(hf_config: dict[str, Any]) -> dict[str, Any]:
     """``hf_config`` with its traced layer (the second) of the kind most of its layers are: DeepSeek's MLA
     models (``deepseek_v2``, ``deepseek_v3``) keep their first ``first_k_dense_replace`` layers dense and route
     the rest through experts, so the cut keeps one dense layer and traces an MoE one. A hybrid of linear and
-    full attention (Qwen3-Next) keeps one layer of each kind (:func:`probes.trace.hybrid.hybrid_cut`)."""
+    full attention (Qwen3-Next) keeps one layer of each kind (:func:`probes.trace.hybrid_cut.hybrid_cut`)."""
     from probes.trace.hybrid_cut import hybrid_cut
 
     hybrid = hybrid_cut(hf_config, TRACED_LAYERS)

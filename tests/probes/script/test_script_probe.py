@@ -41,15 +41,8 @@ from tiny_models import make_hardware
 
 from probes.process.isolation import free_port
 from probes.process.workdir import PREFIX, remove_stale_folders
-from probes.script.launch import (
-    RankReport,
-    ScriptProbeResult,
-    decide,
-    program_fingerprint,
-    run_script_probe,
-    script_env,
-    script_of,
-)
+from probes.script.launch import program_fingerprint, run_script_probe, script_env, script_of
+from probes.script.outcome import RankReport, ScriptProbeResult, decide
 from probes.script.settings import (
     HOOK_ERRORS_FILE,
     HOOK_FOLDER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from probes.script.launch import RankReport, decide
+from probes.script.outcome import RankReport, decide
 from probes.script.settings import ScriptProbeSettings
 
 BUILDING = "Emitting ninja build file /x/fused_adam/build.ninja...\nBuilding extension module fused_adam..."
