@@ -1,16 +1,23 @@
 """Predicting and choosing: the cost model (pure functions), its coefficients and the search.
 
-Nothing here imports torch, deepspeed or transformers; ``search`` depends only on ``store``. Sub-packages,
-each depending only on those above it:
+Nothing here imports torch, deepspeed or transformers; ``search`` depends only on ``store``. Sub-packages and
+modules, each importing only those after it (an import-linter contract in pyproject.toml):
 
+- ``search.choose``: the strategy spaces and the searches over them.
+- ``search.calibration``: fitting the named coefficients to what probes measured; ``search.retarget``: a plan's
+  rollout engine re-solved for a framework that runs another engine.
+- ``search.predictor``: the one entry point of a prediction, whatever the workload.
+- ``search.rlhf`` (RLHF workloads: ppo, remax, grpo, with a vLLM or SGLang engine beside the trainer) and
+  ``search.single`` (single-model workloads: sft, reward, dpo).
+- ``search.rollout`` (vLLM's and SGLang's own memory rules) and ``search.spread`` (a plan's measured spread).
+- ``search.step``: a step of phases shared by every workload: live moments -> fragments -> Prediction.
+- ``search.streams`` (the step's phases and its allocation stream) and ``search.allocator`` (torch's caching
+  allocator, ported, to replay the stream).
 - ``search.model``: one trained or frozen model: shapes, states and buffers (placement), activations and
   the moments of its training, its seconds.
-- ``search.step``: a step of phases shared by every workload: live moments -> fragments -> Prediction.
-- ``search.single``: single-model workloads (sft, reward, dpo).
-- ``search.rlhf``: RLHF workloads (ppo, remax, grpo).
-- ``search.choose``: the strategy spaces and the searches over them.
+- ``search.prediction``, ``search.batches``, ``search.frameworks`` and ``search.coefficients`` at the floor.
 
-``search.predictor`` is the one entry point of a prediction; the public names are re-exported here.
+The public names are re-exported here.
 """
 
 from search.choose.candidates import Candidate, SearchResult

@@ -1,7 +1,7 @@
 """Allocation streams: the ordered allocations and frees of a run, as torch's caching allocator sees them.
 
 A stream is data, shared by who records it (the CPU probe tracker, :mod:`probes.measure.tracker`), who builds it
-from a plan's cost terms (:mod:`search.alloc_streams`) and who replays it through the allocator's rules
+from a plan's cost terms (:mod:`search.streams`) and who replays it through the allocator's rules
 (:mod:`search.allocator`). An event is a plain tuple, so a step of a large plan (thousands of events) is
 cheap to build, hash and replay:
 
