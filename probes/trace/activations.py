@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any
 
 from probes.model.sequences import unpacked_sequences
-from store.activation_terms import LAYER_FORWARD_TENSORS, Polynomial, basis, compact, evaluate
+from store.activation_terms import Polynomial, basis, compact, evaluate
 from store.alloc_stream import ALLOC, FREE, PHASE
 
 # (sequences, tokens) of the fit: six shapes for the six terms 1, b, s, b*s, s^2, b*s^2 (b >= 2: at b = 1 some
@@ -61,10 +61,6 @@ class StepTrace:
     windows: dict[str, tuple[int, ...]]
     # each layer's own (saved bytes, forward window, backward window), where traced with every_layer (hybrids)
     layers: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
-    # every tensor the standing layer's forward makes, in order: (bytes, index of the last tensor of the forward
-    # made before it is freed; -1 for one still alive at the LM head: a saved tensor), so that its temporaries
-    # are made and freed where the layer's code makes and frees them (search.streams.parts)
-    layer_forward_tensors: tuple[tuple[int, int], ...] = ()
 
 
 @contextlib.contextmanager
@@ -225,8 +221,8 @@ def trace_step(
 
 def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
     """The tensors the second decoder layer of a two-layer ``model`` (not checkpointed) makes in its forward
-    (:attr:`StepTrace.layer_forward_tensors`): one forward with labels and without a KV cache, traced until
-    the LM head, no backward."""
+    in order: (bytes, index of the last of them made before it is freed; -1 for one still alive at the LM head,
+    a saved tensor). One forward with labels and without a KV cache, traced until the LM head, no backward."""
     import torch
 
     from probes.measure.meta_results import run_meta_op
@@ -318,15 +314,7 @@ def _read(stream: Any, layer: int = 1) -> StepTrace:
         if f"layer{i}.bwd" in index_at
     )
     outside = at["head"] - at["start"] - 2 * sum(saved)
-    return StepTrace(
-        layer_saved=saved,
-        outside_saved=outside,
-        windows=windows,
-        layers=per_layer,
-        layer_forward_tensors=_made_and_freed(
-            stream, index_at[f"layer{layer}.fwd"], index_at[f"layer{layer}.fwd.end"], head
-        ),
-    )
+    return StepTrace(layer_saved=saved, outside_saved=outside, windows=windows, layers=per_layer)
 
 
 def _made_and_freed(stream: Any, first: int, last: int, head: int) -> tuple[tuple[int, int], ...]:
@@ -412,37 +400,35 @@ def fit_terms(
     def fit(name: str, traced: list[tuple[int, ...]], checked: tuple[int, ...]) -> list[Polynomial]:
         return _fit(name, traced, checked, points, check_point)
 
-    terms = {
+    return {
         "layer_saved": fit("layer_saved", [t.layer_saved for t in traces], check.layer_saved),
         "outside_saved": fit("outside_saved", [(t.outside_saved,) for t in traces], (check.outside_saved,))[0],
         "windows": {w: compact(fit(w, [t.windows[w] for t in traces], check.windows[w])) for w in check.windows},
         "fit_shapes": [list(point) for point in points],
         "check_shape": list(check_point),
     }
-    forward = fit_layer_forward(traces, check, points, check_point)
-    if forward is not None:
-        terms[LAYER_FORWARD_TENSORS] = forward
-    return terms
 
 
-def fit_layer_forward(
-    traces: list[StepTrace],
-    check: StepTrace,
-    points: tuple[tuple[int, ...], ...] = FIT_POINTS,
-    check_point: tuple[int, ...] = CHECK_POINT,
-) -> dict[str, Any] | None:
-    """The standing layer's forward tensors (:attr:`StepTrace.layer_forward_tensors`) as fitted sizes and the
-    order of their frees, where that order is the same at every shape and the sizes fit exactly (else None:
-    the cost model then makes the layer's saved tensors only)."""
-    every = [*traces, check]
-    freed = [tuple(f for _, f in t.layer_forward_tensors) for t in every]
+LayerForward = tuple[tuple[int, int], ...]  # (bytes, index of the tensor after which it is freed or -1), in order
+
+
+def fit_layer_forward(traces: list[LayerForward], check: LayerForward) -> dict[str, Any] | None:
+    """A layer's forward tensors (:func:`trace_layer_forward_tensors` at each of ``FIT_SHAPES``, and at
+    ``CHECK_SHAPE``) as fitted sizes and the order of their frees, where that order is the same at every shape
+    and the sizes fit exactly (else None: the cost model then makes the layer's saved tensors only)."""
+    freed = [tuple(f for _, f in t) for t in [*traces, check]]
     if not freed[0] or len(set(freed)) != 1:
         return None
-    sizes = [tuple(size for size, _ in t.layer_forward_tensors) for t in traces]
+    sizes = [tuple(size for size, _ in t) for t in traces]
     try:
-        fitted = _fit(
-            "layer_forward_tensors", sizes, tuple(size for size, _ in check.layer_forward_tensors), points, check_point
-        )
+        fitted = _fit("layer_forward_tensors", sizes, tuple(size for size, _ in check))
     except FitError:
         return None
     return {"sizes": fitted, "freed_after": list(freed[0])}
+
+
+def layer_forward_terms(model: Any) -> dict[str, Any] | None:
+    """The ``layer_forward_tensors`` term of a two-layer ``model`` (under :func:`gpu_kernels`): traced at the
+    fit's shapes and checked on ``CHECK_SHAPE`` (:func:`fit_layer_forward`)."""
+    traces = [trace_layer_forward_tensors(model, b, s) for b, s in FIT_SHAPES]
+    return fit_layer_forward(traces, trace_layer_forward_tensors(model, *CHECK_SHAPE))

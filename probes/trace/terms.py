@@ -9,19 +9,17 @@ from typing import Any
 from probes.trace.activations import (
     CHECK_SHAPE,
     FIT_SHAPES,
-    StepTrace,
     cut_model,
-    fit_layer_forward,
     fit_terms,
     gpu_kernels,
-    trace_layer_forward_tensors,
+    layer_forward_terms,
     trace_step,
 )
 from probes.trace.generation import trace_generation_terms
 from probes.trace.hybrid import trace_hybrid_terms
 from probes.trace.hybrid_cut import layer_kinds
 from probes.trace.variants import trace_variants
-from store.activation_terms import TRACED_KEYS, TRACED_SETTINGS, VARIANTS
+from store.activation_terms import LAYER_FORWARD_TENSORS, TRACED_KEYS, TRACED_SETTINGS, VARIANTS
 
 
 def trace_all_terms(hf_config: dict[str, Any], keys: tuple[str, ...] = TRACED_KEYS) -> dict[str, Any]:
@@ -63,6 +61,9 @@ def trace_terms(
             traces = [trace_step(model, b, s) for b, s in FIT_SHAPES]
             check = trace_step(model, *CHECK_SHAPE)
             terms = fit_terms(traces, check)
+            forward = layer_forward_terms(model)  # the layer's temporaries, without a KV cache
+            if forward is not None:
+                terms[LAYER_FORWARD_TENSORS] = forward
         if generation:  # generation and scoring, as the RLHF probe runs them; formulas for them where that fails
             try:
                 terms["windows"].update(trace_generation_terms(model))
@@ -82,15 +83,11 @@ def trace_terms(
 
 
 def trace_layer_forward(hf_config: dict[str, Any], dtype: str, attn_impl: str) -> dict[str, Any] | None:
-    """Only the ``layer_forward_tensors`` term of a model config (what ``fit_terms`` adds to a full trace):
+    """Only the ``layer_forward_tensors`` term of a model config (what :func:`trace_terms` adds to a full trace):
     for a catalog traced before the term existed. None for a hybrid (traced per kind of layer) or where the
     layer's order of frees differs between shapes."""
     if layer_kinds(hf_config) is not None:
         return None
     model = cut_model(hf_config, dtype, attn_impl)
     with gpu_kernels(attention=attn_impl != "eager"):
-        traces = [
-            StepTrace((), 0, {}, layer_forward_tensors=trace_layer_forward_tensors(model, b, s)) for b, s in FIT_SHAPES
-        ]
-        check = StepTrace((), 0, {}, layer_forward_tensors=trace_layer_forward_tensors(model, *CHECK_SHAPE))
-    return fit_layer_forward(traces, check)
+        return layer_forward_terms(model)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from probes.trace.activations import (
     CHECK_SHAPE,
     FIT_SHAPES,
-    StepTrace,
     cut_model,
     fit_layer_forward,
     gpu_kernels,
+    layer_forward_terms,
     trace_layer_forward_tensors,
 )
 from store.activation_terms import LAYER_FORWARD_TENSORS, layer_forward_tensors, valid_terms
@@ -40,14 +40,13 @@ def test_opt_layer_forward_makes_and_frees_as_its_code_does() -> None:
 def test_the_fit_holds_the_order_of_frees_and_the_sizes_at_a_new_shape() -> None:
     model = cut_model(OPT, "bf16", "sdpa")
     with gpu_kernels():
-        traces = [
-            StepTrace((), 0, {}, layer_forward_tensors=trace_layer_forward_tensors(model, *sh)) for sh in FIT_SHAPES
-        ]
+        traces = [trace_layer_forward_tensors(model, *shape) for shape in FIT_SHAPES]
         check = trace_layer_forward_tensors(model, *CHECK_SHAPE)
-    fitted = fit_layer_forward(traces, StepTrace((), 0, {}, layer_forward_tensors=check))
+        assert layer_forward_terms(model) == fit_layer_forward(traces, check)
+    fitted = fit_layer_forward(traces, check)
     assert fitted is not None
     assert layer_forward_tensors({LAYER_FORWARD_TENSORS: fitted}, *CHECK_SHAPE) == check
-    shuffled = StepTrace((), 0, {}, layer_forward_tensors=tuple((size, -1) for size, _ in check))
+    shuffled = tuple((size, -1) for size, _ in check)
     assert fit_layer_forward(traces, shuffled) is None  # frees in another order at another shape: not kept
 
 
