@@ -3,7 +3,10 @@
 # The postgres extra (psycopg 3) comes along, so that the tests run the store on a real PostgreSQL server
 # where its binaries (initdb, pg_ctl) are installed; they skip, saying why, where they are not. The frameworks
 # extra (accelerate, TRL, PEFT, bitsandbytes) lets the tests run each `planner export --format` file through its
-# framework and QLoRA's layers on the CPU.
+# framework and QLoRA's layers on the CPU. The plot extra (matplotlib, for `planner explain --plot x.png`) is not
+# installed: `.venv/bin/pip install -e '.[plot]'` adds it.
+# The editable install is a plain .pth entry for the repository (package-dir in pyproject.toml), so a type checker
+# outside the repository finds the packages and their py.typed (mypy --python-executable .venv/bin/python).
 #
 # torch: when the venv cannot import torch, install the pinned CPU build torch==2.13.0 first (pip's
 # configured find-links / index serve it; on a CPU machine without such a source, set
