@@ -25,6 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from store.workload_kinds import KindTraits  # noqa: E402
+
 # operators that only make a view or a handle (no kernel on a GPU)
 METADATA_OPS = {
     "aten.detach", "aten.view", "aten.t", "aten.transpose", "aten._unsafe_view", "aten.expand", "aten.slice",
@@ -49,6 +51,34 @@ FROZEN = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_
 PROMPT, GENERATED = 32, 256
 
 
+def _engines(kind: KindTraits) -> tuple[Any, list[Any]]:
+    """The actor's engine (ZeRO-2, checkpointed) and the frozen engines of ``kind``, the critic's built beside."""
+    import deepspeed
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**OPT)
+
+    def model(checkpointed: bool) -> Any:
+        built = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(torch.bfloat16)
+        if checkpointed:
+            built.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return built
+
+    torch.manual_seed(0)
+    actor_model = model(True)
+    actor, *_ = deepspeed.initialize(model=actor_model, config=ZERO2, model_parameters=actor_model.parameters())
+    frozen = []
+    if kind.trains_critic:  # the critic (trained) beside the actor
+        critic_model = model(True)
+        deepspeed.initialize(model=critic_model, config=ZERO2, model_parameters=critic_model.parameters())
+    if kind.rlhf:  # the reference and reward models (frozen)
+        for _ in range(2):
+            held = model(False).requires_grad_(False)
+            frozen.append(deepspeed.initialize(model=held, config=FROZEN)[0])
+    return actor, frozen
+
+
 def _child(mode: str, steps: int) -> dict[str, Any]:
     """One mode's measurements, in this (fresh) process."""
     import gc
@@ -56,10 +86,8 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
     import time
     from collections import Counter
 
-    import deepspeed
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from store.workload_kinds import traits
 
@@ -81,26 +109,8 @@ def _child(mode: str, steps: int) -> dict[str, Any]:
             collected["s"] += time.perf_counter() - collected["start"]
 
     gc.callbacks.append(on_gc)
-    config = AutoConfig.for_model(**OPT)
-
-    def model(checkpointed: bool) -> Any:
-        built = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(torch.bfloat16)
-        if checkpointed:
-            built.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return built
-
-    torch.manual_seed(0)
-    actor_model = model(True)
-    actor, *_ = deepspeed.initialize(model=actor_model, config=ZERO2, model_parameters=actor_model.parameters())
     kind = traits(mode)
-    frozen = []
-    if kind.trains_critic:  # the critic (trained) beside the actor
-        critic_model = model(True)
-        deepspeed.initialize(model=critic_model, config=ZERO2, model_parameters=critic_model.parameters())
-    if kind.rlhf:  # the reference and reward models (frozen)
-        for _ in range(2):
-            held = model(False).requires_grad_(False)
-            frozen.append(deepspeed.initialize(model=held, config=FROZEN)[0])
+    actor, frozen = _engines(kind)
     ids = torch.randint(3, OPT["vocab_size"], (2, PROMPT + GENERATED))
     times, gc_s, ops = [], [], Counter[str]()
     for step in range(steps + 1):  # the first is a warm-up

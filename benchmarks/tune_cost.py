@@ -102,6 +102,65 @@ def tune_row(label: str, model: str, *, device: str, runner: Any, db: str, **job
     }
 
 
+def _cpu_rows(folder: Path) -> list[dict[str, Any]]:
+    """The CPU backend's rows: a small Llama's sft and ppo tuned for real, in ``folder``."""
+    model = folder / "llama-small"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    cpu = {"gpu_mem": "2G", "cpu_mem": "64G"}
+    return [
+        tune_row(
+            "small Llama sft, CPU backend",
+            str(model),
+            device="cpu",
+            runner=None,
+            db=str(folder / "cpu-sft.db"),
+            workload="sft",
+            seq_len=256,
+            batch=8,
+            **cpu,
+        ),
+        tune_row(
+            "small Llama ppo, CPU backend",
+            str(model),
+            device="cpu",
+            runner=None,
+            db=str(folder / "cpu-ppo.db"),
+            workload="ppo",
+            prompt_len=64,
+            gen_len=64,
+            batch=2,
+            **cpu,
+        ),
+    ]
+
+
+def _markdown(rows: list[dict[str, Any]], setup_s: float) -> str:
+    """The result table, with the autotuner's published cost beside it."""
+    lo, hi = AUTOTUNER["experiments"]
+    lines = [
+        "# Cost of a confirmed plan: planner tune against the DeepSpeed autotuner",
+        "",
+        f"DeepSpeed autotuner (published): {lo}-{hi} full experiments, {AUTOTUNER['minutes'][0]}-"
+        f"{AUTOTUNER['minutes'][1]} minutes per Hugging Face model on {AUTOTUNER['gpus']} V100s; target a tenth "
+        f"({lo / 10:.1f}-{hi / 10:.1f} experiments).",
+        "",
+        "Command: `DS_ACCELERATOR=cpu .venv/bin/python benchmarks/tune_cost.py -o benchmarks/results/tune_cost.md`",
+        f"(simulated H100 probes cost {setup_s:.1f} s of set-up, the median of the recorded H100 probes, plus "
+        f"{STEPS} steps).",
+        "",
+        "| tune | probes | of candidates | device-seconds | wall (s) | confirmed | plan |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        plan = json.dumps(r["plan"], sort_keys=True) if r["plan"] else "-"
+        lines.append(
+            f"| {r['label']} | {r['probes']} | {r['candidates']} | {r['device_s']:.1f} | {r['wall_s']:.1f} | "
+            f"{'yes' if r['confirmed'] else 'no: ' + r['stop']} | `{plan}` |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cpu", action="store_true", help="only the simulated H100 rows")
@@ -150,57 +209,8 @@ def main() -> None:
         ),
     ]
     if not args.skip_cpu:
-        model = folder / "llama-small"
-        model.mkdir()
-        (model / "config.json").write_text(json.dumps(SMALL_LLAMA))
-        cpu = {"gpu_mem": "2G", "cpu_mem": "64G"}
-        rows += [
-            tune_row(
-                "small Llama sft, CPU backend",
-                str(model),
-                device="cpu",
-                runner=None,
-                db=str(folder / "cpu-sft.db"),
-                workload="sft",
-                seq_len=256,
-                batch=8,
-                **cpu,
-            ),
-            tune_row(
-                "small Llama ppo, CPU backend",
-                str(model),
-                device="cpu",
-                runner=None,
-                db=str(folder / "cpu-ppo.db"),
-                workload="ppo",
-                prompt_len=64,
-                gen_len=64,
-                batch=2,
-                **cpu,
-            ),
-        ]
-    lo, hi = AUTOTUNER["experiments"]
-    lines = [
-        "# Cost of a confirmed plan: planner tune against the DeepSpeed autotuner",
-        "",
-        f"DeepSpeed autotuner (published): {lo}-{hi} full experiments, {AUTOTUNER['minutes'][0]}-"
-        f"{AUTOTUNER['minutes'][1]} minutes per Hugging Face model on {AUTOTUNER['gpus']} V100s; target a tenth "
-        f"({lo / 10:.1f}-{hi / 10:.1f} experiments).",
-        "",
-        "Command: `DS_ACCELERATOR=cpu .venv/bin/python benchmarks/tune_cost.py -o benchmarks/results/tune_cost.md`",
-        f"(simulated H100 probes cost {setup_s:.1f} s of set-up, the median of the recorded H100 probes, plus "
-        f"{STEPS} steps).",
-        "",
-        "| tune | probes | of candidates | device-seconds | wall (s) | confirmed | plan |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        plan = json.dumps(r["plan"], sort_keys=True) if r["plan"] else "-"
-        lines.append(
-            f"| {r['label']} | {r['probes']} | {r['candidates']} | {r['device_s']:.1f} | {r['wall_s']:.1f} | "
-            f"{'yes' if r['confirmed'] else 'no: ' + r['stop']} | `{plan}` |"
-        )
-    text = "\n".join(lines)
+        rows += _cpu_rows(folder)
+    text = _markdown(rows, setup_s)
     print(text)
     if args.output:
         Path(args.output).write_text(text + "\n")
