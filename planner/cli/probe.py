@@ -18,50 +18,55 @@ NOT_PROBED = ("nvme_path", "safety_margin", "framework", "node", "inter_node_gbp
 PROBE = "Probe"
 
 
+Strategies = Annotated[
+    str, typer.Option("--strategies", help="recommended, grid, or a JSON file of strategies.", rich_help_panel=PROBE)
+]
+Steps = Annotated[
+    int,
+    typer.Option(
+        "--steps",
+        help="All steps of a probe: the first warms up (the first two under ZeRO-3), the rest are measured.",
+        rich_help_panel=PROBE,
+    ),
+]
+Layers = Annotated[
+    str,
+    typer.Option("--layers", help="auto, K, or K1,K2 decoder layers (two depths extrapolate).", rich_help_panel=PROBE),
+]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds before a probe is stopped.", rich_help_panel=PROBE)]
+Device = Annotated[
+    str, typer.Option("--device", help="cuda, or cpu (DeepSpeed's CPU accelerator).", rich_help_panel=PROBE)
+]
+MemoryCap = Annotated[
+    str | None,
+    typer.Option("--memory-cap", help="CPU: live bytes that count as out of memory.", rich_help_panel=PROBE),
+]
+Force = Annotated[
+    bool, typer.Option("--force", help="Run again probes the database already holds.", rich_help_panel=PROBE)
+]
+Command = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ...).",
+        show_default=False,
+    ),
+]
+
+
 @job_options(omit=NOT_PROBED)
 def probe_command(
     job: JobSpec,
-    strategies: Annotated[
-        str,
-        typer.Option("--strategies", help="recommended, grid, or a JSON file of strategies.", rich_help_panel=PROBE),
-    ] = "recommended",
-    steps: Annotated[
-        int,
-        typer.Option(
-            "--steps",
-            help="All steps of a probe: the first warms up (the first two under ZeRO-3), the rest are measured.",
-            rich_help_panel=PROBE,
-        ),
-    ] = 4,
-    layers: Annotated[
-        str,
-        typer.Option(
-            "--layers", help="auto, K, or K1,K2 decoder layers (two depths extrapolate).", rich_help_panel=PROBE
-        ),
-    ] = "auto",
-    timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds before a probe is stopped.", rich_help_panel=PROBE)
-    ] = 600.0,
-    device: Annotated[
-        str, typer.Option("--device", help="cuda, or cpu (DeepSpeed's CPU accelerator).", rich_help_panel=PROBE)
-    ] = "cuda",
-    memory_cap: Annotated[
-        str | None,
-        typer.Option("--memory-cap", help="CPU: live bytes that count as out of memory.", rich_help_panel=PROBE),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Run again probes the database already holds.", rich_help_panel=PROBE)
-    ] = False,
+    strategies: Strategies = "recommended",
+    steps: Steps = 4,
+    layers: Layers = "auto",
+    timeout: Timeout = 600.0,
+    device: Device = "cuda",
+    memory_cap: MemoryCap = None,
+    force: Force = False,
     json_out: Json = False,
     db: Db = None,
     calibration: Calibration = "auto",
-    command: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ...).",
-            show_default=False,
-        ),
-    ] = None,
+    command: Command = None,
 ) -> int:
     """Run each strategy for a few steps in its own process; store and compare with the prediction.
 
@@ -96,8 +101,6 @@ def probe_command(
             force=force,
             memory_cap=memory_cap,
         )
-    from planner.api import probe
-
     options: dict[str, Any] = {
         "strategies": strategies,
         "steps": steps,
@@ -106,6 +109,13 @@ def probe_command(
         "device": device,
     }
     options.update(memory_cap=memory_cap, force=force, db=db, calibration=calibration)
+    return _probe_builtin(job, options, timeout=timeout, json_out=json_out)
+
+
+def _probe_builtin(job: JobSpec, options: dict[str, Any], *, timeout: float, json_out: bool) -> int:
+    """``planner probe``: memplan's own loop under each strategy, with a live bar on a terminal, else lines on
+    stderr (planner.cli.progress)."""
+    from planner.api import probe
     from planner.report.text import console, render_probe_report
 
     if json_out or not console.is_terminal:  # no live display: plain lines on stderr (planner.cli.progress)

@@ -12,6 +12,7 @@ from planner.files.atomic import read_json_file
 from planner.job.cut import cut_workload
 from planner.job.inputs import ResolvedJob
 from planner.probing.device import device_coefficients, device_prediction
+from planner.probing.settings import ProbeSettings
 from probes.measure.fingerprint import versions as software_versions
 from search import Coefficients, Prediction, predict, search
 from search.batches import micro_batches
@@ -118,15 +119,14 @@ def depths_for(job: ResolvedJob, device: str, asked: tuple[int, ...] | None, fit
 def plan_probes(
     job: ResolvedJob,
     strategies: list[Strategy | RLHFStrategy],
+    settings: ProbeSettings,
     *,
-    device: str,
-    steps: int,
     layers: tuple[int, ...] | None,
-    timeout_s: float,
-    memory_cap_bytes: int | None,
     coef: Coefficients,
 ) -> list[PlannedProbe]:
-    """One PlannedProbe per strategy and depth, each with its prediction and canonical key."""
+    """One PlannedProbe per strategy and depth (``layers``; None: the whole model), each with its prediction
+    and canonical key, run as ``settings`` say."""
+    device = settings.device
     versions = software_versions()
     probe_coef = device_coefficients(device, coef)
     planned: list[PlannedProbe] = []
@@ -141,10 +141,10 @@ def plan_probes(
                 strategy=strategy.to_dict(),
                 hardware=job.hardware.to_dict(),
                 device=device,
-                steps=steps,
+                steps=settings.steps,
                 layers=depth,
-                timeout_s=timeout_s,
-                memory_cap_bytes=memory_cap_bytes,
+                timeout_s=settings.timeout_s,
+                memory_cap_bytes=settings.memory_cap_bytes,
             )
             label = strategy_label(strategy, job.workload)
             planned.append(PlannedProbe(strategy, depth, request, request.key(versions), prediction, label))

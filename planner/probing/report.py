@@ -45,62 +45,9 @@ def build_report(
     by_strategy: dict[str, list[ProbeRow]] = defaultdict(list)
     for row in rows:
         by_strategy[repr(sorted(row.strategy.items()))].append(row)
-    full_layers = job.workload.model.num_layers
-    extrapolations: list[Extrapolation] = []
-    for group in by_strategy.values():
-        cut = sorted((r for r in group if r.layers is not None and r.outcome == "ok"), key=lambda r: r.layers or 0)
-        if len(cut) < 2:
-            continue
-        low, high = cut[0], cut[-1]
-        depths = (int(low.layers or 0), int(high.layers or 0))
-        assert low.measured is not None and high.measured is not None
-        extrapolated = {
-            m: extrapolate(depths, (float(low.measured[m]), float(high.measured[m])), full_layers) for m in METRICS
-        }
-        parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
-        full_prediction = device_prediction(
-            predict(job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, coefficients)),
-            device,
-        )
-        predicted_full = {m: float(getattr(full_prediction, m)) for m in METRICS}
-        anchored: dict[str, float | None] = {}
-        for m in METRICS:
-            if device == "cpu" and m == "step_time_s":
-                anchored[m] = None
-                continue
-            residuals = (
-                float(low.measured[m]) - float(low.predicted[m]),
-                float(high.measured[m]) - float(high.predicted[m]),
-            )
-            anchored[m] = predicted_full[m] + extrapolate(depths, residuals, full_layers)
-        full_row = next((r for r in group if r.layers is None and r.outcome == "ok"), None)
-        measured_full = {m: float(full_row.measured[m]) for m in METRICS} if full_row and full_row.measured else None
-        errors = (
-            {m: extrapolated[m] / measured_full[m] - 1 if measured_full[m] else None for m in METRICS}
-            if measured_full
-            else {}
-        )
-        anchored_errors = (
-            {
-                m: value / measured_full[m] - 1 if (measured_full[m] and value is not None) else None
-                for m, value in anchored.items()
-            }
-            if measured_full
-            else {}
-        )
-        extrapolations.append(
-            Extrapolation(
-                label=low.label.rsplit(" [", 1)[0],
-                depths=list(depths),
-                full_layers=full_layers,
-                extrapolated=extrapolated,
-                predicted_full=predicted_full,
-                anchored=anchored,
-                measured_full=measured_full,
-                errors=errors,
-                anchored_errors=anchored_errors,
-            )
-        )
+    extrapolations = [
+        e for e in (_extrapolation(job, device, coefficients, group) for group in by_strategy.values()) if e is not None
+    ]
     return ProbeReport(
         workload=job.workload.to_dict(),
         hardware=job.hardware.to_dict(),
@@ -112,3 +59,59 @@ def build_report(
         world_size=job.hardware.world_size,
         notes=list(notes or []),
     )
+
+
+def _extrapolation(
+    job: ResolvedJob, device: str, coefficients: Coefficients, group: list[ProbeRow]
+) -> Extrapolation | None:
+    """The probes of one strategy extrapolated per layer to the full depth (None: fewer than two cut depths ran
+    ok): the measured line, and the prediction at full depth anchored by the line of measured - predicted."""
+    full_layers = job.workload.model.num_layers
+    cut = sorted((r for r in group if r.layers is not None and r.outcome == "ok"), key=lambda r: r.layers or 0)
+    if len(cut) < 2:
+        return None
+    low, high = cut[0], cut[-1]
+    depths = (int(low.layers or 0), int(high.layers or 0))
+    assert low.measured is not None and high.measured is not None
+    extrapolated = {
+        m: extrapolate(depths, (float(low.measured[m]), float(high.measured[m])), full_layers) for m in METRICS
+    }
+    parse = RLHFStrategy.from_dict if job.workload.is_rlhf else Strategy.from_dict
+    full_prediction = device_prediction(
+        predict(job.workload, parse(group[0].strategy), job.hardware, device_coefficients(device, coefficients)),
+        device,
+    )
+    predicted_full = {m: float(getattr(full_prediction, m)) for m in METRICS}
+    anchored: dict[str, float | None] = {}
+    for m in METRICS:
+        if device == "cpu" and m == "step_time_s":
+            anchored[m] = None
+            continue
+        residuals = (
+            float(low.measured[m]) - float(low.predicted[m]),
+            float(high.measured[m]) - float(high.predicted[m]),
+        )
+        anchored[m] = predicted_full[m] + extrapolate(depths, residuals, full_layers)
+    full_row = next((r for r in group if r.layers is None and r.outcome == "ok"), None)
+    measured_full = {m: float(full_row.measured[m]) for m in METRICS} if full_row and full_row.measured else None
+    return Extrapolation(
+        label=low.label.rsplit(" [", 1)[0],
+        depths=list(depths),
+        full_layers=full_layers,
+        extrapolated=extrapolated,
+        predicted_full=predicted_full,
+        anchored=anchored,
+        measured_full=measured_full,
+        errors=_errors(dict(extrapolated), measured_full),
+        anchored_errors=_errors(anchored, measured_full),
+    )
+
+
+def _errors(values: dict[str, float | None], measured_full: dict[str, float] | None) -> dict[str, float | None]:
+    """Each value against the full model's measured one (value / measured - 1); none without a full-depth probe."""
+    if not measured_full:
+        return {}
+    return {
+        m: value / measured_full[m] - 1 if (measured_full[m] and value is not None) else None
+        for m, value in values.items()
+    }

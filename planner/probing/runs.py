@@ -13,24 +13,11 @@ over its planned strategies inside a probe run, ``tune`` (:mod:`planner.tuning.s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from planner.probing.plan import PlannedProbe
+from planner.probing.settings import ProbeSettings as ProbeSettings  # where callers have found it
 from store.measurements import ProbeRequest, ProbeResult
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """How each probe runs: on ``device`` (cuda or cpu) for ``steps`` optimizer steps within ``timeout_s``
-    seconds, capped at ``memory_cap_bytes`` of device memory (None: the device's own), by ``runner`` (None:
-    ``probes.run_probe``, with DeepSpeed's ops built first)."""
-
-    device: str
-    steps: int
-    timeout_s: float
-    memory_cap_bytes: int | None = None
-    runner: Callable[[ProbeRequest], ProbeResult] | None = None
 
 
 def reusable(known: Any, request: ProbeRequest) -> bool:

@@ -10,6 +10,7 @@ predicted and, for cut models, extrapolate per layer to the full depth.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from planner.job.calibrated import calibrated
@@ -29,13 +30,13 @@ from planner.probing.plan import (
 )
 from planner.probing.report import build_report
 from planner.probing.runs import ProbeSession, reusable
+from planner.probing.settings import ProbeSettings
 from planner.report.results import ProbeReport, ProbeRow
 from search import DEFAULT_COEFFICIENTS, Coefficients
 from store.db import open_storage
 from store.errors import InputError
 from store.measurements import ProbeRequest, ProbeResult
 from store.records import RLHFStrategy, Strategy
-from store.sizes import parse_size
 
 
 def probe(
@@ -68,6 +69,35 @@ def probe(
         check_device_present(device)
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     readings: list[str] = []  # said once the whole input is checked: a refused probe prints one line
+    resolved = _probed_job(spec, device, db, readings)
+    resolved, coefficients, calibration_block = _calibrated(resolved, coefficients, device, calibration, db)
+    settings = ProbeSettings.checked(
+        device=device, steps=steps, timeout_s=timeout_s, memory_cap=memory_cap, runner=runner
+    )
+    depths = parse_layers(layers, resolved.workload.model.num_layers)
+    chosen = choose_strategies(resolved, strategies, coefficients)
+    refuse_quantized_probe(chosen)
+    probed, notes = one_node(resolved)
+    planned = plan_probes(probed, chosen, settings, layers=depths, coef=coefficients)
+    if on_note is not None:
+        for line in readings:
+            on_note(line)
+    costs = _Costs(probed, coefficients, timed=device == "cpu" and calibration_block.get("id") is not None)
+    storage = open_storage(db)
+    try:
+        session = ProbeSession(storage, runner, on_note)
+        keys = [p.key for p in planned]
+        run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
+        rows, fingerprint = _run_planned(session, run, planned, settings, force, costs, on_progress)
+    finally:
+        storage.close()
+    report = build_report(probed, device, run.run_id, rows, fingerprint, coefficients, notes=notes)
+    return report.model_copy(update={"calibration": calibration_block})
+
+
+def _probed_job(spec: JobSpec, device: str, db: str | None, readings: list[str]) -> ResolvedJob:
+    """The job as this machine probes it: the dtype the CPU backend runs (said in ``readings``), this machine's host
+    memory, at most the ranks this node has; InputError for a dtype the CPU backend cannot run."""
     spec = cpu_probe_dtype(spec, device, readings.append)
     # a traced model's shape is cached in the probe's own database; the probes run here: this machine's host memory
     resolved = resolve(spec, db, local=True)
@@ -78,77 +108,81 @@ def probe(
         reason = cpu_dtype_unsupported_reason(resolved.workload.dtype)
         if reason is not None:
             raise InputError(reason)  # one line for the run, not one failed engine per strategy
-    resolved, coefficients, calibration_block = _calibrated(resolved, coefficients, device, calibration, db)
-    cpu_timed = device == "cpu" and calibration_block.get("id") is not None
-    cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
-    depths = parse_layers(layers, resolved.workload.model.num_layers)
-    chosen = choose_strategies(resolved, strategies, coefficients)
-    refuse_quantized_probe(chosen)
-    probed, notes = one_node(resolved)
-    planned = plan_probes(
-        probed,
-        chosen,
-        device=device,
-        steps=steps,
-        layers=depths,
-        timeout_s=float(timeout_s),
-        memory_cap_bytes=cap,
-        coef=coefficients,
-    )
-    if on_note is not None:
-        for line in readings:
-            on_note(line)
-    storage = open_storage(db)
+    return resolved
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """What the note of how long the probes take reads: the probed job, its coefficients, and whether a CPU probe's
+    time is predicted (calibrated to this CPU)."""
+
+    job: ResolvedJob
+    coef: Coefficients
+    timed: bool
+
+
+def _run_planned(
+    session: ProbeSession,
+    run: Any,
+    planned: list[PlannedProbe],
+    settings: ProbeSettings,
+    force: bool,
+    costs: _Costs,
+    on_progress: Callable[[str, int, int], None] | None,
+) -> tuple[list[ProbeRow], dict[str, Any] | None]:
+    """Inside the probe run ``run``: reuse what the store answers, build DeepSpeed's ops, say how long the rest
+    takes, run the rest; the rows in planned order and the device's fingerprint. Marks the run interrupted on
+    a failed build or Ctrl-C, done otherwise."""
+    storage = session.storage
+    stored, found = _stored(session, run, planned, force)
+    to_run = [item for item in planned if stored[item.key] is None]
+    try:  # DeepSpeed's ops, built before the first probe (OpBuildError is an InputError)
+        session.prepare([item.request for item in to_run])
+    except (InputError, KeyboardInterrupt):  # a failed build, Ctrl-C or SIGTERM while building
+        storage.finish_run(run.run_id, status="interrupted")
+        raise
+    if session.on_note is not None:
+        device, steps, timeout_s = settings.device, settings.steps, settings.timeout_s
+        cost = planned_costs(costs.job, to_run, device=device, steps=steps, coef=costs.coef, timed=costs.timed)
+        estimate = cost_note(cost, device=device, timed=costs.timed, less=PROBE_LESS)
+        for line in [*_timeout_notes(planned, found, stored, timeout_s), *([estimate] if estimate else [])]:
+            session.on_note(line)
     rows: list[ProbeRow] = []
     fingerprint: dict[str, Any] | None = None
     try:
-        session = ProbeSession(storage, runner, on_note)
-        keys = [p.key for p in planned]
-        run = storage.unfinished_run(keys) or storage.start_run(keys, {"strategies": strategies, "steps": steps})
-        done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
-        # what each probe reuses from the store (looked up once): nothing with force, except this run's own; a
-        # timeout only when it had at least this --timeout (planner.probing.runs.reusable)
-        found = {
-            item.key: session.find(item) if (not force or item.key in done_in_this_run) else None for item in planned
-        }
-        stored: dict[str, Any] = dict.fromkeys(found)
-        for item in planned:
-            known = found[item.key]
-            if known is not None and reusable(known, item.request):
-                stored[item.key] = known
-        to_run = [item for item in planned if stored[item.key] is None]
-        try:  # DeepSpeed's ops, built before the first probe (OpBuildError is an InputError)
-            session.prepare([item.request for item in to_run])
-        except (InputError, KeyboardInterrupt):  # a failed build, Ctrl-C or SIGTERM while building
-            storage.finish_run(run.run_id, status="interrupted")
-            raise
-        if on_note is not None:
-            costs = planned_costs(probed, to_run, device=device, steps=steps, coef=coefficients, timed=cpu_timed)
-            estimate = cost_note(costs, device=device, timed=cpu_timed, less=PROBE_LESS)
-            for line in [*_timeout_notes(planned, found, stored, timeout_s), *([estimate] if estimate else [])]:
-                on_note(line)
-        try:
-            for index, item in enumerate(planned):
-                known = stored[item.key]
-                if known is not None:
-                    rows.append(
-                        ProbeRow.from_probe(item, known.probe_id, known.result, reused=True, cpu_timed=cpu_timed)
-                    )
-                    fingerprint = fingerprint or _fingerprint_of(known.result)
-                    continue
-                if on_progress is not None:
-                    on_progress(item.label + depth_label(item.layers), index, len(planned))
-                probe_id, result = session.run(item, run.run_id)
-                rows.append(ProbeRow.from_probe(item, probe_id, result, reused=False, cpu_timed=cpu_timed))
-                fingerprint = fingerprint or _fingerprint_of(result)
-        except KeyboardInterrupt:
-            storage.finish_run(run.run_id, status="interrupted")
-            raise
-        storage.finish_run(run.run_id, status="done")
-    finally:
-        storage.close()
-    report = build_report(probed, device, run.run_id, rows, fingerprint, coefficients, notes=notes)
-    return report.model_copy(update={"calibration": calibration_block})
+        for index, item in enumerate(planned):
+            known = stored[item.key]
+            if known is not None:
+                rows.append(ProbeRow.from_probe(item, known.probe_id, known.result, reused=True, cpu_timed=costs.timed))
+                fingerprint = fingerprint or _fingerprint_of(known.result)
+                continue
+            if on_progress is not None:
+                on_progress(item.label + depth_label(item.layers), index, len(planned))
+            probe_id, result = session.run(item, run.run_id)
+            rows.append(ProbeRow.from_probe(item, probe_id, result, reused=False, cpu_timed=costs.timed))
+            fingerprint = fingerprint or _fingerprint_of(result)
+    except KeyboardInterrupt:
+        storage.finish_run(run.run_id, status="interrupted")
+        raise
+    storage.finish_run(run.run_id, status="done")
+    return rows, fingerprint
+
+
+def _stored(
+    session: ProbeSession, run: Any, planned: list[PlannedProbe], force: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the stored probe each planned one reuses, or None; the stored probe found for each, reusable or not).
+
+    Looked up once: nothing with ``force``, except what this (resumed) run measured itself; a timeout only when it
+    had at least this --timeout (:func:`planner.probing.runs.reusable`)."""
+    done_in_this_run = set(run.done_keys)  # a resumed run keeps what it measured, even with force
+    found = {item.key: session.find(item) if (not force or item.key in done_in_this_run) else None for item in planned}
+    stored: dict[str, Any] = dict.fromkeys(found)
+    for item in planned:
+        known = found[item.key]
+        if known is not None and reusable(known, item.request):
+            stored[item.key] = known
+    return stored, found
 
 
 PROBE_LESS = "--layers 1, --steps 2, a smaller --batch, --seq-len or model"

@@ -24,7 +24,7 @@ from planner.probing.device import cpu_probe_dtype, probe_gpu
 from planner.probing.limits import check_device_present, check_run, check_study_name
 from planner.probing.plan import check_ranks
 from planner.probing.program import command_fingerprint
-from planner.probing.runs import ProbeSettings
+from planner.probing.settings import ProbeSettings
 from planner.report.results import TuneReport
 from planner.tuning.claims import open_claims
 from planner.tuning.rounds import run_rounds
@@ -41,7 +41,6 @@ from store.db import optuna_storage_url
 from store.errors import InputError
 from store.frameworks import DEFAULT_FRAMEWORK
 from store.measurements import ProbeRequest, ProbeResult, program_id
-from store.sizes import parse_size
 
 
 def tune(
@@ -80,41 +79,17 @@ def tune(
     device, steps, timeout_s = check_run(device, steps, timeout_s)  # what planner probe checks, before anything runs
     if runner is None:  # a runner stands in for the device (tests): no device to look for
         check_device_present(device)
-    if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:
-        raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
-    study = check_study_name(study)
-    if command is not None and not command:
-        raise InputError("planner tune -- CMD: give the launch command of your program after --")
-    if command is not None:
-        command = check_command(command)  # one that cannot start is bad input: refused before the database opens
+    study, command = _checked(max_probes, study, command)
     spec = model if isinstance(model, JobSpec) else JobSpec(model=model, **job)
     readings: list[str] = []  # said once the whole input is checked: a refused tune prints one line
-    spec = cpu_probe_dtype(spec, device, readings.append)
-    spec = probe_gpu(spec, device, readings.append)  # as planner probe: the GPU the probes run on
-    resolved = resolve(spec, db, local=True)  # the probes run here: this machine's host memory
-    if command and resolved.workload.is_rlhf:
-        raise InputError("planner tune -- CMD confirms single-model programs (sft, reward, dpo); not RLHF yet")
-    if resolved.workload.framework != DEFAULT_FRAMEWORK and not command:
-        readings.append(
-            f"--framework {resolved.workload.framework}: candidates are ranked for its program, but each probe runs "
-            "memplan's own DeepSpeed loop (probes.step.phases_sft), so a measured peak is that loop's"
-        )
-    if resolved.hardware.nodes > 1:
-        raise InputError(
-            "tune probes the plan on this node: give --nodes 1 (planner probe measures one node of a multi-node plan)"
-        )
-
-    check_ranks(resolved, device)  # --gpus N: each probe runs N ranks on this node, the worst rank counts
+    resolved = _tuned_job(spec, device, db, readings, program=bool(command))
     target = device_target(device)
     resolved, coef, calibration_block = calibrated(resolved, coefficients, choice=calibration, db=db, target=target)
     resolved = ResolvedJob(resolved.workload, target_hardware(resolved.hardware, target), resolved.readings)
-    cap = parse_size(memory_cap, "--memory-cap") if memory_cap is not None else None
-    program = ProgramCommand(tuple(command), command_fingerprint(list(command))) if command else None
-    if program is not None:
-        readings.append(
-            f"each candidate runs in your program {program_id(program.program)} ({' '.join(command or ())}), "
-            "not memplan's loop; its runs are stored and reused under the program's fingerprint"
-        )
+    settings = ProbeSettings.checked(
+        device=device, steps=steps, timeout_s=timeout_s, memory_cap=memory_cap, runner=runner
+    )
+    program = _program(command, readings)
     url = optuna_storage_url(db)
     name = study or study_name(resolved, device, program_id(program.program) if program else None)
     the_study = open_study(url, name, candidate_space(resolved, coef))
@@ -128,7 +103,6 @@ def tune(
 
         singles = [s for s in (parse_candidate(resolved, key) for key in space) if isinstance(s, Strategy)]
         prepare_program_ops(singles, resolved.workload, resolved.hardware, device, on_note=on_note)
-
     claims = open_claims(url, name)  # each candidate to one tune of the study (planner.tuning.claims)
     try:
         return run_rounds(
@@ -138,7 +112,7 @@ def tune(
             coef=coef,
             base=coefficients,
             target=target,
-            settings=ProbeSettings(device, steps, float(timeout_s), cap, runner),
+            settings=settings,
             db=db,
             max_probes=max_probes,
             on_progress=on_progress,
@@ -149,3 +123,50 @@ def tune(
         )
     finally:
         claims.close()
+
+
+def _checked(max_probes: int, study: str | None, command: list[str] | None) -> tuple[str | None, list[str] | None]:
+    """(the study name, the program's command), each checked: one InputError line for a bad value, before the
+    database opens (a command that cannot start is bad input)."""
+    if isinstance(max_probes, bool) or not isinstance(max_probes, int) or not 1 <= max_probes <= MAX_PROBES:
+        raise InputError(f"--max-probes must be a whole number from 1 to {MAX_PROBES}, not {max_probes!r}")
+    study = check_study_name(study)
+    if command is not None and not command:
+        raise InputError("planner tune -- CMD: give the launch command of your program after --")
+    if command is not None:
+        command = check_command(command)
+    return study, command
+
+
+def _tuned_job(spec: JobSpec, device: str, db: str | None, readings: list[str], *, program: bool) -> ResolvedJob:
+    """The job as this node probes it (the dtype and GPU the probes run, this machine's host memory, at most the
+    ranks this node has); InputError for what a tune cannot confirm (RLHF in a program, several nodes)."""
+    spec = cpu_probe_dtype(spec, device, readings.append)
+    spec = probe_gpu(spec, device, readings.append)  # as planner probe: the GPU the probes run on
+    resolved = resolve(spec, db, local=True)  # the probes run here: this machine's host memory
+    if program and resolved.workload.is_rlhf:
+        raise InputError("planner tune -- CMD confirms single-model programs (sft, reward, dpo); not RLHF yet")
+    if resolved.workload.framework != DEFAULT_FRAMEWORK and not program:
+        readings.append(
+            f"--framework {resolved.workload.framework}: candidates are ranked for its program, but each probe runs "
+            "memplan's own DeepSpeed loop (probes.step.phases_sft), so a measured peak is that loop's"
+        )
+    if resolved.hardware.nodes > 1:
+        raise InputError(
+            "tune probes the plan on this node: give --nodes 1 (planner probe measures one node of a multi-node plan)"
+        )
+    check_ranks(resolved, device)  # --gpus N: each probe runs N ranks on this node, the worst rank counts
+    return resolved
+
+
+def _program(command: list[str] | None, readings: list[str]) -> ProgramCommand | None:
+    """``planner tune ... -- CMD``: the user's program each candidate runs in (said in ``readings``); None: memplan's
+    own loop."""
+    if not command:
+        return None
+    program = ProgramCommand(tuple(command), command_fingerprint(list(command)))
+    readings.append(
+        f"each candidate runs in your program {program_id(program.program)} ({' '.join(command)}), "
+        "not memplan's loop; its runs are stored and reused under the program's fingerprint"
+    )
+    return program

@@ -211,26 +211,14 @@ def probe_candidate(
             strategy,
             list(program.command),
             program=program.program,
-            device=settings.device,
-            steps=settings.steps,
-            timeout_s=settings.timeout_s,
+            settings=settings,
             coef=coef,
             db=db,
-            memory_cap_bytes=settings.memory_cap_bytes,
             on_start=partial(on_start, strategy.describe()) if on_start is not None else None,
         )
         return done.probe_id, done.result, done.ran
 
-    planned = plan_probes(
-        job,
-        [parse_candidate(job, key)],
-        device=settings.device,
-        steps=settings.steps,
-        layers=None,
-        timeout_s=settings.timeout_s,
-        memory_cap_bytes=settings.memory_cap_bytes,
-        coef=coef,
-    )
+    planned = plan_probes(job, [parse_candidate(job, key)], settings, layers=None, coef=coef)
     item = next((p for p in planned if p.layers is None), None)
     if item is None:
         raise InputError("tune probes the whole model: on the CPU backend that is a model of at most 200M parameters")

@@ -192,6 +192,7 @@ def test_probe_labels_name_only_the_models_the_job_holds(tmp_path: Any) -> None:
     plan's label does, not the reference and reward blocks the strategy still carries."""
     from planner.job.inputs import JobSpec, resolve
     from planner.probing.plan import plan_probes
+    from planner.probing.settings import ProbeSettings
     from search import DEFAULT_COEFFICIENTS
     from store.records import RLHFStrategy
 
@@ -199,8 +200,5 @@ def test_probe_labels_name_only_the_models_the_job_holds(tmp_path: Any) -> None:
     job = resolve(spec, str(tmp_path / "p.db"))
     strategy = RLHFStrategy.from_dict(json.loads(STRATEGY))
     assert "ref Z0" in strategy.describe() and "rm Z0" in strategy.describe()  # the blocks, without the job
-    (planned,) = plan_probes(
-        job, [strategy], device="cpu", steps=3, layers=None, timeout_s=60.0, memory_cap_bytes=None,
-        coef=DEFAULT_COEFFICIENTS,
-    )  # fmt: skip
+    (planned,) = plan_probes(job, [strategy], ProbeSettings("cpu", 3, 60.0), layers=None, coef=DEFAULT_COEFFICIENTS)
     assert "no ref, no rm" in planned.label and "ref Z0" not in planned.label

@@ -47,6 +47,7 @@ from tiny_models import TINY_MOE, make_hardware, tiny_family_config, tiny_llama_
 
 from planner.job.inputs import ResolvedJob
 from planner.probing.plan import PlannedProbe, plan_probes
+from planner.probing.settings import ProbeSettings
 from planner.report.results import ProbeRow
 from probes import run_probe
 from probes.model.shape import trace_model_shape
@@ -210,16 +211,9 @@ def _job(case: Case) -> tuple[ResolvedJob, tuple[int, ...] | None]:
 
 def _planned(case: Case) -> PlannedProbe:
     job, layers = _job(case)
-    planned = plan_probes(
-        job,
-        [case.strategy],
-        device="cpu",
-        steps=2,
-        layers=layers,
-        timeout_s=3600.0,  # generous: a loaded machine must slow the suite, never fail it
-        memory_cap_bytes=None,
-        coef=DEFAULT_COEFFICIENTS,
-    )
+    # a generous timeout: a loaded machine must slow the suite, never fail it
+    settings = ProbeSettings("cpu", 2, 3600.0)
+    planned = plan_probes(job, [case.strategy], settings, layers=layers, coef=DEFAULT_COEFFICIENTS)
     wanted = layers[0] if layers else None
     return next(item for item in planned if item.layers == wanted)
 
