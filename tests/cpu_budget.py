@@ -96,10 +96,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of every child it has waited for."""
+    """User and system CPU seconds of this process, of every child it has waited for, and of every probe child
+    a preloaded starter forked for it and reaped (:func:`probes.process.preloaded.reaped_cpu_s`: those are the
+    starter's children, which ``RUSAGE_CHILDREN`` here counts only when the starter ends)."""
+    from probes.process.preloaded import reaped_cpu_s
+
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + reaped_cpu_s()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End this process's preloaded starters, so that their CPU seconds reach the process that waits for it."""
+    from probes.process.preloaded import close_all
+
+    close_all()
 
 
 def _measured(item: pytest.Item, phase: str) -> Generator[None, Any, None]:

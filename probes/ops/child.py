@@ -40,6 +40,9 @@ def build(request: dict[str, Any], reporter: Reporter, out: dict[str, Any]) -> N
     # before the first load: a lock this process leaves names it (probes.process.jit_lock);
     # a wait on another's lock is a step of its own
     install(on_wait=lambda lock: reporter.enter(waiting_step(lock)))
+    from probes.process.cpu_info import cache_cpu_info
+
+    cache_cpu_info()  # each op's builder asks py-cpuinfo, which starts a process each time
     import deepspeed  # noqa: F401 - sets up the accelerator DS_ACCELERATOR names
     from deepspeed.accelerator import get_accelerator
 

@@ -19,8 +19,10 @@ MASTER_PORT, and a ``TORCH_CUDA_ARCH_LIST`` DeepSpeed's op builder can parse (:m
 ``9.0a`` becomes ``9.0``), and ``TORCH_EXTENSIONS_DIR``: the user's, else a folder of this environment
 (:mod:`probes.process.op_cache`). The op-build child (:mod:`probes.ops.child`) runs the same way with the same
 environment, so the probes load the ops it built instead of building them again. A probe of several ranks
-starts PyTorch's elastic launcher instead, with this environment (:mod:`probes.process.rank_group`). Pure Python: no
-torch here.
+starts PyTorch's elastic launcher instead, with this environment (:mod:`probes.process.rank_group`). A one-rank CPU
+child is forked from a starter that has already imported torch, DeepSpeed and transformers
+(:mod:`probes.process.preloaded`; ``MEMPLAN_PRELOAD=0`` starts it plainly): the same program, folder, environment
+and process group, without paying those imports each time. Pure Python: no torch here.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ from probes.process.artifacts import read_artifacts
 from probes.process.jit_lock import extensions_root, release_stale_locks
 from probes.process.op_cache import op_cache_env
 from probes.process.parent_watch import PLANNER_PID_VARIABLE
+from probes.process.preloaded import prepare as prepare_starter
+from probes.process.preloaded import start_child
 from probes.process.process_tree import kill_group, kill_tree, wait_group_gone
 from probes.process.workdir import probe_folder
 from store.artifacts import ProbeArtifact
@@ -192,18 +195,11 @@ def run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float, mo
     ``timeout_s`` seconds of wall time."""
     with probe_folder() as folder:
         (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
+        prepare_starter(module, env)  # its imports are not the child's time
         start = time.perf_counter()
         timed_out = False
         with (folder / LOG_FILE).open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", module, str(folder)],
-                cwd=folder,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: killed as a whole
-            )
+            proc = start_child(module, [str(folder)], folder, env, log)  # its own process group: killed as a whole
             try:
                 returncode: int | None = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

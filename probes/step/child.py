@@ -98,6 +98,9 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
     # before DeepSpeed loads an op: a lock this process leaves names it (probes.process.jit_lock). Ranks of one probe
     # wait on each other's lock as a rule, so a wait is an event here, not a phase a failure would be charged to
     install(on_wait=lambda lock: reporter.event(waiting_on=str(lock)))
+    from probes.process.cpu_info import cache_cpu_info
+
+    cache_cpu_info()  # DeepSpeed's op loads ask py-cpuinfo, which starts a process each time
     import deepspeed
     import torch
 

@@ -1,0 +1,257 @@
+"""CPU probe children forked from a process that has already imported torch, DeepSpeed and transformers.
+
+Each probe child is a fresh Python process (:mod:`probes.process.isolation`), and on the CPU most of a small probe
+is its imports: torch, DeepSpeed and transformers' model code cost about 6 CPU seconds on a 2-core EPYC, where
+the probe of a tiny model then runs in a few. :func:`start_child` hands a CPU child to a preloaded starter
+(:mod:`probes.process.preload_server`), which imported those once and forks the child from there: the same
+``python -m MODULE ARGS`` in the same folder, environment, session and log, without the imports. A CUDA child is
+always started plainly (a process that has touched CUDA cannot fork a CUDA user; this one never does, but the
+rule is kept simple), as is any child when ``MEMPLAN_PRELOAD=0`` or the starter could not start.
+
+One starter serves one environment (:func:`server_key`: all but the per-probe port), so what a library reads
+from the environment at import time is what the child was given; at most ``MAX_SERVERS`` are kept. The starter
+reaps its children and reports each one's CPU seconds, which :func:`reaped_cpu_s` adds up (a forked child is the
+starter's, not this process's, so ``getrusage(RUSAGE_CHILDREN)`` here counts it only when the starter ends:
+:func:`close_all`, at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+__all__ = [
+    "PRELOADED_MODULES",
+    "PRELOAD_VARIABLE",
+    "ForkedChild",
+    "StartedChild",
+    "close_all",
+    "preload_enabled",
+    "prepare",
+    "reaped_cpu_s",
+    "server_key",
+    "start_child",
+]
+
+PRELOAD_VARIABLE = "MEMPLAN_PRELOAD"  # "0": start every child plainly
+PRELOADED_MODULES = ("torch", "deepspeed", "transformers", "transformers.modeling_utils")
+PRELOADABLE_CHILDREN = frozenset({"probes.step.child", "probes.ops.child"})
+PER_CHILD_VARIABLES = frozenset({"MASTER_PORT"})  # read when the process group forms, after the fork
+MAX_SERVERS = 2
+READY_TIMEOUT_S = 600.0  # the imports of a cold, busy machine; a starter not ready by then is not used
+SERVER_MODULE = "probes.process.preload_server"
+
+
+class StartedChild(Protocol):
+    """What :func:`start_child` returns: a :class:`subprocess.Popen` or a :class:`ForkedChild`."""
+
+    pid: int
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class _Server:
+    """One preloaded starter and the replies it has sent."""
+
+    def __init__(self, env: Mapping[str, str], modules: Sequence[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", SERVER_MODULE, *modules],
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the terminal's Ctrl-C is the planner's; this ends when its stdin closes
+        )
+        self.requests: IO[bytes] = self.process.stdin  # type: ignore[assignment]
+        self.replies: IO[bytes] = self.process.stdout  # type: ignore[assignment]
+        self.changed = threading.Condition()
+        self.started: list[dict[str, Any]] = []
+        self.ended: dict[int, tuple[int, float]] = {}
+        self.alive = True
+        self.send_lock = threading.Lock()
+        self.ready = self._wait_ready()
+        if self.ready:
+            threading.Thread(target=self._read, name="memplan-preload-replies", daemon=True).start()
+        else:
+            self.close()
+
+    def _wait_ready(self) -> bool:
+        answer: list[bytes] = []
+        reader = threading.Thread(target=lambda: answer.append(self.replies.readline()), daemon=True)
+        reader.start()
+        reader.join(READY_TIMEOUT_S)
+        if not answer:
+            return False
+        with contextlib.suppress(json.JSONDecodeError):
+            return bool(json.loads(answer[0]).get("ready"))
+        return False
+
+    def _read(self) -> None:
+        for line in self.replies:
+            try:
+                reply = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            with self.changed:
+                if "ended" in reply:
+                    self.ended[int(reply["ended"])] = (int(reply["returncode"]), float(reply.get("cpu_s", 0.0)))
+                    _add_cpu(float(reply.get("cpu_s", 0.0)))
+                else:
+                    self.started.append(reply)
+                self.changed.notify_all()
+        with self.changed:
+            self.alive = False
+            self.changed.notify_all()
+
+    def start(self, request: dict[str, Any]) -> int | None:
+        """Send one request; the child's pid, or None when the starter refused it or is gone."""
+        with self.send_lock:
+            try:
+                self.requests.write((json.dumps(request) + "\n").encode())
+                self.requests.flush()
+            except (OSError, ValueError):
+                return None
+            with self.changed:
+                self.changed.wait_for(lambda: self.started or not self.alive)
+                if not self.started:
+                    return None
+                reply = self.started.pop(0)
+        return int(reply["started"]) if "started" in reply else None
+
+    def wait(self, pid: int, timeout: float | None) -> int:
+        with self.changed:
+            if not self.changed.wait_for(lambda: pid in self.ended or not self.alive, timeout):
+                raise subprocess.TimeoutExpired(f"preloaded child {pid}", timeout or 0.0)
+            if pid in self.ended:
+                return self.ended[pid][0]
+        return -9  # the starter died: its children got SIGKILL from their parent-death signal or their watch
+
+    def close(self) -> None:
+        """End the starter (it kills what still runs) and reap it, so its CPU seconds reach this process."""
+        with contextlib.suppress(OSError, ValueError):
+            self.requests.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ForkedChild:
+    """A child the preloaded starter forked: its pid (also its process group) and :meth:`wait`, as Popen's."""
+
+    def __init__(self, server: _Server, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The child's return code (``-N``: ended by signal N); :class:`subprocess.TimeoutExpired` after
+        ``timeout`` seconds."""
+        return self.server.wait(self.pid, timeout)
+
+
+_servers: OrderedDict[tuple[tuple[str, str], ...], _Server] = OrderedDict()
+_refused: set[tuple[tuple[str, str], ...]] = set()
+_lock = threading.Lock()
+_cpu = [0.0]
+
+
+def _add_cpu(seconds: float) -> None:
+    _cpu[0] += seconds
+
+
+def reaped_cpu_s() -> float:
+    """CPU seconds of every preloaded child that has ended so far in this process."""
+    return _cpu[0]
+
+
+def server_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The environment a starter is started with: the child's, less what each child sets on its own."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_CHILD_VARIABLES))
+
+
+def preload_enabled(module: str, env: Mapping[str, str]) -> bool:
+    """Whether a child of ``module`` in ``env`` is forked from a starter: a probe or op-build child on the CPU,
+    one rank, on Linux, unless ``MEMPLAN_PRELOAD=0``."""
+    return (
+        sys.platform.startswith("linux")
+        and module in PRELOADABLE_CHILDREN
+        and env.get("DS_ACCELERATOR") == "cpu"
+        and env.get("WORLD_SIZE", "1") == "1"
+        and env.get(PRELOAD_VARIABLE, os.environ.get(PRELOAD_VARIABLE, "1")) != "0"
+    )
+
+
+def _server_for(env: Mapping[str, str], modules: Sequence[str]) -> _Server | None:
+    key = server_key(env)
+    with _lock:
+        if key in _refused:
+            return None
+        server = _servers.get(key)
+        if server is not None and server.alive:
+            _servers.move_to_end(key)
+            return server
+        while len(_servers) >= MAX_SERVERS:
+            _, oldest = _servers.popitem(last=False)
+            oldest.close()
+        server = _Server(dict(key), modules)
+        if not server.ready:
+            _refused.add(key)
+            return None
+        _servers[key] = server
+        return server
+
+
+def prepare(module: str, env: Mapping[str, str], modules: Sequence[str] = PRELOADED_MODULES) -> None:
+    """Start (and wait for) the starter a child of ``module`` in ``env`` will be forked from, where there is one:
+    its imports are then not part of the child's time."""
+    if preload_enabled(module, env):
+        _server_for(env, modules)
+
+
+def start_child(
+    module: str,
+    args: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    log: IO[bytes],
+    modules: Sequence[str] = PRELOADED_MODULES,
+) -> StartedChild:
+    """Start ``python -m module args`` in ``cwd`` with ``env``, stdout and stderr to ``log``, in a session of its
+    own: forked from a preloaded starter where :func:`preload_enabled`, else with :class:`subprocess.Popen`."""
+    if preload_enabled(module, env):
+        server = _server_for(env, modules)
+        if server is not None:
+            request = {"module": module, "args": list(args), "cwd": str(cwd), "env": dict(env), "log": log.name}
+            pid = server.start(request)
+            if pid is not None:
+                return ForkedChild(server, pid)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: killed as a whole
+    )
+
+
+def close_all() -> None:
+    """End every starter of this process (at exit; the test session's end)."""
+    with _lock:
+        while _servers:
+            _, server = _servers.popitem()
+            server.close()
+
+
+atexit.register(close_all)
