@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.calibration.gather import (
+    Gathered,
     gather,
     loop_row_observation,
     records_file_entries,
@@ -21,7 +22,7 @@ from planner.job.host_terms import HOST_TERMS, host_terms
 from planner.job.target import detected_target, target_of
 from planner.report.results import CalibrationReport
 from search import DEFAULT_COEFFICIENTS, Coefficients
-from search.calibration import CALIBRATION_VERSION, PARAMETERS
+from search.calibration import CALIBRATION_VERSION, PARAMETERS, CalibrationFit, Observation
 from search.calibration import calibrate as fit_calibration
 from store.db import open_storage
 from store.errors import InputError
@@ -50,26 +51,7 @@ def calibrate(
     are stored as measured (:mod:`planner.job.host_terms`; each term measured, fitted or assumed).
     """
 
-    entries: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-    loop_rows: list[dict[str, Any]] = []
-    for path in records:
-        probes, rows = records_file_entries(path)
-        entries.extend(probes)
-        loop_rows.extend(rows)
-    entries.extend(stored_entries(db))
-
-    gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None, db)
-    observations = list(gathered.observations)
-    skipped = list(gathered.skipped)
-    for row in loop_rows:
-        if target_of(row.get("device"))[0] != gathered.target:
-            continue
-        try:
-            observations.append(loop_row_observation(row, gathered.target, db))
-        except (InputError, KeyError, TypeError, ValueError) as exc:
-            skipped.append(f"{row.get('id')}: cannot rebuild its job ({exc})")
-    if not observations:
-        raise InputError(f"no probe of {gathered.target} could be rebuilt to calibrate from: {'; '.join(skipped)}")
+    gathered, observations, skipped = _observations(records, db, device_fingerprint)
     measured, benchmark = _host_rates(gathered.target, host_benchmark)
     coefficients = coefficients.with_(**measured)
     try:
@@ -94,7 +76,53 @@ def calibrate(
                 report=report,
             )
             calibration_id = record.calibration_id
-    parameters = [
+    return CalibrationReport(
+        calibration_id=calibration_id,
+        target=gathered.target,
+        device=gathered.device,
+        fingerprint=gathered.fingerprint,
+        observations=fit.observations,
+        probe_ids=labels,
+        skipped=skipped,
+        parameters=_parameters(fit),
+        errors=fit.to_dict()["errors"],
+        version=CALIBRATION_VERSION,
+        host_terms=terms,
+        host_benchmark=benchmark,
+    )
+
+
+def _observations(
+    records: Sequence[str], db: str | None, device_fingerprint: str | None
+) -> tuple[Gathered, list[Observation], list[str]]:
+    """The device's stored probes and the records files' probes and loop rows, each rebuilt into an observation
+    of its job; what could not be rebuilt, one line each. InputError when nothing could."""
+    entries: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    loop_rows: list[dict[str, Any]] = []
+    for path in records:
+        probes, rows = records_file_entries(path)
+        entries.extend(probes)
+        loop_rows.extend(rows)
+    entries.extend(stored_entries(db))
+
+    gathered = gather(entries, device_fingerprint, detected_target() if device_fingerprint is None else None, db)
+    observations = list(gathered.observations)
+    skipped = list(gathered.skipped)
+    for row in loop_rows:
+        if target_of(row.get("device"))[0] != gathered.target:
+            continue
+        try:
+            observations.append(loop_row_observation(row, gathered.target, db))
+        except (InputError, KeyError, TypeError, ValueError) as exc:
+            skipped.append(f"{row.get('id')}: cannot rebuild its job ({exc})")
+    if not observations:
+        raise InputError(f"no probe of {gathered.target} could be rebuilt to calibrate from: {'; '.join(skipped)}")
+    return gathered, observations, skipped
+
+
+def _parameters(fit: CalibrationFit) -> list[dict[str, Any]]:
+    """Every calibrated parameter: what it is, its default, its fitted value and whether the probes determine it."""
+    return [
         {
             "name": p.name,
             "what": p.what,
@@ -106,20 +134,6 @@ def calibrate(
         }
         for p in PARAMETERS
     ]
-    return CalibrationReport(
-        calibration_id=calibration_id,
-        target=gathered.target,
-        device=gathered.device,
-        fingerprint=gathered.fingerprint,
-        observations=fit.observations,
-        probe_ids=labels,
-        skipped=skipped,
-        parameters=parameters,
-        errors=fit.to_dict()["errors"],
-        version=CALIBRATION_VERSION,
-        host_terms=terms,
-        host_benchmark=benchmark,
-    )
 
 
 def _host_rates(target: str, run: bool) -> tuple[dict[str, float], dict[str, Any]]:
