@@ -125,13 +125,16 @@ def connect_args(url: str) -> dict[str, Any]:
     """The DBAPI connect arguments an engine of ``url`` (as ``optuna_storage_url`` gives it) needs to reach and
     read the database as the store does: for PostgreSQL a connect timeout and UTF-8 as the client encoding
     (a database created under the C locale is SQL_ASCII, whose text psycopg would otherwise hand out as
-    bytes), unless the URL names them; nothing for SQLite. Pass them to Optuna:
+    bytes), unless the URL names them; for SQLite the store's busy timeout (Python's sqlite3 waits 5 s for
+    another writer's lock, which several tunes of one file on a loaded host outlast). Pass them to Optuna:
     ``RDBStorage(url, engine_kwargs={"connect_args": connect_args(url)})``."""
     from sqlalchemy import make_url
 
-    from store.db._engine import LIBPQ_DRIVERS, libpq_defaults
+    from store.db._engine import BUSY_TIMEOUT_S, LIBPQ_DRIVERS, libpq_defaults
 
     parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return {"timeout": BUSY_TIMEOUT_S}
     return libpq_defaults(parsed) if parsed.drivername in LIBPQ_DRIVERS else {}
 
 
