@@ -36,6 +36,7 @@ from planner.planning.predicting import _job, rollout_families  # noqa: E402
 from search import DEFAULT_COEFFICIENTS, Coefficients, predict  # noqa: E402
 from search.choose.confirm import near_fit  # noqa: E402
 from search.choose.rlhf_space import batch_choices, cache_choices, rlhf_outer_points, rlhf_strategy_at  # noqa: E402
+from search.choose.rlhf_walk import point_bounds  # noqa: E402
 from search.choose.rollout_space import knob_variants, searched_generations  # noqa: E402
 from search.choose.single_space import all_strategies  # noqa: E402
 from search.rlhf.predict import screen_rlhf  # noqa: E402
@@ -78,16 +79,20 @@ def resolved(job: Job, db: str) -> tuple[Workload, Hardware, Coefficients]:
 
 def _candidates(
     workload: Workload, hardware: Hardware, coef: Coefficients, plan: Strategy | RLHFStrategy
-) -> list[tuple[Strategy | RLHFStrategy, list[Strategy | RLHFStrategy]]]:
-    """(the step's variant without empty_cache calls, every variant of that step) over the whole space."""
-    steps: list[tuple[Strategy | RLHFStrategy, list[Strategy | RLHFStrategy]]] = []
+) -> list[tuple[float, Strategy | RLHFStrategy, list[Strategy | RLHFStrategy]]]:
+    """(a lower bound of the step's seconds, the step's variant without empty_cache calls, every variant of that
+    step) over the whole space. RLHF: the bound is its outer point's (``search.choose.rlhf_walk.point_bounds``:
+    the least seconds of its models' pieces, or the infeasible penalty where its memory floor, a lower bound of
+    the replay's peak reserved, overflows the largest usable memory any strategy has); single model: 0."""
+    steps: list[tuple[float, Strategy | RLHFStrategy, list[Strategy | RLHFStrategy]]] = []
     if isinstance(plan, Strategy):
         grouped: dict[Strategy, list[Strategy | RLHFStrategy]] = {}
         for s in all_strategies(workload, hardware, (plan.lora_rank,), (plan.quantization,)):
             grouped.setdefault(replace(s, empty_cache="never", allocator="default"), []).append(s)
-        return list(grouped.items())
+        return [(0.0, base, variants) for base, variants in grouped.items()]
     generations = searched_generations(workload, hardware, rollout_families("auto"))
-    for point in rlhf_outer_points(workload, hardware, (plan.actor.lora_rank,), generations):
+    points = list(rlhf_outer_points(workload, hardware, (plan.actor.lora_rank,), generations))
+    for bound, point in zip(point_bounds(workload, hardware, coef, points), points, strict=True):
         engines = knob_variants(point.rollout) if point.rollout is not None else (None,)
         for engine in engines:
             here = replace(point, rollout=engine)
@@ -95,7 +100,7 @@ def _candidates(
                 variants: list[Strategy | RLHFStrategy] = [
                     rlhf_strategy_at(here, batches, cache) for cache in cache_choices(engine)
                 ]
-                steps.append((rlhf_strategy_at(here, batches), variants))
+                steps.append((bound, rlhf_strategy_at(here, batches), variants))
     return steps
 
 
@@ -114,7 +119,9 @@ def oracle(
     screen = screen_single_model if isinstance(plan, Strategy) else screen_rlhf
     best: Strategy | RLHFStrategy | None = None
     best_s, replays, broken = math.inf, 0, 0
-    for base, variants in _candidates(workload, hardware, coef, plan):
+    for bound, base, variants in _candidates(workload, hardware, coef, plan):
+        if bound >= min(limit_s, best_s):
+            continue  # its outer point cannot be faster, or cannot fit (PPO's product of layouts: most points)
         try:
             seconds = screen(workload, base, hardware, coef).step_time_s  # type: ignore[arg-type]
         except InputError:

@@ -145,3 +145,20 @@ def trained_refusal(framework: str, actor: TrainedModelStrategy, critic: Trained
         if True in offload and any(m.zero_stage == 3 and m.offload_param == "none" for m in models):
             return "DeepSpeed-Chat's --offload also offloads a ZeRO-3 model's parameters"
     return None
+
+
+def frozen_block_as_run(
+    framework: str,
+    role: str,
+    block: FrozenModelStrategy,
+    actor: TrainedModelStrategy,
+    critic: TrainedModelStrategy | None,
+) -> FrozenModelStrategy | None:
+    """The block ``framework`` would build its frozen ``role`` with where a plan asks for ``block`` and the
+    framework cannot say it (:func:`frozen_blocks_run`): the one of its blocks with the same offload, else its
+    first; None where it runs ``block`` as asked."""
+    runs = frozen_blocks_run(framework, role, actor, critic)
+    if runs is None or block in runs:
+        return None
+    same_offload = [b for b in runs if b.offload == block.offload]
+    return (same_offload or list(runs))[0]

@@ -7,12 +7,14 @@ plan fits is then decided by the replay of its step (:func:`search.step.finish.f
 1. The screen's ranking is walked in order. Each point the walk takes is resolved again with the replay
    (:func:`resolve`): its inner choices (micro-batch and accumulation, ``empty_cache`` policy, allocator;
    RLHF: the generation batch too) in the screen's order, the first replayed, the later ones only where they
-   could beat the best replayed so far: fewer screened seconds than its screened seconds (seconds are
-   compared screen to screen: the replay's ``empty_cache`` seconds add to every choice of a point alike, the
-   cudaMallocs after a rollout engine's turn among them) and a lower bound of the replay's peak reserved
-   (:func:`replay_floor`) within the budget (the screen's fragments may be too many).
+   could beat the best replayed so far: fewer screened seconds than its REPLAYED seconds (the screen's
+   seconds of a step without ``empty_cache`` calls are the fewest any variant of it replays at; the replay
+   adds its calls' seconds and the cudaMallocs after a rollout engine's turn, which differ from one batch split
+   to another: issue 42's grpo-q1.5b-a100x4-orlhf lost ZeRO-2 at mb 8x2, 1.402 s, to its own mb 16x1, screened
+   faster, replayed at 1.484 s) and a lower bound of the replay's peak reserved (:func:`replay_floor`) within
+   the budget (the screen's fragments may be too many).
 2. The walk takes every point the screen found fitting until ``wanted`` replayed plans fit and no later
-   point has fewer screened seconds than the last of them (equals keep the screen's order); of the points the
+   point has fewer screened seconds than the replayed seconds of the last of them; of the points the
    screen found not fitting it takes those whose floor fits that could beat them, and the first ones when
    nothing fits (the closest plans, by the replay's overflow).
 
@@ -98,7 +100,8 @@ def resolve(
     The variants are replayed in the screen's order (best screened score first; ``variants`` come simplest
     first, and the earlier wins among equals), those whose replay floor overflows the budget
     (:func:`near_fit`) only when nothing before them was replayed, until one fits; after it, only those that
-    could still beat it: fewer screened seconds than it has. At most :data:`MAX_REPLAYS_PER_POINT` replays.
+    could still beat it: fewer screened seconds than its replayed seconds. At most
+    :data:`MAX_REPLAYS_PER_POINT` replays.
 
     ``first``: the screen's best of them (the search's own choice), replayed first; when it fits, only the
     variants of steps that could be faster are screened (a step's fewest seconds are those of its variant
@@ -120,7 +123,7 @@ def resolve(
     for _, i, prediction in screened:
         if replays >= MAX_REPLAYS_PER_POINT:
             break
-        if best is not None and best[2].prediction.fits and prediction.step_time_s >= best[3]:
+        if best is not None and best[2].prediction.fits and prediction.step_time_s >= best[2].prediction.step_time_s:
             continue  # it cannot beat the best replayed (equals keep the screen's preference)
         if (best is not None or not needed) and cannot_fit(variants[i], prediction, floor, budget):
             continue  # even its floor overflows: the replay cannot find it fitting
@@ -156,26 +159,37 @@ def _beaten(
     seconds: float,
     floor: Floor | None = None,
 ) -> tuple[Candidate, float, int]:
-    """``best`` (replayed, it fits) against the variants the screen has faster and near fitting: screened only
-    for the steps whose variant without ``empty_cache`` calls is faster (the others cannot be)."""
+    """``best`` (replayed, it fits) against the variants that could be faster: those of the steps whose variant
+    without ``empty_cache`` calls has fewer screened seconds than ``best``'s replayed seconds. A step's screened
+    seconds without ``empty_cache`` calls are the fewest any of its variants can replay at (the replay adds the
+    seconds of its calls and of the cudaMallocs after a rollout engine's turn, which differ from split to split:
+    the bound is held against the replayed seconds, never the screened ones). ``seconds``: ``best``'s screened
+    seconds, returned with it when no variant beats it."""
     steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
     for i, strategy in enumerate(variants):
         steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
-    faster: list[tuple[float, int, Prediction]] = []
+    limit = best.prediction.step_time_s  # the best replayed seconds so far
+    # (turn within its step, screened score, index, screened, least seconds): each faster step's best screened
+    # variant is replayed before any step's second, so a step that could win is not left out by the cap
+    faster: list[tuple[int, float, int, Prediction, float]] = []
     for fewest, members in steps.items():
         own = [i for i in members if variants[i] == fewest]
         fewest_own = _screened(own, variants, screen)
-        if own and (not fewest_own or fewest_own[0][2].step_time_s >= seconds):
-            continue  # invalid, or no variant of this step is faster
+        if own and not fewest_own:
+            continue  # a batch split this workload cannot run
+        least = fewest_own[0][2].step_time_s if fewest_own else 0.0
+        if least >= limit:
+            continue  # no variant of this step can replay faster
         rest = _screened([i for i in members if i not in own], variants, screen)
-        faster += [e for e in fewest_own + rest if e[2].step_time_s < seconds and near_fit(e[2])]
-    faster.sort(key=lambda entry: entry[:2])
+        kept = sorted(e for e in fewest_own + rest if near_fit(e[2]) and variants[e[1]] != best.strategy)
+        faster += [(turn, *e, least) for turn, e in enumerate(kept)]
+    faster.sort(key=lambda entry: entry[:3])
     replays, score = 1, best.score
     index = variants.index(best.strategy) if best.strategy in variants else len(variants)
-    for _, i, prediction in faster:
+    for _, _, i, prediction, least in faster:
         if replays >= MAX_REPLAYS_PER_POINT:
             break
-        if prediction.step_time_s >= seconds:
+        if least >= best.prediction.step_time_s:
             continue  # no faster than the best replayed since
         if floor is not None and cannot_fit(variants[i], prediction, floor, best.prediction.gpu_budget_bytes):
             continue  # its stream's floor overflows the point's budget: it cannot fit
@@ -201,7 +215,8 @@ def confirm(
     replays = 0
     seen: set[Strategy | RLHFStrategy] = set()
     for candidate in result.ranked:
-        fitting = sorted(seconds for c, seconds in confirmed if c.prediction.fits)
+        # the replayed seconds of those that fit: a point's screened seconds are at most its replay's
+        fitting = sorted(c.prediction.step_time_s for c, _ in confirmed if c.prediction.fits)
         if len(fitting) >= wanted and candidate.prediction.step_time_s >= fitting[wanted - 1]:
             continue  # it cannot beat the last of those wanted (equals keep the screen's order)
         if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):

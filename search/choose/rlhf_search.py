@@ -43,7 +43,6 @@ from search.step.assemble import gpu_budget_bytes, score_step, screen_step
 from store.records import Hardware, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
-RLHF_GRID_LIMIT = 512  # walking this many points whole costs about what 96 TPE trials cost
 RLHF_TPE_TRIALS = 96
 
 
@@ -108,9 +107,9 @@ def search_rlhf(
     blocks, generation (DeepSpeed's hybrid engine, HF generate, or a vLLM/SGLang engine option of the families
     in ``rollouts``: "hybrid-engine" stands for DeepSpeed's own generation), LoRA rank. ``sampler``:
 
-    - ``grid`` (auto up to ``RLHF_GRID_LIMIT`` points): every point once, in order. Walked directly: Optuna's
-      GridSampler rescans all trials after each one, which costs more than the predictions here.
-    - ``bound`` (auto above): exact too, best bound first (see ``search.choose.rlhf_walk``): the best and the
+    - ``grid``: every point once, in order. Walked directly: Optuna's GridSampler rescans all trials after each
+      one, which costs more than the predictions here.
+    - ``bound`` (auto): exact too, best bound first (see ``search.choose.rlhf_walk``): the best and the
       next ``alternatives`` fitting points are exact; ``n_trials`` caps the points resolved only to rank
       alternatives.
     - ``tpe``: a seeded multivariate Optuna TPE study of ``n_trials`` trials (no guarantee of the optimum).
@@ -123,9 +122,9 @@ def search_rlhf(
     points = list(rlhf_outer_points(workload, hardware, lora_ranks, generations))
     by_key = {rlhf_key(p): p for p in points}
     if sampler == "auto":
-        # an engine point resolves dozens of knob variants and splits: the bound walk (exact too) spares them
-        engines = any(p.rollout is not None for p in points)
-        sampler = "grid" if len(points) <= RLHF_GRID_LIMIT and not engines else "bound"
+        # the bound walk is exact too (its memory bound is a lower bound of the replay's: rlhf_space.role_live_floor)
+        # and resolves a few of the points: DeepSpeed-Chat's PPO on one RTX 4090, 18 of 256 (issue 42)
+        sampler = "bound"
     bounds = None
     if sampler == "bound" or not closest:
         bounds = point_bounds(workload, hardware, coef, list(by_key.values()))

@@ -28,7 +28,7 @@ from search.rlhf.scoring import reference_is_actor, reference_may_be_actor, scor
 from search.rlhf.scoring_phase import scoring_forward
 from search.rlhf.step import generation_phase
 from search.rlhf.timing import ema_time, gae_seconds
-from search.streams.phases import LIVE_PARTS, Live, trained_factor
+from search.streams.phases import Live, trained_factor
 from search.streams.workspaces import backward_workspace
 from store.records import (
     ALLOCATORS,
@@ -237,8 +237,11 @@ def role_live_floor(
     generates: bool = True,
 ) -> int:
     """The least a model's own moments (its generation, scoring forward, training) add to the resident bytes
-    under a split, fragments included: live bytes plus within-phase fragments with expandable segments and
-    nothing carried (``after-phase``); the other model's gradients and a larger scoring factor only add."""
+    under a split: their live bytes, which the step's stream requests beside the resident ones
+    (:func:`search.streams.build.step_stream`), so a lower bound of the replay's peak reserved under every
+    ``empty_cache`` policy and allocator. No fragments, nor what an engine's init left cached: an ``empty_cache``
+    policy releases that, and the screen's fragment shares may overstate the replay's (issue 42: the bound walk
+    pruned on them); the other model's gradients and a larger scoring factor only add."""
     coef = ctx.coef
     generation_batch, micro_batch, grad_accum = batches
     moments: list[tuple[Live, float]] = []
@@ -261,13 +264,7 @@ def role_live_floor(
         batch = role_micro_batch(ctx, role, trained.layout.lora_rank, micro_batch)
         trained_moments = training_live(trained, None, batch)
         moments += [(m, factor) for m in trained_moments]
-    share = coef.frag_expandable_factor * coef.frag_within_step
-    # what this model's own engine init left cached: the step keeps at least that much (the larger model's)
-    cached = role_init_cached(ctx, role, block)
-    activations = LIVE_PARTS.index("activations")
-    return max(
-        m.total + int(share * factor * m.transient + 0) + max(0, cached - m.parts[activations]) for m, factor in moments
-    )
+    return max(m.total for m, _ in moments)
 
 
 def shared_bytes(ctx: RLHFContext) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_score
@@ -96,7 +97,10 @@ def point_bounds(
     as a sum over the point's models would add them, so each bound is the same float.
     """
     ctx = rlhf_context(workload, hardware, coef)
-    budget, host_budget = gpu_budget_bytes(hardware, coef), hardware.cpu_memory_bytes
+    # the most any strategy's usable bytes can be (its measured spread only lowers them): the memory part of the
+    # bound is a lower bound of the replay's peak reserved (resident and live bytes: no fragments, nothing
+    # cached), held against the largest budget, so a point it penalizes cannot fit by the replay
+    budget, host_budget = gpu_budget_bytes(hardware, replace(coef, reserved_spread=0.0)), hardware.cpu_memory_bytes
     splits = batch_choices(workload, hardware)
     least_shared = min(shared_seconds(ctx, split) for split in splits)
     # an engine's rollout is one call, where DeepSpeed's generation pays the per-call overhead for every batch
@@ -135,7 +139,7 @@ def point_bounds(
         seconds, resident, live, host, loading, cached, movable = _add(frozen, reward)
         time = (least_shared if rollout is None else least_engine_shared) + seconds
         resident += constant
-        reserved = resident + max(live, cached)
+        reserved = resident + live  # what the engine init left cached may be released (empty_cache)
         if rollout is not None:  # the engine awake beside the least the trainer keeps for the rollout
             if id(rollout) not in engine_floors:
                 smallest = smallest_knobs(rollout)

@@ -14,6 +14,8 @@ from search.rlhf.step import step_of
 from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
 from search.step.finish import finish_step
+from store.framework_placement import frozen_block_as_run
+from store.frameworks import reference_through_actor
 from store.records import Hardware, RLHFStrategy, Workload
 
 
@@ -22,11 +24,42 @@ def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, co
     every ``empty_cache`` policy and allocator of a strategy."""
     if strategy.empty_cache != "never" or strategy.allocator != "default":
         strategy = replace(strategy, empty_cache="never", allocator="default")
+    strategy, notes = frozen_as_run(workload, strategy)
     if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
-        return engine_step(workload, strategy, hardware, coef)
-    ctx = rlhf_context(workload, hardware, coef)
-    check_rlhf_strategy(workload, strategy, ctx.job)
-    return step_of(ctx, strategy)
+        step = engine_step(workload, strategy, hardware, coef)
+    else:
+        ctx = rlhf_context(workload, hardware, coef)
+        check_rlhf_strategy(workload, strategy, ctx.job)
+        step = step_of(ctx, strategy)
+    return replace(step, notes=step.notes + notes) if notes else step
+
+
+def frozen_as_run(workload: Workload, strategy: RLHFStrategy) -> tuple[RLHFStrategy, tuple[str, ...]]:
+    """``strategy`` with its frozen models' blocks as ``workload.framework`` builds them
+    (:func:`store.framework_placement.frozen_block_as_run`: OpenRLHF 0.11.2 ``get_ds_eval_config``, TRL
+    ``prepare_deepspeed``, DeepSpeed-Chat ``_init_ref``/``_init_reward``), and a note for each block it remaps: a
+    plan given under ``--framework`` is predicted as that program runs it, not as written."""
+    held = {"reference": workload.holds_reference, "reward": workload.holds_reward_model}
+    notes: list[str] = []
+    for role in ("reference", "reward"):
+        block = strategy.reference if role == "reference" else strategy.reward
+        if not held[role] or (
+            role == "reference"
+            and reference_through_actor(
+                workload.framework, workload.kind, workload.holds_reference, strategy.actor.lora_rank
+            )
+        ):
+            continue
+        run = frozen_block_as_run(workload.framework, role, block, strategy.actor, strategy.critic)
+        if run is None:
+            continue
+        notes.append(
+            f"{role}: --framework {workload.framework} builds it at ZeRO-{run.zero_stage}"
+            f"{' offloaded to the ' + run.offload if run.offload != 'none' else ''}, not ZeRO-{block.zero_stage}"
+            f"{' offloaded' if block.offload != 'none' else ''} as given: predicted as it runs"
+        )
+        strategy = replace(strategy, reference=run) if role == "reference" else replace(strategy, reward=run)
+    return strategy, tuple(notes)
 
 
 @lru_cache(maxsize=4096)  # a search's confirmation and the report ask for the same plan again

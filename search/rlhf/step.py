@@ -28,6 +28,7 @@ from functools import lru_cache
 from search.coefficients import Coefficients
 from search.model.placement import TrainedPlacement
 from search.model.training_time import training_time
+from search.rlhf.build_notes import trained_build_notes
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import generation_live, training_live, training_named
 from search.rlhf.models import (
@@ -200,6 +201,9 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         )
     if models.reference is None and reference_is_actor(ctx, s.actor.lora_rank):
         notes.append("the reference log-probs come from the LoRA actor with its adapters disabled (TRL): no copy")
+    trained = (("actor", models.actor), ("critic", models.critic))
+    w = ctx.workload
+    notes += trained_build_notes(trained, w.framework, w.dtype, ctx.hardware.gpu_memory_bytes)
     return Step(
         resident=models.resident,
         phases=inference.phases + training.phases,
