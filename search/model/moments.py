@@ -12,6 +12,9 @@ against CPU probes of tiny models at world sizes 1, 2 and 4 (``tests/probes/test
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
 from search.model.deepspeed_tensors import (
     offload_epilogue,
@@ -20,6 +23,7 @@ from search.model.deepspeed_tensors import (
     zero0_moments,
     zero2_moments,
 )
+from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import (
     LIVE_PARTS,
     REDUCTION_STREAM,
@@ -36,12 +40,13 @@ from search.model.reuse import zero3_reuse
 from search.model.shapes import token_embedding_params, trainable_params
 from search.model.states import ZERO3_NORM_CHUNK_ELEMENTS, ModelStates, ZeroWorkspace
 from search.model.zero3_step import zero3_offload_grads, zero3_step, zero3_sub_groups
-from store.records import DTYPE_BYTES, ModelSpec
+from store.records import DTYPE_BYTES, ModelSpec, TrainedModelStrategy
 
 __all__ = [
     "LIVE_PARTS",
     "TRAINING_PHASES",
     "Moment",
+    "PlacedModel",
     "TrainingMoments",
     "between_micro_steps",
     "largest",
@@ -51,30 +56,111 @@ __all__ = [
 ]
 
 
-def training_moments(
-    *,
-    model: ModelSpec,
-    lm_head: bool,
-    dtype: str,
-    zero_stage: int,
-    lora_rank: int,
-    gradient_checkpointing: bool,
-    grad_accum: int,
-    world_size: int,
-    states: ModelStates,
-    work: ZeroWorkspace,
-    acts: Activations,
-    logits: LossLogits,
-    backward_working: int,
-) -> TrainingMoments:
-    """Forward, backward and optimizer-step moments of one micro-batch of a trained model, with the tensors
-    DeepSpeed and transformers make by name where this layout's are known (:mod:`search.model.deepspeed_tensors`).
+class PlacedModel(Protocol):
+    """A trained model placed on the GPUs as its training moments read it (``search.model.placement.TrainedPlacement``
+    is one): the model, whether it has an LM head, its layout (ZeRO stage, LoRA rank, checkpointing), its
+    accumulation and world size, its states and DeepSpeed's working buffers."""
 
-    ``backward_working`` is the activation-gradient bytes of the layer being differentiated; ``logits``
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def lm_head(self) -> bool: ...
+    @property
+    def layout(self) -> TrainedModelStrategy: ...
+    @property
+    def grad_accum(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def states(self) -> ModelStates: ...
+    @property
+    def work(self) -> ZeroWorkspace: ...
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """What every ZeRO stage's moments share: the forward and the start of the backward of one micro-batch, and
+    the bytes around them (``d`` bytes per 16-bit element)."""
+
+    d: int
+    base: Moment  # between micro-steps
+    kept: int  # ZeRO-3's gradient partition buffer, live from init on
+    gathered_params: int
+    embedding_grad: int
+    tied: int
+    head_grad: int
+    inflight: int
+    head_weight: int
+    forward: list[Moment]
+    backward: list[Moment]
+
+
+def training_moments(
+    placed: PlacedModel, batch: MicroBatchContext, acts: Activations, logits: LossLogits
+) -> TrainingMoments:
+    """Forward, backward and optimizer-step moments of one micro-batch (``batch``: its dtype) of the trained model
+    ``placed``, with the tensors DeepSpeed and transformers make by name where this layout's are known
+    (:mod:`search.model.deepspeed_tensors`).
+
+    ``acts.backward_working`` is the activation-gradient bytes of the layer being differentiated; ``logits``
     are zero for a model without an LM head (a reward model or a critic).
     """
+    turn = _turn(placed, batch.dtype, acts, logits)
+    model, lm_head, states, work = placed.model, placed.lm_head, placed.states, placed.work
+    zero_stage, lora_rank = placed.layout.zero_stage, placed.layout.lora_rank
+    accumulating, d = placed.grad_accum > 1, turn.d
+    tied_at = 2 if turn.tied else 0
+    if zero_stage == 0:
+        moments = zero0_moments(
+            states=states,
+            work=work,
+            logits=logits,
+            base=turn.base,
+            gathered_params=turn.gathered_params,
+            forward=turn.forward,
+            backward=turn.backward,
+            inflight=turn.inflight,
+        )
+        return with_loss_tensors(moments, logits, d, turn.head_weight, tied_at)
+    if not work.norm_in_backward and (
+        zero_stage == 2 or (zero_stage == 1 and work.comm_overlapped and not accumulating)
+    ):
+        # ZeRO-1 takes ZeRO-2's path where its gradient hooks reduce as they fire (overlap_comm; every micro-step
+        # an accumulation boundary): reduce_ipg_grads copies its partition's gradients into grads_in_partition
+        moments = zero2_moments(
+            model=model,
+            lm_head=lm_head,
+            lora_rank=lora_rank,
+            accumulating=accumulating,
+            states=states,
+            work=work,
+            acts=acts,
+            logits=logits,
+            base=turn.base,
+            gathered_params=turn.gathered_params,
+            forward=turn.forward,
+            backward=turn.backward,
+            inflight=turn.inflight,
+            d=d,
+        )
+        summed_at = len(moments.phases["backward"]) - 2 if turn.tied else 0  # the `end + inflight` moment
+        return with_loss_tensors(moments, logits, d, turn.head_weight, summed_at)
+    if zero_stage in (1, 2):
+        step, named = _zero12_end(placed, turn, logits)
+    else:
+        step, named = _zero3_end(placed, turn, logits)
+    phases = {"forward": turn.forward, "backward": turn.backward, "optimizer_step": step}
+    moments = TrainingMoments(turn.base, turn.gathered_params, phases, named)
+    return with_loss_tensors(moments, logits, d, turn.head_weight, tied_at)
+
+
+def _turn(placed: PlacedModel, dtype: str, acts: Activations, logits: LossLogits) -> _Turn:
+    """The forward and the loss's and top layer's backward of one micro-batch, and what they hold."""
+    model, lm_head, states, work = placed.model, placed.lm_head, placed.states, placed.work
+    layout, world_size = placed.layout, placed.world_size
+    zero_stage, lora_rank, gradient_checkpointing = layout.zero_stage, layout.lora_rank, layout.gradient_checkpointing
     d = DTYPE_BYTES[dtype]
-    zero3, accumulating = zero_stage == 3, grad_accum > 1
+    zero3, accumulating = zero_stage == 3, placed.grad_accum > 1
     recompute = acts.recompute  # 0 where the traced checkpointed backward holds it
     kept = states.gradients if zero3 else 0  # ZeRO-3's gradient partition buffer lives from init on
     base = plus(between_micro_steps(work), gradients=kept)
@@ -112,80 +198,66 @@ def training_moments(
             base,
             gradients=head_grad,
             buffers=work.backward_buckets - carried_buckets,
-            activations=acts.saved + backward_working + recompute,
+            activations=acts.saved + acts.backward_working + recompute,
             logits=logits.held,
             zero3_gathered=at_layers,
         ),
     ]
-    named: dict[str, list[NamedTensors]] | None = None
-    if zero_stage == 0:
-        moments = zero0_moments(
-            states=states,
-            work=work,
-            logits=logits,
-            base=base,
-            gathered_params=gathered_params,
-            forward=forward,
-            backward=backward,
-            inflight=inflight,
-        )
-        return with_loss_tensors(moments, logits, d, head_weight, 2 if tied else 0)
-    elif not work.norm_in_backward and (
-        zero_stage == 2 or (zero_stage == 1 and work.comm_overlapped and not accumulating)
-    ):
-        # ZeRO-1 takes ZeRO-2's path where its gradient hooks reduce as they fire (overlap_comm; every micro-step
-        # an accumulation boundary): reduce_ipg_grads copies its partition's gradients into grads_in_partition
-        moments = zero2_moments(
-            model=model,
-            lm_head=lm_head,
-            lora_rank=lora_rank,
-            accumulating=accumulating,
-            states=states,
-            work=work,
-            acts=acts,
-            logits=logits,
-            base=base,
-            gathered_params=gathered_params,
-            forward=forward,
-            backward=backward,
-            inflight=inflight,
-            d=d,
-        )
-        summed_at = len(moments.phases["backward"]) - 2 if tied else 0  # the `end + inflight` moment
-        return with_loss_tensors(moments, logits, d, head_weight, summed_at)
-    elif zero_stage in (1, 2):
-        at_end = work.carried_grads if zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
-        backward.append(moment(gradients=at_end + inflight, buffers=work.backward_buckets, logits=logits.held))
-        step = [base]  # before the accumulation boundary engine.step() changes nothing
-        if work.norm_in_backward:  # offload: each gradient's fp64 norm and fp32 copy at the backward's end
-            trainable = trainable_params(model, lora_rank, lm_head=lm_head)
-            upcasts = offload_norm_upcasts(model, lm_head, lora_rank, trainable, world_size)
-            ends, ends_named = offload_epilogue(upcasts, work, logits.held)
-            named = {"backward": [()] * len(backward) + ends_named}
-            backward += ends
-        else:
-            backward.append(moment(gradients=work.partition_grads, buffers=work.backward_buckets, logits=logits.held))
-            copies = max(work.grad_norm, work.step_copies + states.step_transient)
-            step.append(moment(gradients=work.partition_grads + copies))
-    else:
-        embedding_params = embedding_grad if gathered_params else 0  # gathered for its own backward
-        backward.append(moment(gradients=kept + inflight, zero3_gathered=embedding_params, logits=logits.held))
-        # reduce-scatter of the largest gradient: its flattened copy (stage3.py partition_grads)
-        backward.append(moment(gradients=kept + max(work.reduce_copy, work.reduced), logits=logits.held))
-        step = [base]
-        if work.norm_in_backward:  # offload: each partition's device copy, fp64 norm, fp32 copy (reduction stream)
-            side = REDUCTION_STREAM if work.comm_overlapped else 0
-            held_by = zero3_offload_grads(model, lm_head, lora_rank, world_size, d, ZERO3_NORM_CHUNK_ELEMENTS, side)
-            named = {"backward": [()] * len(backward)}
-            for tensors in held_by:
-                held = sum(t.size for t in tensors)
-                backward.append(moment(gradients=kept + work.reduced + held, logits=logits.held))
-                named["backward"].append(tensors)
-        else:
-            # sub-group by sub-group (stage3.py step()), at the sub-group size the states were laid out with
-            groups = zero3_sub_groups(model, lm_head, lora_rank, world_size, states.step_transient // (d + 4))
-            step, step_named = zero3_step(kept, work.grad_norm, d, groups)
-            named = {"optimizer_step": step_named}
-    phases = {"forward": forward, "backward": backward, "optimizer_step": step}
-    moments = TrainingMoments(base, gathered_params, phases, named)
-    return with_loss_tensors(moments, logits, d, head_weight, 2 if tied else 0)
+    return _Turn(
+        d, base, kept, gathered_params, embedding_grad, tied, head_grad, inflight, head_weight, forward, backward
+    )
+
+
+def _zero12_end(
+    placed: PlacedModel, turn: _Turn, logits: LossLogits
+) -> tuple[list[Moment], dict[str, list[NamedTensors]] | None]:
+    """ZeRO-1/2 reducing at the backward's end (appended to ``turn.backward``): the optimizer step's moments and
+    the named tensors of the offloaded epilogue."""
+    model, lm_head, states, work = placed.model, placed.lm_head, placed.states, placed.work
+    lora_rank, backward = placed.layout.lora_rank, turn.backward
+    at_end = work.carried_grads if placed.layout.zero_stage == 2 else 0  # ZeRO-2: the previous micro-step's partition
+    backward.append(moment(gradients=at_end + turn.inflight, buffers=work.backward_buckets, logits=logits.held))
+    step = [turn.base]  # before the accumulation boundary engine.step() changes nothing
+    if work.norm_in_backward:  # offload: each gradient's fp64 norm and fp32 copy at the backward's end
+        trainable = trainable_params(model, lora_rank, lm_head=lm_head)
+        upcasts = offload_norm_upcasts(model, lm_head, lora_rank, trainable, placed.world_size)
+        ends, ends_named = offload_epilogue(upcasts, work, logits.held)
+        named: dict[str, list[NamedTensors]] = {"backward": [()] * len(backward) + ends_named}
+        backward += ends
+        return step, named
+    backward.append(moment(gradients=work.partition_grads, buffers=work.backward_buckets, logits=logits.held))
+    copies = max(work.grad_norm, work.step_copies + states.step_transient)
+    step.append(moment(gradients=work.partition_grads + copies))
+    return step, None
+
+
+def _zero3_end(
+    placed: PlacedModel, turn: _Turn, logits: LossLogits
+) -> tuple[list[Moment], dict[str, list[NamedTensors]]]:
+    """ZeRO-3's last gradient and reduce-scatter (appended to ``turn.backward``), then its optimizer step sub-group
+    by sub-group, or each offloaded partition's copies at the backward's end; with the tensors by name."""
+    model, lm_head, states, work = placed.model, placed.lm_head, placed.states, placed.work
+    lora_rank, world_size, backward, kept, d = (
+        placed.layout.lora_rank,
+        placed.world_size,
+        turn.backward,
+        turn.kept,
+        turn.d,
+    )
+    embedding_params = turn.embedding_grad if turn.gathered_params else 0  # gathered for its own backward
+    backward.append(moment(gradients=kept + turn.inflight, zero3_gathered=embedding_params, logits=logits.held))
+    # reduce-scatter of the largest gradient: its flattened copy (stage3.py partition_grads)
+    backward.append(moment(gradients=kept + max(work.reduce_copy, work.reduced), logits=logits.held))
+    if work.norm_in_backward:  # offload: each partition's device copy, fp64 norm, fp32 copy (reduction stream)
+        side = REDUCTION_STREAM if work.comm_overlapped else 0
+        held_by = zero3_offload_grads(model, lm_head, lora_rank, world_size, d, ZERO3_NORM_CHUNK_ELEMENTS, side)
+        named: dict[str, list[NamedTensors]] = {"backward": [()] * len(backward)}
+        for tensors in held_by:
+            held = sum(t.size for t in tensors)
+            backward.append(moment(gradients=kept + work.reduced + held, logits=logits.held))
+            named["backward"].append(tensors)
+        return [turn.base], named
+    # sub-group by sub-group (stage3.py step()), at the sub-group size the states were laid out with
+    groups = zero3_sub_groups(model, lm_head, lora_rank, world_size, states.step_transient // (d + 4))
+    step, step_named = zero3_step(kept, work.grad_norm, d, groups)
+    return step, {"optimizer_step": step_named}

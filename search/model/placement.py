@@ -174,22 +174,7 @@ def micro_step(placed: TrainedPlacement, batch: MicroBatchContext) -> MicroStep:
         if placed.lm_head
         else LossLogits(0, 0, 0)
     )
-    moments = training_moments(
-        model=model,
-        lm_head=placed.lm_head,
-        dtype=b.dtype,
-        zero_stage=s.zero_stage,
-        lora_rank=s.lora_rank,
-        gradient_checkpointing=s.gradient_checkpointing,
-        grad_accum=placed.grad_accum,
-        world_size=placed.world_size,
-        states=placed.states,
-        work=placed.work,
-        acts=acts,
-        logits=logits,
-        backward_working=acts.backward_working,
-    )
-    return MicroStep(acts, logits, moments)
+    return MicroStep(acts, logits, training_moments(placed, b, acts, logits))
 
 
 @dataclass(frozen=True, eq=False)
