@@ -152,6 +152,7 @@ def _run_each(
     command: list[str],
     program: dict[str, Any],
     settings: ProbeSettings,
+    *,
     coef: Coefficients,
     db: str | None,
     force: bool,
@@ -237,7 +238,18 @@ def probe_program(
 
         singles = [s for s in chosen if isinstance(s, Strategy)]
         prepare_program_ops(singles, resolved.workload, resolved.hardware, device, on_note=on_note)
-    runs = _run_each(resolved, chosen, command, program, settings, coef, db, force, runner, on_progress)
+    runs = _run_each(
+        resolved,
+        chosen,
+        command,
+        program,
+        settings,
+        coef=coef,
+        db=db,
+        force=force,
+        runner=runner,
+        on_progress=on_progress,
+    )
     ident = program_id(program)
     reused = sum(run.reused for run in runs)
     if reused:
