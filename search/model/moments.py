@@ -204,7 +204,17 @@ def _turn(placed: PlacedModel, dtype: str, acts: Activations, logits: LossLogits
         ),
     ]
     return _Turn(
-        d, base, kept, gathered_params, embedding_grad, tied, head_grad, inflight, head_weight, forward, backward
+        d=d,
+        base=base,
+        kept=kept,
+        gathered_params=gathered_params,
+        embedding_grad=embedding_grad,
+        tied=tied,
+        head_grad=head_grad,
+        inflight=inflight,
+        head_weight=head_weight,
+        forward=forward,
+        backward=backward,
     )
 
 
