@@ -20,10 +20,15 @@ modules, each importing only those after it (an import-linter contract in pyproj
 The public names are re-exported here.
 """
 
+from search.batches import micro_batches, per_gpu_batch
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.optimize import exhaustive, screen_search, search
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
+from search.choose.rollout_space import ROLLOUT_FAMILIES
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients, describe_coefficients
+from search.frameworks import differences as framework_differences
+from search.model.activation_sources import formula_reason, variant_sources
+from search.model.activation_sources import source as activation_source
 from search.prediction import PhasePrediction, Prediction
 from search.predictor import (
     cpu_backend_coefficients,
@@ -34,7 +39,11 @@ from search.predictor import (
     replay_timeline,
     screen,
 )
+from search.retarget import Retargeted, for_engine
+from search.rlhf.engine_step import trainer_hardware
 from search.rlhf.predict import predict_rlhf, screen_rlhf
+from search.rollout.engine_accepts import tensor_parallel_refusal
+from search.step.replayed import StepTimeline
 from store.phases import PHASES
 
 RLHF_PHASES: tuple[str, ...] = PHASES["ppo"]
@@ -42,11 +51,23 @@ RLHF_PHASES: tuple[str, ...] = PHASES["ppo"]
 __all__ = [
     "DEFAULT_COEFFICIENTS",
     "RLHF_PHASES",
+    "ROLLOUT_FAMILIES",
     "Candidate",
     "Coefficients",
     "PhasePrediction",
     "Prediction",
+    "Retargeted",
     "SearchResult",
+    "StepTimeline",
+    "activation_source",
+    "for_engine",
+    "formula_reason",
+    "framework_differences",
+    "micro_batches",
+    "per_gpu_batch",
+    "tensor_parallel_refusal",
+    "trainer_hardware",
+    "variant_sources",
     "cpu_backend_coefficients",
     "describe_coefficients",
     "exhaustive",
