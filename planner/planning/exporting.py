@@ -19,9 +19,8 @@ from planner.files.atomic import checked_output, write_configs, write_texts
 from planner.job.inputs import ResolvedJob, resolve
 from planner.planning.outside import sidecar_document, sidecar_path
 from planner.planning.saved import plan, plan_job, planned_coefficients
-from search.frameworks import differences
-from search.retarget import for_engine
-from search.rollout.engine_accepts import tensor_parallel_refusal
+from search import for_engine, tensor_parallel_refusal
+from search import framework_differences as differences
 from store.frameworks import DEFAULT_FRAMEWORK, ROLLOUT_ENGINES_RUN
 from store.records import RLHF_WORKLOADS, RLHFStrategy, Strategy
 

@@ -10,9 +10,8 @@ from functools import partial
 
 from planner.job.inputs import ResolvedJob
 from planner.planning.suggest import what_would_fit
-from search import Coefficients, SearchResult
+from search import ROLLOUT_FAMILIES, Coefficients, SearchResult
 from search import search as run_search
-from search.choose.rollout_space import ROLLOUT_FAMILIES
 from store.errors import InputError
 from store.quantization import QUANTIZATIONS
 from store.records import MAX_COUNT

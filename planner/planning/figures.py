@@ -20,14 +20,19 @@ from planner.job.inputs import ResolvedJob
 from planner.report.prediction import predicted_block
 from planner.report.results import FrameworkRollout, PredictionReport
 from planner.report.strategy_record import PlanStrategy
-from search import Prediction, replay_memory
+from search import (
+    Coefficients,
+    Prediction,
+    Retargeted,
+    activation_source,
+    for_engine,
+    formula_reason,
+    replay_memory,
+    tensor_parallel_refusal,
+    trainer_hardware,
+    variant_sources,
+)
 from search import predict as predict_strategy
-from search.coefficients import Coefficients
-from search.model.activation_sources import formula_reason, variant_sources
-from search.model.activation_sources import source as activation_source
-from search.retarget import Retargeted, for_engine
-from search.rlhf.engine_step import trainer_hardware
-from search.rollout.engine_accepts import tensor_parallel_refusal
 from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
 from store.framework_packages import packages_setting

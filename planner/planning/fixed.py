@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from planner.job.inputs import ResolvedJob
-from search.batches import per_gpu_batch
+from search import per_gpu_batch
 from store.errors import InputError
 from store.records import RLHFStrategy, Strategy
 
