@@ -26,7 +26,7 @@ from planner.report.plot_layout import (
     time_axis,
 )
 from planner.report.plot_png import png_bytes
-from search.step.replayed import StepTimeline
+from search import StepTimeline
 from store.errors import InputError
 
 __all__ = [

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from search.step.replayed import StepTimeline
+from search import StepTimeline
 from store.errors import InputError
 from store.phases import END_STEP, empties_after
 

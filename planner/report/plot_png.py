@@ -13,7 +13,7 @@ import io
 from typing import TYPE_CHECKING
 
 from planner.report.plot_layout import PHASE_COLOURS, EngineTurn, PlanFigures, picture_layout
-from search.step.replayed import StepTimeline
+from search import StepTimeline
 from store.errors import InputError
 
 if TYPE_CHECKING:
