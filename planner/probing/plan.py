@@ -14,8 +14,7 @@ from planner.job.inputs import ResolvedJob
 from planner.probing.device import device_coefficients, device_prediction
 from planner.probing.settings import ProbeSettings
 from probes.measure.fingerprint import versions as software_versions
-from search import Coefficients, Prediction, predict, search
-from search.batches import micro_batches
+from search import Coefficients, Prediction, micro_batches, predict, search
 from store.errors import InputError
 from store.measurements import ProbeRequest
 from store.records import RLHFStrategy, Strategy, TrainedModelStrategy, Workload, strategy_label
