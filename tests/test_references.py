@@ -7,7 +7,8 @@
 - every module a package's docstring names as its own (``name`` in a list: ``- ``name``: ...``,
   ``(``name``, ...)``) is one of its modules;
 - the package faces export what docs/layout.md says they do: every function of ``planner.api`` is named in
-  docs/layout.md and re-exported by ``planner``; ``search`` exports ``search.predict``.
+  docs/layout.md and re-exported by ``planner``; ``search`` exports ``search.predict``;
+- ``planner`` imports ``search`` only through its faces.
 
 Read statically (the source's syntax tree): nothing is imported but the two faces, so no torch is loaded.
 """
@@ -154,3 +155,17 @@ def test_the_resolver_tells_a_moved_module_from_a_present_one() -> None:
     assert resolves("planner.job.inputs.resolve") and resolves("store.records.Hardware.world_size")
     assert not resolves("search.step.phases") and not resolves("search.rollout.step")  # moved in issue 45
     assert not resolves("store.records.NoSuchName") and not resolves("search.nowhere")
+
+
+def test_planner_reaches_search_through_its_faces() -> None:
+    """``planner`` imports ``search`` through ``search/__init__.py`` (or a sub-package's face that says
+    ``__all__``: calibration, allocator, spread), never a module behind it: what it uses is the face's."""
+    faces = ("search", "search.calibration", "search.allocator", "search.spread")
+    behind = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.module}"
+        for path in sorted((ROOT / "planner").rglob("*.py"))
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "search"
+        if node.module not in faces
+    ]
+    assert behind == [], "planner imports search behind its face"
