@@ -33,7 +33,8 @@ from search.model.moment_parts import (
     moment,
 )
 from search.model.shapes import largest_trainable_tensor, lora_params, token_embedding_params
-from search.model.states import ModelStates, ZeroWorkspace
+from search.model.states import ModelStates
+from search.model.zero_buffers import ZeroWorkspace
 from store.records import ModelSpec
 
 FP64 = 8  # bytes of a norm's upcast element (get_norm_dtype(): torch.float64)

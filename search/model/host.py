@@ -18,8 +18,9 @@ the GPUs per node):
   DeepSpeed's default parameter buffers);
 - ``pinned_buffers``: the host buffers DeepSpeed's ZeRO optimizer allocates beside the offloaded states
   (pinned: offload ``pin_memory`` defaults to true, ``runtime/zero/offload_config.py``), as
-  :class:`search.model.states.ZeroWorkspace` counts them: ZeRO-1/2 ``param_buffer_of_bit16_for_cpu_offload_groups``
-  (a 16-bit copy of the partition, ``stage_1_and_2.py`` __init__, after ``weights_partition`` is pinned),
+  :class:`search.model.zero_buffers.ZeroWorkspace` counts them: ZeRO-1/2
+  ``param_buffer_of_bit16_for_cpu_offload_groups`` (a 16-bit copy of the partition, ``stage_1_and_2.py``
+  __init__, after ``weights_partition`` is pinned),
   ``temp_grad_buffer_for_cpu_offload`` (the largest parameter, 16-bit), ``accumulated_grads_in_cpu`` with
   gradient accumulation (``buffer_to_accumulate_to_in_cpu``); ZeRO-3 ``grad_partitions_flat_buffer`` (the
   16-bit gradient partition, on ``self.device``, the CPU with optimizer offload, NVMe included);

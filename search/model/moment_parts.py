@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search.model.states import ZeroWorkspace
+from search.model.zero_buffers import ZeroWorkspace
 
 # The bytes live beside the resident ones at one moment, named as in the JSON breakdown (``buffers``:
 # DeepSpeed's buckets that exist only for a while, such as ZeRO-1/2's reduce buckets during a backward).

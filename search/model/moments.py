@@ -3,7 +3,7 @@
 A phase's peak allocated is the largest of a few moments, each the resident bytes plus what is live
 then: the loss (fp32 copies of the logits), the top layer's backward, the last (embedding) gradient, the
 gradient reduction's epilogue, the optimizer step's gradient copies. DeepSpeed's working buffers and when
-they exist come from :func:`search.model.states.zero_workspace`. Single-model training
+they exist come from :func:`search.model.zero_buffers.zero_workspace`. Single-model training
 (:mod:`search.single`) and the actor and critic of an RLHF step (:mod:`search.rlhf.memory`) both
 count their training this way. ZeRO-3 on several ranks adds the gathered parameters its reuse distance
 keeps across the forward-backward turn (:mod:`search.model.reuse`) to the moments around it. Checked
@@ -38,8 +38,9 @@ from search.model.moment_parts import (
 )
 from search.model.reuse import zero3_reuse
 from search.model.shapes import token_embedding_params, trainable_params
-from search.model.states import ZERO3_NORM_CHUNK_ELEMENTS, ModelStates, ZeroWorkspace
+from search.model.states import ModelStates
 from search.model.zero3_step import zero3_offload_grads, zero3_step, zero3_sub_groups
+from search.model.zero_buffers import ZERO3_NORM_CHUNK_ELEMENTS, ZeroWorkspace
 from store.records import DTYPE_BYTES, ModelSpec, TrainedModelStrategy
 
 __all__ = [

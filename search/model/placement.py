@@ -1,7 +1,7 @@
 """Where one model of a step lives: a trained model's states and buffers, a frozen model's weights.
 
 A trained model (the single model of sft/reward/dpo, the actor or critic of RLHF) is laid out by
-:func:`search.model.states.model_states` and :func:`search.model.states.zero_workspace`; a frozen model
+:func:`search.model.states.model_states` and :func:`search.model.zero_buffers.zero_workspace`; a frozen model
 (reference, reward) holds 16-bit weights only: whole, 1/N under ZeRO-3, or on the host between forwards
 when offloaded (a gathered layer while they run). Cached on their (hashable) arguments: a search places
 thousands of strategies that share these pieces.
@@ -24,7 +24,8 @@ from search.model.quantized import (
     zero3_frozen_elements,
 )
 from search.model.shapes import largest_module_params, resident_params, trainable_params
-from search.model.states import ModelStates, ZeroWorkspace, model_states, zero_workspace
+from search.model.states import ModelStates, model_states
+from search.model.zero_buffers import ZeroWorkspace, zero_workspace
 from store.ds_buckets import ZeroBuckets
 from store.ds_defaults import buckets_of, zero3_buckets
 from store.records import DTYPE_BYTES, FrozenModelStrategy, ModelSpec, TrainedModelStrategy

@@ -1,4 +1,5 @@
-"""Bytes per GPU of one trained model's states as DeepSpeed lays them out, and DeepSpeed's working buffers.
+"""Bytes per GPU of one trained model's states as DeepSpeed lays them out (the working buffers around them:
+:mod:`search.model.zero_buffers`).
 
 Pure functions. ``T`` is trainable parameters, ``F`` frozen ones (LoRA's base model), ``N`` the
 data-parallel world size, ``d`` the bytes of the compute dtype. The ZeRO layouts follow
@@ -10,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search.coefficients import Coefficients
-from search.model.shapes import largest_module_params, largest_trainable_tensor
-from store.ds_buckets import ZeroBuckets
+from search.model.shapes import largest_module_params
 from store.ds_defaults import ZERO3_SUB_GROUP_SIZE
 from store.records import DTYPE_BYTES, ModelSpec
 
@@ -70,35 +69,65 @@ def model_states(
             step_transient=(8 * t) if mixed else 0,
             host=0,
         )
-    fp32_partition = 16 * t // n  # fp32 master copy, its gradient, Adam m and v
     if zero_stage in (1, 2):
-        # ZeRO-1 keeps param.grad whole until the accumulation boundary; ZeRO-2 reduces every micro-step.
-        full_lp_grads = zero_stage == 1 and grad_accum > 1
-        lp_grads = d * t if full_lp_grads else d * t // n
-        if offload_opt:
-            return ModelStates(
-                parameters=held,
-                gradients=d * t if full_lp_grads else 0,
-                optimizer_states=0,
-                zero3_gathered=0,
-                step_transient=0,
-                host=fp32_partition,
-            )
-        # The reduced 16-bit partition (grads_in_partition) persists; its fp32 copy exists during step().
+        return _zero12_states(d, t, n, held, zero_stage=zero_stage, grad_accum=grad_accum, offload=offload_opt)
+    return _zero3_states(
+        model,
+        d,
+        t,
+        f,
+        n,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        sub_group_size=sub_group_size,
+    )
+
+
+def _zero12_states(
+    d: int, t: int, n: int, held: int, *, zero_stage: int, grad_accum: int, offload: bool
+) -> ModelStates:
+    """ZeRO-1 and ZeRO-2: the 16-bit weights whole on every rank (``held``), the rest partitioned over ``n``."""
+    # ZeRO-1 keeps param.grad whole until the accumulation boundary; ZeRO-2 reduces every micro-step.
+    full_lp_grads = zero_stage == 1 and grad_accum > 1
+    lp_grads = d * t if full_lp_grads else d * t // n
+    if offload:
         return ModelStates(
             parameters=held,
-            gradients=lp_grads,
-            optimizer_states=12 * t // n,
+            gradients=d * t if full_lp_grads else 0,
+            optimizer_states=0,
             zero3_gathered=0,
-            step_transient=4 * t // n,
-            host=0,
+            step_transient=0,
+            host=16 * t // n,  # fp32 master copy, its gradient, Adam m and v
         )
+    # The reduced 16-bit partition (grads_in_partition) persists; its fp32 copy exists during step().
+    return ModelStates(
+        parameters=held,
+        gradients=lp_grads,
+        optimizer_states=12 * t // n,
+        zero3_gathered=0,
+        step_transient=4 * t // n,
+        host=0,
+    )
+
+
+def _zero3_states(
+    model: ModelSpec,
+    d: int,
+    t: int,
+    f: int,
+    n: int,
+    *,
+    offload_optimizer: str,
+    offload_param: str,
+    sub_group_size: int,
+) -> ModelStates:
+    """ZeRO-3: every state partitioned over ``n`` ranks, offloaded to the host or NVMe as asked."""
     # ZeRO-3: everything partitioned; the live module is gathered (params and full grads, 2 x d bytes).
     gathered = 2 * d * largest_module_params(model)
     lp_params = d * (t + f) // n
     # ZeRO-Infinity on NVMe keeps only swap buffers in host memory: a sub-group of optimizer states and
     # DeepSpeed's default parameter buffers (5 x 1e8 elements).
-    host_optimizer = 16 * min(t // n, sub_group_size) if offload_optimizer == "nvme" else fp32_partition
+    host_optimizer = 16 * min(t // n, sub_group_size) if offload_optimizer == "nvme" else 16 * t // n
     host_params = 5 * 100_000_000 * d if offload_param == "nvme" else lp_params
     nvme = (host_optimizer if offload_optimizer == "nvme" else 0) + (host_params if offload_param == "nvme" else 0)
     if offload_param != "none":
@@ -113,7 +142,7 @@ def model_states(
             host_parameters=on_cpu,
             host_nvme=nvme,
         )
-    if offload_opt:
+    if offload_optimizer != "none":
         return ModelStates(
             parameters=lp_params,
             gradients=0,
@@ -137,152 +166,6 @@ def model_states(
     )
 
 
-# DeepSpeed's engine allreduces ZeRO-0 gradients in flattened buckets of this many elements
-# (engine.py MEMORY_OPT_ALLREDUCE_SIZE, the default of buffered_allreduce_fallback), even on one rank.
-ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
-# stage3.py _constant_buffered_norm2 takes an offloaded gradient's norm in chunks of this many elements.
-ZERO3_NORM_CHUNK_ELEMENTS = 250_000_000
-FP64 = 8  # bytes: zero/utils.get_norm_dtype() is float64 wherever the accelerator has it (CUDA, CPU)
-
-
-@dataclass(frozen=True)
-class ZeroWorkspace:
-    """DeepSpeed's working buffers around the model states, in bytes per GPU (host bytes per GPU too).
-
-    ``ModelStates`` holds what DeepSpeed's estimators count; this holds the rest of what the engine and
-    its ZeRO optimizer really allocate (``runtime/engine.py``, ``fp16/fused_optimizer.py``,
-    ``zero/stage_1_and_2.py``, ``zero/stage3.py``), each with the moment it is live.
-    """
-
-    resident: int  # on the device for the whole run: communication buckets, offload staging buffers
-    backward_buckets: int  # ZeRO-1/2 reduce buckets: setup_buckets() at the first gradient hook of a backward
-    buckets_carried: bool  # ZeRO-1 with grad_accum > 1: the buckets live until the boundary's epilogue
-    partition_grads: int  # ZeRO-1/2: 16-bit gradient partition made at the backward's epilogue, kept to step()
-    carried_grads: int  # gradients alive between the micro-steps of one optimizer step (grad_accum > 1)
-    grad_norm: int  # fp64 upcast of the largest gradient (piece) while DeepSpeed takes norms tensor by tensor
-    norm_in_backward: bool  # offload: norms are taken as gradients are copied out, at the backward's end
-    step_copies: int  # optimizer step: copies beyond ModelStates.step_transient (flattened 16-bit partition)
-    allreduce_copy: int  # ZeRO-0: flattened 16-bit gradients of the allreduce after a boundary backward
-    reduce_copy: int  # ZeRO-3: the largest module's full gradient plus its reduce-scatter buffer
-    reduced: int  # ZeRO-3: the reduce-scatter buffer alone, once the full gradient is released
-    host: int  # pinned host buffers beside the offloaded states (ModelStates.host), before any slack
-    reduce_bucket: int = 0  # bytes of one ZeRO-1/2 reduce bucket tensor (backward_buckets is made of them)
-    reuse_distance: int = 0  # ZeRO-3's max_reuse_distance (parameters), for what stays gathered (reuse.py)
-    # overlap_comm: ZeRO's reductions run on their own stream beside the backward; off, on the compute stream
-    comm_overlapped: bool = True
-
-
-def zero_workspace(
-    *,
-    model: ModelSpec,
-    trainable: int,
-    dtype: str,
-    zero_stage: int,
-    offload_optimizer: str,
-    world_size: int,
-    grad_accum: int,
-    lora_rank: int,
-    lm_head: bool,
-    coef: Coefficients,
-    buckets: ZeroBuckets,
-) -> ZeroWorkspace:
-    """What DeepSpeed allocates around the states for one trainable model (see :class:`ZeroWorkspace`), with
-    the config's bucket settings ``buckets`` (``store.ds_defaults.buckets_of``)."""
-    d = DTYPE_BYTES[dtype]
-    n = world_size
-    t = trainable
-    accumulating = grad_accum > 1
-    offload_opt = offload_optimizer != "none"
-    largest = largest_trainable_tensor(model, lora_rank, lm_head=lm_head)
-    workspace = int(coef.cublas_workspace_bytes)
-    if zero_stage == 0:
-        return ZeroWorkspace(
-            resident=workspace,
-            backward_buckets=0,
-            buckets_carried=False,
-            partition_grads=0,
-            carried_grads=d * t if accumulating else 0,  # param.grad accumulates across micro-steps
-            grad_norm=0,
-            norm_in_backward=False,
-            step_copies=0,
-            allreduce_copy=d * min(t, ALLREDUCE_BUCKET_ELEMENTS),
-            reduce_copy=0,
-            reduced=0,
-            host=0,
-        )
-    if zero_stage in (1, 2):
-        # setup_buckets(): one reduce_bucket_size buffer, two with overlap_comm (offload forces contiguous
-        # gradients); released by _release_ipg_buffers() at the epilogue of every ZeRO-2 backward, and of
-        # the boundary backward only under ZeRO-1 (engine.allreduce_gradients skips the others).
-        bucket = d * buckets.reduce_bucket_size
-        made = (2 if buckets.overlap_comm else 1) * bucket if (buckets.contiguous_gradients or offload_opt) else 0
-        piece = min(largest, -(-t // n))
-        if zero_stage == 1:
-            carried = d * t if accumulating else 0  # param.grad, reduced only at the boundary
-        else:
-            carried = 0 if offload_opt or not accumulating else d * t // n  # grads_in_partition
-        if offload_opt:
-            # stage_1_and_2.py __init__: a 16-bit partition buffer and temp_grad_buffer_for_cpu_offload in
-            # (pinned) host memory, temp_grad_buffer_for_gpu_offload on the device; with accumulation
-            # accumulated_grads_in_cpu holds the partition's gradients on the host between micro-steps.
-            host = d * t // n + d * largest + (d * t // n if accumulating else 0)
-            return ZeroWorkspace(
-                resident=workspace + d * largest,
-                backward_buckets=made,
-                buckets_carried=zero_stage == 1 and accumulating,
-                partition_grads=0,
-                carried_grads=carried,
-                grad_norm=FP64 * piece,  # set_norm_for_param_grad_in_gpu in copy_grads_in_partition
-                norm_in_backward=True,
-                step_copies=0,
-                allreduce_copy=0,
-                reduce_copy=0,
-                reduced=0,
-                host=host,
-                reduce_bucket=bucket,
-                comm_overlapped=buckets.overlap_comm,
-            )
-        # step(): get_grad_norm_direct upcasts each gradient of the partition to fp64, then the 16-bit
-        # partition is flattened (a copy) and upcast to fp32 (ModelStates.step_transient).
-        return ZeroWorkspace(
-            resident=workspace,
-            backward_buckets=made,
-            buckets_carried=zero_stage == 1 and accumulating,
-            partition_grads=d * t // n,
-            carried_grads=carried,
-            grad_norm=FP64 * piece,
-            norm_in_backward=False,
-            step_copies=d * t // n,
-            allreduce_copy=0,
-            reduce_copy=0,
-            reduced=0,
-            host=0,
-            reduce_bucket=bucket,
-            comm_overlapped=buckets.overlap_comm,
-        )
-    # ZeRO-3: the reduce bucket is allocated at init and kept (stage3.py ipg_buckets); the prefetch bucket
-    # bounds parameters gathered ahead, which one rank never gathers (all_gather_coalesced returns at once
-    # when the partition world size is 1).
-    resident = workspace + d * buckets.reduce_bucket_size + (d * buckets.prefetch_bucket_size if n > 1 else 0)
-    piece = -(-largest // n)
-    return ZeroWorkspace(
-        resident=resident,
-        backward_buckets=0,
-        buckets_carried=False,
-        partition_grads=0,
-        carried_grads=0,  # gradients accumulate into the persistent partition buffer
-        grad_norm=FP64 * (min(piece, ZERO3_NORM_CHUNK_ELEMENTS) if offload_opt else piece),
-        norm_in_backward=offload_opt,
-        step_copies=0,
-        allreduce_copy=0,
-        reduce_copy=d * largest + d * piece,
-        reduced=d * piece,
-        host=d * t // n if offload_opt else 0,  # grad_partitions_flat_buffer lives on the host with offload
-        reuse_distance=buckets.max_reuse_distance,
-        comm_overlapped=buckets.overlap_comm,
-    )
-
-
 def init_cached_bytes(
     *, trainable: int, resident: int, dtype: str, zero_stage: int, offload_param: str = "none"
 ) -> int:
@@ -290,7 +173,7 @@ def init_cached_bytes(
     reserved (their segments are then shared with small long-lived tensors, so ``empty_cache`` cannot return
     them; only the step's activations, of similar sizes, reuse them). The search's screen adds them to a step's
     reserved bytes; each figure is at most what the allocator replay of the init keeps
-    (:mod:`search.streams.init`, :func:`search.streams.build.build_stream`), so the screen's term is a lower
+    (:mod:`search.streams.init`, :func:`search.streams.build.step_stream`), so the screen's term is a lower
     bound of the replay's (``tests/search/test_screen_bound.py``).
 
     - ZeRO-1/2: the optimizer copies the trainable 16-bit weights into one flat buffer (stage_1_and_2.py

@@ -27,7 +27,7 @@ from search.model.quantized import dequant_seconds, forward_dequantizes
 from search.model.roofline import PassSeconds, add_terms, hbm_seconds, host_seconds
 from search.model.timing import collective_time, nvme_time, pcie_time, zero_comm_bytes
 from search.model.zero3_time import zero3_offload, zero3_passes
-from store.records import DTYPE_BYTES, Hardware
+from store.records import DTYPE_BYTES, GPUSpec, Hardware
 
 
 @dataclass(frozen=True)
@@ -53,21 +53,12 @@ class TrainingSeconds:
 
 
 @lru_cache(maxsize=4096)
-def training_time(
-    trained: TrainedPlacement,
-    micro_batch: int,
-    grad_accum: int,
-    seq_len: int,
-    dtype: str,
-    hardware: Hardware,
-    coef: Coefficients,
-    loss: str = "hf",
-) -> TrainingSeconds:
-    """Seconds of one optimizer step of ``grad_accum`` micro-steps of ``micro_batch`` sequences each
-    (``loss``: the strategy's loss knob, ``"hf"`` or ``"chunked"``, or ``"trl"``: TRL's fused head)."""
-    s, model, gpu = trained.layout, trained.model, hardware.gpu
-    n, d = hardware.world_size, DTYPE_BYTES[dtype]
-    t = trained.trainable
+def _model_passes(
+    trained: TrainedPlacement, micro_batch: int, seq_len: int, dtype: str, gpu: GPUSpec, coef: Coefficients, loss: str
+) -> tuple[PassSeconds, PassSeconds]:
+    """The forward and backward of one micro-step of the model itself: its kernels, the checkpointed recompute
+    and hooks, QLoRA's dequantization, and the chunked or fused loss head (before DeepSpeed's own work)."""
+    s, model = trained.layout, trained.model
     rank = s.lora_rank
     fwd = forward_pass(model, micro_batch, seq_len, dtype, gpu, coef, lora_rank=rank, lm_head=trained.lm_head)
     bwd = backward_pass(model, micro_batch, seq_len, dtype, gpu, coef, lora_rank=rank, lm_head=trained.lm_head)
@@ -90,6 +81,43 @@ def training_time(
         bwd = bwd + chunked_loss_extra(model, micro_batch, seq_len, dtype, gpu, coef, rank)
     if loss == "trl" and trained.lm_head:
         bwd = bwd + fused_head_extra(model, micro_batch, seq_len, dtype, gpu, rank)
+    return fwd, bwd
+
+
+def _offload_seconds(
+    trained: TrainedPlacement, dtype: str, grad_accum: int, passes: int, hardware: Hardware, coef: Coefficients
+) -> float:
+    """Seconds a step moves offloaded states: ZeRO-Infinity's optimizer states to and from NVMe, and the 16-bit
+    parameters fetched from the host (and NVMe) on each of the step's ``passes`` over them."""
+    s, t, n, d = trained.layout, trained.trainable, hardware.world_size, DTYPE_BYTES[dtype]
+    offload = 0.0
+    if s.offload_optimizer == "nvme" and s.zero_stage == 3:
+        offload += nvme_time(2 * 16 * t / n * hardware.gpus, coef)
+    if s.offload_param != "none":
+        fetched = passes * d * trained.resident / n * grad_accum
+        offload += pcie_time(fetched, hardware, coef)
+        if s.offload_param == "nvme":
+            offload += nvme_time(fetched * hardware.gpus, coef)
+    return offload
+
+
+def training_time(
+    trained: TrainedPlacement,
+    micro_batch: int,
+    grad_accum: int,
+    seq_len: int,
+    dtype: str,
+    hardware: Hardware,
+    coef: Coefficients,
+    loss: str = "hf",
+) -> TrainingSeconds:
+    """Seconds of one optimizer step of ``grad_accum`` micro-steps of ``micro_batch`` sequences each
+    (``loss``: the strategy's loss knob, ``"hf"`` or ``"chunked"``, or ``"trl"``: TRL's fused head)."""
+    s, model, gpu = trained.layout, trained.model, hardware.gpu
+    n, d = hardware.world_size, DTYPE_BYTES[dtype]
+    t = trained.trainable
+    rank = s.lora_rank
+    fwd, bwd = _model_passes(trained, micro_batch, seq_len, dtype, gpu, coef, loss)
     tensors = trainable_tensors(model, rank, lm_head=trained.lm_head)
     if s.zero_stage == 3:  # ZeRO-3's module and gradient hooks, counted on a real engine (search.model.zero3_time)
         zero3 = zero3_passes(
@@ -127,14 +155,7 @@ def training_time(
         coef,
         overlapped=trained.work.comm_overlapped,
     )
-    offload = 0.0
-    if offload_opt and s.offload_optimizer == "nvme" and s.zero_stage == 3:
-        offload += nvme_time(2 * 16 * t / n * hardware.gpus, coef)
-    if s.offload_param != "none":
-        fetched = passes * d * trained.resident / n * grad_accum
-        offload += pcie_time(fetched, hardware, coef)
-        if s.offload_param == "nvme":
-            offload += nvme_time(fetched * hardware.gpus, coef)
+    offload = _offload_seconds(trained, dtype, grad_accum, passes, hardware, coef)
     step_loop = PassSeconds(
         host={"deepspeed_per_tensor": host_seconds(tensors * coef.ds_step_kernels_per_tensor, coef)}
     )

@@ -16,15 +16,14 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.fused_head import trl_fused_head
-from search.model.host import LOADING, STEADY, HostMemory, per_node, trained_host
 from search.model.kernels import gpu_attention
 from search.model.micro_batch import MicroBatchContext
 from search.model.moment_parts import Moment, NamedTensors, plus
 from search.model.placement import TrainedPlacement, micro_step, trained_placement
-from search.model.quantized import quant_constants_bytes
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.prediction import Prediction
+from search.single.host_memory import build_notes, host_memory
 from search.single.loss_head import fused_head, head_tokens, model_loss, sft_holds_output
 from search.spread.measured import with_measured_spread
 from search.step.assemble import Step, screen_step
@@ -35,7 +34,6 @@ from search.streams.sizes import resident_sizes, sizes_of, training_sizes, weigh
 from search.streams.workspaces import backward_workspace
 from store.errors import InputError
 from store.frameworks import TRL_HEAD_OUTPUTS
-from store.model_build import build_note, builds_partitioned
 from store.module_dropout import workload_as_run
 from store.records import DTYPE_BYTES, Hardware, Strategy, TrainedModelStrategy, Workload
 from store.workload_kinds import traits
@@ -140,10 +138,41 @@ def phase_moments(
     return moments, training.steady, named
 
 
+def _phases(
+    workload: Workload,
+    s: Strategy,
+    placed: TrainedPlacement,
+    batch: MicroBatchContext,
+    optimizer_s: float,
+    per_micro_step: dict[str, float],
+    coef: Coefficients,
+) -> list[StepPhase]:
+    """The step's phases: each one's moments, its fragmentation multiplier and what it leaves cached."""
+    moments, steady, named = phase_moments(workload, s, placed, batch)
+    trained_sizes = training_sizes(placed, batch)
+    phases: list[StepPhase] = []
+    for name, options in moments.items():
+        inference = name == "reference_forward"
+        in_step = name == "optimizer_step"
+        phases.append(
+            StepPhase(
+                name=name,
+                group=OPTIMIZER if in_step else TRAINING,
+                moments=tuple(live_of(parts, steady) for parts in options),
+                factor=trained_factor(placed, coef, training=not inference),
+                carry=coef.frag_inference_carried if inference else coef.frag_carried,
+                time_s=optimizer_s if in_step else per_micro_step[name] * s.grad_accum,
+                count=1 if in_step else s.grad_accum,
+                sizes=trained_sizes,
+                moment_named=named[name],
+            )
+        )
+    return phases
+
+
 def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef: Coefficients) -> Step:
     """Everything about the strategy's step except its ``empty_cache`` policy and allocator."""
-    s, model, d = strategy, workload.model, DTYPE_BYTES[workload.dtype]
-    n = hardware.world_size
+    s, model = strategy, workload.model
     # --- place states --------------------------------------------------------------------------------
     placed = place(workload, s, hardware, coef)
     states, work = placed.states, placed.work
@@ -172,25 +201,7 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         per_micro_step = {"reference_forward": seconds.forward, **per_micro_step}
         seconds.terms["reference_forward"] = seconds.forward * s.grad_accum
     # --- phases: each one's moments, its fragmentation multiplier and what it leaves cached -------------
-    moments, steady, named = phase_moments(workload, s, placed, batch)
-    trained_sizes = training_sizes(placed, batch)
-    phases = []
-    for name, options in moments.items():
-        inference = name == "reference_forward"
-        in_step = name == "optimizer_step"
-        phases.append(
-            StepPhase(
-                name=name,
-                group=OPTIMIZER if in_step else TRAINING,
-                moments=tuple(live_of(parts, steady) for parts in options),
-                factor=trained_factor(placed, coef, training=not inference),
-                carry=coef.frag_inference_carried if inference else coef.frag_carried,
-                time_s=seconds.optimizer if in_step else per_micro_step[name] * s.grad_accum,
-                count=1 if in_step else s.grad_accum,
-                sizes=trained_sizes,
-                moment_named=named[name],
-            )
-        )
+    phases = _phases(workload, s, placed, batch, seconds.optimizer, per_micro_step, coef)
     time = {
         "compute": s.grad_accum * sum(per_micro_step.values()),
         "communication": seconds.communication,
@@ -198,25 +209,8 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
         "optimizer": seconds.optimizer,
         "overhead": coef.step_overhead_s * s.grad_accum,
     }
-    # --- host memory per node (search.model.host): offloaded states with DeepSpeed's pinned buffers and the
-    # estimators' slack through training; or, when larger, every local rank loading its 16-bit copy of the
-    # model before deepspeed.initialize (ZeRO-3 builds it partitioned under zero.Init).
-    # ZeRO-3: each rank holds its partition only when the program builds under zero.Init (store.model_build)
-    partitioned = s.zero_stage == 3 and builds_partitioned(
-        workload.framework, model_bytes=d * placed.resident, device_bytes=hardware.gpu_memory_bytes
-    )
-    loading = hardware.gpus * d * placed.resident // (n if partitioned else 1)
-    if s.quantization != "none":  # bitsandbytes quantizes each shard as it loads: the host holds the 4/8-bit copy
-        # ZeRO-3 too: transformers loads a quantized model whole, without zero.Init (store.quantization.qlora_loading)
-        whole = d * placed.resident + quant_constants_bytes(model, s.quantization) if s.zero_stage == 3 else None
-        loading = hardware.gpus * (states.parameters if whole is None else whole)
-    held = per_node(trained_host(placed, coef), hardware.gpus)
-    host = HostMemory({STEADY: held, LOADING: {"model_loading": loading}})
-    notes = []
-    if s.zero_stage == 3:  # the program's model build: what init allocates on the GPU and host (store.model_build)
-        notes.append(build_note(workload.framework, partitioned, quantized=s.quantization != "none"))
-    if s.lora_rank and s.lora_rank * 8 > model.hidden_size:
-        notes.append(f"LoRA rank {s.lora_rank} is large for hidden size {model.hidden_size}")
+    host, partitioned = host_memory(workload, s, placed, hardware, coef)
+    notes = build_notes(workload, s, partitioned)
     return Step(
         resident=resident,
         phases=tuple(phases),
