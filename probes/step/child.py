@@ -149,32 +149,41 @@ def run(request: ProbeRequest, reporter: Reporter, extra: dict[str, Any]) -> tup
             extra["resident_bytes"] = torch.cuda.memory_allocated()
             extra["setup_peak_bytes"] = torch.cuda.max_memory_allocated()
 
-        from probes.step.phases import PhaseClock
-        from probes.step.profile import profile_enabled
-        from probes.step.warmup import trace_complete, warmup_steps
-
-        clock = PhaseClock(device, plan.strategy.empty_cache, tracker, on_phase=reporter.enter)
-        warmup, note = warmup_steps(plan.strategy, request.steps)
-        if note:
-            extra["warmup_note"] = note
-        try:
-            for index in range(request.steps):
-                if index == warmup:
-                    traces = trace_complete(_engines(runner))
-                    if traces:
-                        extra["zero3_trace_complete"] = traces
-                clock.start_step(measured=index >= warmup)
-                runner.step(clock)
-                clock.finish_step(measured=index >= warmup)
-            if profile_enabled():
-                extra["profile"] = _profiled_step(runner, clock, device)
-        finally:
-            if tracker is not None:
-                with contextlib.suppress(Exception):  # best-effort labels, never the outcome
-                    tracker.label_kinds()  # while the engines are alive: parameters, gradients, optimizer states
-        extra.update(measured_steps=clock.measured_steps, warmup_steps=warmup, empty_cache_calls=clock.cache_calls)
-        extra.update(clock.spread())
+        clock = _run_steps(runner, plan, request, tracker, extra, reporter)
         return clock.measurements(), plan.layers
+
+
+def _run_steps(
+    runner: Any, plan: Any, request: ProbeRequest, tracker: Any, extra: dict[str, Any], reporter: Reporter
+) -> Any:
+    """The warm-up and timed steps on the phase clock (and the profiled step where asked); returns the clock."""
+    from probes.step.phases import PhaseClock
+    from probes.step.profile import profile_enabled
+    from probes.step.warmup import trace_complete, warmup_steps
+
+    device = request.device
+    clock = PhaseClock(device, plan.strategy.empty_cache, tracker, on_phase=reporter.enter)
+    warmup, note = warmup_steps(plan.strategy, request.steps)
+    if note:
+        extra["warmup_note"] = note
+    try:
+        for index in range(request.steps):
+            if index == warmup:
+                traces = trace_complete(_engines(runner))
+                if traces:
+                    extra["zero3_trace_complete"] = traces
+            clock.start_step(measured=index >= warmup)
+            runner.step(clock)
+            clock.finish_step(measured=index >= warmup)
+        if profile_enabled():
+            extra["profile"] = _profiled_step(runner, clock, device)
+    finally:
+        if tracker is not None:
+            with contextlib.suppress(Exception):  # best-effort labels, never the outcome
+                tracker.label_kinds()  # while the engines are alive: parameters, gradients, optimizer states
+    extra.update(measured_steps=clock.measured_steps, warmup_steps=warmup, empty_cache_calls=clock.cache_calls)
+    extra.update(clock.spread())
+    return clock
 
 
 def _profiled_step(runner: Any, clock: Any, device: str) -> dict[str, Any]:
