@@ -29,36 +29,26 @@ from sqlalchemy.exc import (
     OperationalError,
     SQLAlchemyError,
 )
-from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
-from store.artifacts import ProbeArtifact
-from store.db._artifacts import artifact_value, check_artifact, check_artifacts, new_artifact_row
-from store.db._base import BaseStorage
 from store.db._calibrations import calibration_record, new_calibration_row
 from store.db._engine import SQLITE_BEGIN_OPTION, make_engine, prepare_sqlite_file, remove_folders
-from store.db._orm import Base, CalibrationRow, ModelShapeRow, PlanRow, ProbeArtifactRow, ProbeRow, ProbeRunRow
-from store.db._probes import check_keys, new_probe_row, new_run_row, probe_record, run_record
+from store.db._lookup import by_prefix, check_limit
+from store.db._orm import Base, CalibrationRow, ModelShapeRow, PlanRow
+from store.db._probe_rows import ProbeRows
 from store.db._record import (
-    MIN_PREFIX_LENGTH,
-    UNFINISHED_STATUSES,
     CalibrationRecord,
     PlanRecord,
-    ProbeRecord,
-    ProbeRunRecord,
     json_copy,
     new_plan_id,
 )
 from store.db._schema import SchemaVersionError, ensure_schema
 from store.db._url import resolve_db
 from store.errors import InputError
-from store.measurements import STORED_OUTCOMES, ProbeRequest, ProbeResult
 
 _JSON_FIELDS = ("workload", "hardware", "strategy", "predicted", "ds_config", "document")
-_FINISHED_STATUSES = ("done", "interrupted")
 # How prefix lookups name what they look for: the id, "none of them", and where the ids are listed.
 _PLAN_WORDS = ("plan id", "no saved plan", "; `planner plans` lists them")
-_PROBE_WORDS = ("probe id", "no saved probe", "; `planner probes` lists them")
-_RUN_WORDS = ("probe run id", "no probe run", "")
 _CALIBRATION_WORDS = ("calibration id", "no calibration", "; `planner calibrations` lists them")
 
 # How often a save that replaces a row by name runs when concurrent writers keep inserting that name first.
@@ -70,7 +60,7 @@ _Row = TypeVar("_Row", bound=Base)
 _T = TypeVar("_T")
 
 
-class SQLAlchemyStorage(BaseStorage):
+class SQLAlchemyStorage(ProbeRows):
     """Plans, probes and probe runs in a SQLAlchemy database; opening it creates or upgrades the schema
     to the newest version.
 
@@ -198,7 +188,7 @@ class SQLAlchemyStorage(BaseStorage):
     def get_plan(self, plan_id_or_prefix: str) -> PlanRecord:
         """The plan with this id or unique id prefix (see ``BaseStorage``)."""
         with self._session_scope() as session:
-            row = _by_prefix(session, PlanRow, PlanRow.plan_id, plan_id_or_prefix, _PLAN_WORDS)
+            row = by_prefix(session, PlanRow, PlanRow.plan_id, plan_id_or_prefix, _PLAN_WORDS)
             return _to_record(row)
 
     def latest_plan(self) -> PlanRecord | None:
@@ -208,94 +198,12 @@ class SQLAlchemyStorage(BaseStorage):
 
     def list_plans(self, limit: int = 20, kind: str | None = None) -> list[PlanRecord]:
         """Up to ``limit`` plans, newest first, optionally only those of workload ``kind``."""
-        _check_limit(limit, "plans")
+        check_limit(limit, "plans")
         stmt = select(PlanRow).order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit)
         if kind is not None:
             stmt = stmt.where(PlanRow.kind == kind)
         with self._session_scope() as session:
             return [_to_record(row) for row in session.scalars(stmt)]
-
-    def save_probe(
-        self, request: ProbeRequest, result: ProbeResult, *, key: str, run_id: str | None = None
-    ) -> ProbeRecord:
-        """Store a new probe under ``key`` in one transaction, keeping older ones (see ``BaseStorage``)."""
-        row = new_probe_row(request, result, key, run_id)
-        artifacts = check_artifacts(result.artifacts)
-        with self._session_scope(write=True) as session:
-            if run_id is not None and _run_row(session, run_id) is None:
-                raise InputError(f"no probe run has the id {run_id!r}; start one before saving probes to it")
-            session.add(row)
-            session.add_all(new_artifact_row(row.probe_id, artifact) for artifact in artifacts)
-            session.flush()
-            session.refresh(row)  # what the database kept (its time precision), not what we sent
-            return probe_record(row)
-
-    def find_probe(self, key: str) -> ProbeRecord | None:
-        """The newest probe stored under ``key`` with a final outcome, or None."""
-        stmt = (
-            select(ProbeRow)
-            .where(ProbeRow.key == key, ProbeRow.outcome.in_(STORED_OUTCOMES))
-            .order_by(ProbeRow.created_at.desc(), ProbeRow.id.desc())
-            .limit(1)
-        )
-        with self._session_scope() as session:
-            row = session.scalars(stmt).first()
-            return probe_record(row) if row is not None else None
-
-    def list_probes(
-        self, limit: int = 50, kind: str | None = None, model: str | None = None, device: str | None = None
-    ) -> list[ProbeRecord]:
-        """Up to ``limit`` probes, newest first, optionally only those of this kind, model and device."""
-        _check_limit(limit, "probes")
-        stmt = select(ProbeRow).order_by(ProbeRow.created_at.desc(), ProbeRow.id.desc()).limit(limit)
-        for column, wanted in ((ProbeRow.kind, kind), (ProbeRow.model, model), (ProbeRow.device, device)):
-            if wanted is not None:
-                stmt = stmt.where(column == wanted)
-        with self._session_scope() as session:
-            return [probe_record(row) for row in session.scalars(stmt)]
-
-    def get_probe(self, probe_id_or_prefix: str) -> ProbeRecord:
-        """The probe with this id or unique id prefix (see ``BaseStorage``)."""
-        with self._session_scope() as session:
-            row = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
-            return probe_record(row)
-
-    def save_probe_artifact(self, probe_id_or_prefix: str, artifact: ProbeArtifact) -> ProbeArtifact:
-        """Store ``artifact`` with the probe, replacing one of the same name (see ``BaseStorage``)."""
-        check_artifact(artifact)
-
-        def replace() -> ProbeArtifact:
-            with self._session_scope(write=True) as session:
-                probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
-                session.execute(
-                    delete(ProbeArtifactRow).where(
-                        ProbeArtifactRow.probe_id == probe.probe_id, ProbeArtifactRow.name == artifact.name
-                    )
-                )
-                row = new_artifact_row(probe.probe_id, artifact)
-                session.add(row)
-                session.flush()
-                return artifact_value(row)
-
-        return self._replacing(replace)
-
-    def load_probe_artifact(self, probe_id_or_prefix: str, name: str) -> ProbeArtifact | None:
-        """The probe's artifact named ``name``, or None (see ``BaseStorage``)."""
-        with self._session_scope() as session:
-            probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
-            row = _artifact_row(session, probe.probe_id, name)
-            return artifact_value(row) if row is not None else None
-
-    def list_probe_artifacts(self, probe_id_or_prefix: str) -> dict[str, int]:
-        """``{name: size in bytes}`` of the probe's artifacts, by name (see ``BaseStorage``)."""
-        with self._session_scope() as session:
-            probe = _by_prefix(session, ProbeRow, ProbeRow.probe_id, probe_id_or_prefix, _PROBE_WORDS)
-            stmt = (
-                select(ProbeArtifactRow.name, ProbeArtifactRow.size)
-                .where(ProbeArtifactRow.probe_id == probe.probe_id)
-                .order_by(ProbeArtifactRow.name)
-            )
-            return {name: int(size) for name, size in session.execute(stmt)}
 
     def save_model_shape(self, key: str, shape: dict[str, Any]) -> None:
         """Store a traced model shape under ``key``, replacing an older one (see ``BaseStorage``)."""
@@ -357,7 +265,7 @@ class SQLAlchemyStorage(BaseStorage):
 
     def list_calibrations(self, limit: int = 20, target: str | None = None) -> list[CalibrationRecord]:
         """Up to ``limit`` calibrations, newest first, optionally only those of ``target``."""
-        _check_limit(limit, "calibrations")
+        check_limit(limit, "calibrations")
         with self._session_scope() as session:
             stmt = select(CalibrationRow)
             if target is not None:
@@ -368,51 +276,10 @@ class SQLAlchemyStorage(BaseStorage):
     def get_calibration(self, calibration_id_or_prefix: str) -> CalibrationRecord:
         """The calibration with this id or unique id prefix (see ``BaseStorage``)."""
         with self._session_scope() as session:
-            row = _by_prefix(
+            row = by_prefix(
                 session, CalibrationRow, CalibrationRow.calibration_id, calibration_id_or_prefix, _CALIBRATION_WORDS
             )
             return calibration_record(row)
-
-    def start_run(self, request_keys: list[str], options: dict[str, Any]) -> ProbeRunRecord:
-        """Store a new probe run, status ``"running"``, for these keys (in order) and options."""
-        row = new_run_row(request_keys, options)
-        with self._session_scope(write=True) as session:
-            session.add(row)
-            session.flush()
-            session.refresh(row)
-            return run_record(row, [])
-
-    def finish_run(self, run_id: str, status: str = "done") -> ProbeRunRecord:
-        """Mark the run ``"done"`` or ``"interrupted"`` and return its record (see ``BaseStorage``)."""
-        if status not in _FINISHED_STATUSES:
-            raise ValueError(f"a probe run finishes as one of {', '.join(_FINISHED_STATUSES)}, got {status!r}")
-        with self._session_scope(write=True) as session:
-            row = _run_row(session, run_id)
-            if row is None:
-                raise InputError(f"no probe run has the id {run_id!r}")
-            row.status = status
-            session.flush()
-            return run_record(row, _stored_keys(session, row.run_id))
-
-    def unfinished_run(self, request_keys: list[str]) -> ProbeRunRecord | None:
-        """The newest running or interrupted run asked for exactly these keys (in order), or None."""
-        wanted = check_keys(request_keys)
-        stmt = (
-            select(ProbeRunRow)
-            .where(ProbeRunRow.status.in_(UNFINISHED_STATUSES), ProbeRunRow.total == len(wanted))
-            .order_by(ProbeRunRow.created_at.desc(), ProbeRunRow.id.desc())
-        )
-        with self._session_scope() as session:
-            for row in session.scalars(stmt):  # few runs stay unfinished: compare the key lists here
-                if list(row.request_keys) == wanted:
-                    return run_record(row, _stored_keys(session, row.run_id))
-        return None
-
-    def get_run(self, run_id_or_prefix: str) -> ProbeRunRecord:
-        """The run with this id or unique id prefix (see ``BaseStorage``)."""
-        with self._session_scope() as session:
-            row = _by_prefix(session, ProbeRunRow, ProbeRunRow.run_id, run_id_or_prefix, _RUN_WORDS)
-            return run_record(row, _stored_keys(session, row.run_id))
 
     def close(self) -> None:
         """Release the connections; the storage must not be used afterwards."""
@@ -451,51 +318,6 @@ def _remove_if_empty(path: Path) -> None:
             path.unlink()
     except OSError:
         pass
-
-
-def _check_limit(limit: object, what: str) -> None:
-    """InputError unless ``limit`` is a whole number >= 1."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError(f"the number of {what} to list must be a whole number >= 1, got {limit!r}")
-
-
-def _by_prefix(
-    session: Session, row_type: type[_Row], column: InstrumentedAttribute[str], given: str, words: tuple[str, str, str]
-) -> _Row:
-    """The one row whose id ``column`` is, or starts with, ``given`` (case-insensitive, at least
-    ``MIN_PREFIX_LENGTH`` characters); else InputError with one line. ``words`` name the id, say that
-    none matched, and say where ids are listed: ("plan id", "no saved plan", "; `planner plans` lists them").
-    """
-    id_words, none_words, hint = words
-    wanted = given.strip().lower() if isinstance(given, str) else ""
-    if len(wanted) < MIN_PREFIX_LENGTH:
-        raise InputError(f"{id_words} {given!r} is too short: give at least {MIN_PREFIX_LENGTH} characters")
-    stmt = select(row_type).where(column.startswith(wanted, autoescape=True)).order_by(column).limit(3)
-    rows = list(session.scalars(stmt))
-    exact = [row for row in rows if getattr(row, column.key) == wanted]
-    if exact or len(rows) == 1:
-        return (exact or rows)[0]
-    if not rows:
-        raise InputError(f"{none_words} has an id starting with {wanted!r}{hint}")
-    shown = ", ".join(getattr(row, column.key) for row in rows[:2]) + (" and more" if len(rows) > 2 else "")
-    raise InputError(f"{id_words} {wanted!r} is ambiguous: it matches {shown}; give more characters")
-
-
-def _run_row(session: Session, run_id: str) -> ProbeRunRow | None:
-    """The run row with exactly this id, or None."""
-    return session.scalars(select(ProbeRunRow).where(ProbeRunRow.run_id == run_id)).first()
-
-
-def _artifact_row(session: Session, probe_id: str, name: str) -> ProbeArtifactRow | None:
-    """The artifact row of this probe and name, or None."""
-    stmt = select(ProbeArtifactRow).where(ProbeArtifactRow.probe_id == probe_id, ProbeArtifactRow.name == name)
-    return session.scalars(stmt).first()
-
-
-def _stored_keys(session: Session, run_id: str) -> list[str]:
-    """The keys of the probes stored with ``run_id``, in the order they were stored."""
-    stmt = select(ProbeRow.key).where(ProbeRow.run_id == run_id).order_by(ProbeRow.id)
-    return list(session.scalars(stmt))
 
 
 def _reason(exc: BaseException) -> str:
