@@ -1,7 +1,8 @@
 """Two tunes of one shared study that pick the same candidate at the same moment (issue 43): the race, made
-deterministic. Each tune runs in a thread of this process on one SQLite file, with real Optuna and the simulated
-device of ``test_tune``. Checkpoints hold a tune at its first claim (``Claims.take``, the one place a tune makes
-a candidate its own, before the claim is taken) and tune A in its first probe, until the test lets it go:
+deterministic. Each tune (of the CPU backend, as the issue's were) runs in a thread of this process on one SQLite
+file, with real Optuna and the simulated device of ``test_tune``. Checkpoints hold a tune at its first claim
+(``Claims.take``, the one place a tune makes a candidate its own, before the claim is taken) and tune A in its
+first probe, until the test lets it go:
 
 1. tune A looks at the study, picks the candidate predicted fastest and stops at its claim;
 2. tune B looks at the study (A holds nothing yet), picks the same candidate and stops at its claim;
@@ -25,6 +26,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +103,8 @@ def test_two_tunes_picking_one_candidate_at_once_probe_it_once(tmp_path: Path, m
     errors: dict[str, BaseException] = {}
     tunes: dict[str, threading.Thread] = {}
     for name in ("A", "B"):  # steps 1 and 2
-        tunes[name] = _start(name, lambda d=devices[name]: _tune(db, d, max_probes=12, study="shared"), errors)
+        run = partial(_tune, db, devices[name], "opt-125m", max_probes=12, study="shared", device="cpu")
+        tunes[name] = _start(name, run, errors)
         points.wait_for((name, "claim"), tunes[name])
     assert points.held["A", "claim"] == points.held["B", "claim"]  # both picked the same candidate
     points.go["A", "claim"].set()  # step 3

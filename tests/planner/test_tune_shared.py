@@ -3,6 +3,9 @@ a race moves on, none prints a traceback, all end 0. Four real tune processes on
 PostgreSQL database; each probe is the simulated device of ``test_tune`` (the race is in the database, not the
 probe), which holds its candidate a moment so that the four overlap. The cost of real probes (4 x DeepSpeed on
 the CPU, minutes on two cores) buys nothing here: ``planner tune --device cpu`` on a tiny model does the same.
+The workers tune the CPU backend, as the issue's tunes did (``planner tune --device cpu ... --study shared``): their
+refit after each probe fits the CPU's coefficients (a fraction of a CPU second), where a tune of a GPU fits the
+allocator's replayed reserved bytes too (about 6 CPU s a refit, paid by every worker and buying nothing here).
 
 A tune killed outright (SIGKILL) leaves its claim behind; the next tune on the host frees it and probes the
 candidate before it may stop, or says in its report that it did not (issue 43, item 7).
@@ -36,7 +39,7 @@ class Held(SimulatedDevice):
 
 
 device = Held()
-report = _tune(sys.argv[1], device, "opt-125m", max_probes=int(sys.argv[2]), study="shared")
+report = _tune(sys.argv[1], device, "opt-125m", max_probes=int(sys.argv[2]), study="shared", device="cpu")
 print(json.dumps({"ran": device.ran, "stop": report.stop_reason}))
 """
 
