@@ -219,41 +219,6 @@ def trace_step(
     return _read(tracker.stream(), layer=0 if checkpointed else 1)
 
 
-def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
-    """The tensors the second decoder layer of a two-layer ``model`` (not checkpointed) makes in its forward
-    in order: (bytes, index of the last of them made before it is freed; -1 for one still alive at the LM head,
-    a saved tensor). One forward with labels and without a KV cache, traced until the LM head, no backward."""
-    import torch
-
-    from probes.measure.meta_results import run_meta_op
-    from probes.measure.tracker import LiveTensorTracker
-    from probes.model.shape import decoder_layers
-
-    _, layers = decoder_layers(model, TRACED_LAYERS)
-    device = next(model.parameters()).device
-    run_op = run_meta_op if device.type == "meta" else None
-    tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True, run_op=run_op)
-    handles = [
-        layers[1].register_forward_pre_hook(lambda *args: tracker.mark_phase("layer1.fwd") and None),
-        layers[1].register_forward_hook(lambda *args: tracker.mark_phase("layer1.fwd.end") and None),
-        model.get_output_embeddings().register_forward_pre_hook(lambda *args: tracker.mark_phase("head") and None),
-    ]
-    ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
-    try:
-        with tracker, unpacked_sequences():
-            tracker.track_existing(model.parameters())
-            # as memplan's SFT probe calls it (probes.step.phases_sft): no KV cache, whose torch.cat copies of
-            # K and V would free the projections' outputs
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            del loss
-    finally:
-        for handle in handles:
-            handle.remove()
-    stream = tracker.stream()
-    at = {stream.phases[key]: i for i, (op, key, *_) in reversed(list(enumerate(stream.events))) if op == PHASE}
-    return _made_and_freed(stream, at["layer1.fwd"], at["layer1.fwd.end"], at["head"])
-
-
 def _read(stream: Any, layer: int = 1) -> StepTrace:
     """The StepTrace of a recorded stream: live bytes walked event by event, windows cut at the markers."""
     live, live_after, deltas = 0, [], []
@@ -315,24 +280,6 @@ def _read(stream: Any, layer: int = 1) -> StepTrace:
     )
     outside = at["head"] - at["start"] - 2 * sum(saved)
     return StepTrace(layer_saved=saved, outside_saved=outside, windows=windows, layers=per_layer)
-
-
-def _made_and_freed(stream: Any, first: int, last: int, head: int) -> tuple[tuple[int, int], ...]:
-    """Each tensor made between events ``first`` and ``last`` (a layer's forward), in order: its bytes and the
-    index (among them) of the last one made before it is freed, or -1 where it is still alive at event ``head``
-    (saved for the backward). One freed after ``last`` but before ``head`` counts as freed after the last one
-    made; frees of tensors made before ``first`` are not the layer's own."""
-    order: dict[int, int] = {}
-    made: list[list[int]] = []
-    for i, (op, key, size, _, _) in enumerate(stream.events):
-        if i >= head:
-            break
-        if op == ALLOC and first < i < last:
-            order[key] = len(made)
-            made.append([size, -1])
-        elif op == FREE and key in order:
-            made[order.pop(key)][1] = len(made) - 1
-    return tuple((size, freed) for size, freed in made)
 
 
 class FitError(ValueError):
@@ -407,28 +354,3 @@ def fit_terms(
         "fit_shapes": [list(point) for point in points],
         "check_shape": list(check_point),
     }
-
-
-LayerForward = tuple[tuple[int, int], ...]  # (bytes, index of the tensor after which it is freed or -1), in order
-
-
-def fit_layer_forward(traces: list[LayerForward], check: LayerForward) -> dict[str, Any] | None:
-    """A layer's forward tensors (:func:`trace_layer_forward_tensors` at each of ``FIT_SHAPES``, and at
-    ``CHECK_SHAPE``) as fitted sizes and the order of their frees, where that order is the same at every shape
-    and the sizes fit exactly (else None: the cost model then makes the layer's saved tensors only)."""
-    freed = [tuple(f for _, f in t) for t in [*traces, check]]
-    if not freed[0] or len(set(freed)) != 1:
-        return None
-    sizes = [tuple(size for size, _ in t) for t in traces]
-    try:
-        fitted = _fit("layer_forward_tensors", sizes, tuple(size for size, _ in check))
-    except FitError:
-        return None
-    return {"sizes": fitted, "freed_after": list(freed[0])}
-
-
-def layer_forward_terms(model: Any) -> dict[str, Any] | None:
-    """The ``layer_forward_tensors`` term of a two-layer ``model`` (under :func:`gpu_kernels`): traced at the
-    fit's shapes and checked on ``CHECK_SHAPE`` (:func:`fit_layer_forward`)."""
-    traces = [trace_layer_forward_tensors(model, b, s) for b, s in FIT_SHAPES]
-    return fit_layer_forward(traces, trace_layer_forward_tensors(model, *CHECK_SHAPE))

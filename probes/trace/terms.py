@@ -12,12 +12,12 @@ from probes.trace.activations import (
     cut_model,
     fit_terms,
     gpu_kernels,
-    layer_forward_terms,
     trace_step,
 )
 from probes.trace.generation import trace_generation_terms
 from probes.trace.hybrid import trace_hybrid_terms
 from probes.trace.hybrid_cut import layer_kinds
+from probes.trace.layer_forward import layer_forward_terms
 from probes.trace.variants import trace_variants
 from store.activation_terms import LAYER_FORWARD_TENSORS, TRACED_KEYS, TRACED_SETTINGS, VARIANTS
 

@@ -3,15 +3,8 @@ when each temporary is freed; its fit over the shapes; and the catalog's term re
 
 from __future__ import annotations
 
-from probes.trace.activations import (
-    CHECK_SHAPE,
-    FIT_SHAPES,
-    cut_model,
-    fit_layer_forward,
-    gpu_kernels,
-    layer_forward_terms,
-    trace_layer_forward_tensors,
-)
+from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, cut_model, gpu_kernels
+from probes.trace.layer_forward import fit_layer_forward, layer_forward_terms, trace_layer_forward_tensors
 from store.activation_terms import LAYER_FORWARD_TENSORS, layer_forward_tensors, valid_terms
 from store.models import get_model
 
