@@ -3,7 +3,8 @@
 memplan is built as a wheel (a regular, non-editable install: the editable one's import hook hides ``py.typed``
 from mypy) and installed into a fresh venv; ``mypy --strict`` of a user's script outside the repo must find the
 package and its types: ``Plan.strategy`` typed (``PlanStrategy``), every public name importable from ``planner``.
-One deliberate error in the script proves mypy saw the types rather than ``Any``.
+One deliberate error in the script proves mypy saw the types rather than ``Any``; memplan's public packages, which
+mypy follows into from the script, report nothing under the user's strict flags (``--no-silence-site-packages``).
 
 The wheel and mypy's first pass over memplan's dependencies (torch, transformers, pydantic) take about a minute of CPU
 (60 CPU seconds measured on the 2-core EPYC, 2026-11-29): marked ``slow``.
@@ -24,6 +25,10 @@ from planner_helpers import REPO
 from planner.report.strategy_record import PlanStrategy
 
 PACKAGES = ("planner", "search", "probes", "launch", "store")
+# the packages a user's code reaches through the API, clean under the user's strict flags; probes/ (the real runs,
+# behind planner.probing) is not yet: mypy --strict finds about 40 findings there (torch's and transformers'
+# untyped calls, a few real ones), so it is left out of this check
+PUBLIC_PACKAGES = ("planner", "search", "launch", "store")
 USER_SCRIPT = """\
 from planner import Plan, PlanStrategy, check, predict, probe_program, recommend
 
@@ -116,13 +121,18 @@ def test_mypy_strict_of_a_users_script_against_the_installed_wheel(tmp_path: Pat
     user = tmp_path / "user"
     user.mkdir()
     (user / "ci_check.py").write_text(textwrap.dedent(USER_SCRIPT))
+    # --no-silence-site-packages: mypy reports what it finds inside installed packages too (it checks them either
+    # way, and says nothing by default); memplan's own modules must be clean under the user's strict flags
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(python), "--cache-dir",
-         str(tmp_path / "mypy_cache"), "ci_check.py"],
+        [sys.executable, "-m", "mypy", "--strict", "--no-silence-site-packages", "--python-executable", str(python),
+         "--cache-dir", str(tmp_path / "mypy_cache"), "ci_check.py"],
         cwd=user,
         capture_output=True,
         text=True,
     )  # fmt: skip
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
-    assert errors and all(line.startswith(f"ci_check.py:{WRONG_LINE}:") for line in errors), result.stdout
-    assert 'has type "int | None", variable has type "str"' in errors[0], errors
+    inside = [line for line in errors if any(line.startswith(f"{site / package}/") for package in PUBLIC_PACKAGES)]
+    assert inside == [], "\n".join(inside)
+    user_errors = [line for line in errors if line.startswith("ci_check.py:")]
+    assert user_errors and all(line.startswith(f"ci_check.py:{WRONG_LINE}:") for line in user_errors), result.stdout
+    assert 'has type "int | None", variable has type "str"' in user_errors[0], user_errors
