@@ -35,6 +35,7 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
+from probes.process.command_line import set_command_line
 from probes.process.cpu_info import cache_cpu_info
 
 __all__ = ["exit_code", "main"]
@@ -75,6 +76,7 @@ def _become_child(request: dict[str, Any]) -> NoReturn:
     code = 1
     try:
         os.setsid()
+        set_command_line([sys.executable, "-m", request["module"], *request["args"]])  # ps shows the child it is
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python process (the server ignores it)
         os.chdir(request["cwd"])

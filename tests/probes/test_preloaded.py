@@ -96,6 +96,8 @@ def test_a_child_ended_by_a_signal_reads_as_popen_says_and_its_cpu_seconds_are_c
     sleeper = start(folder, env, "0", "600", "0")
     with pytest.raises(subprocess.TimeoutExpired):
         sleeper.wait(0.2)
+    shown = Path(f"/proc/{sleeper.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert shown[1:3] == [b"-m", b"memplan_forked_program"]  # what ps shows: the child it is (cut to the room)
     os.killpg(sleeper.pid, signal.SIGKILL)  # its group is its pid, as with start_new_session
     assert sleeper.wait(PATIENCE_S) == -signal.SIGKILL
 

