@@ -22,4 +22,3 @@ def choices_text(choices: Iterable[str]) -> str:
     """``a, b or c``: the choices in words, for an option's help."""
     names = [str(choice) for choice in choices]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-
