@@ -9,8 +9,7 @@ import typer
 
 from planner.cli.choices import choices_metavar, choices_text
 from planner.cli.options import Calibration, Db, Json, job_options
-from planner.job.inputs import JobSpec
-from planner.job.spec import CONFIG_WORKLOAD
+from planner.job.inputs import CONFIG_WORKLOAD, JobSpec
 from store.choices import AllocatorSetting, EmptyCachePolicyName, Quantization
 
 # The config sets the batch; it trains one model, so the RLHF-only options do not apply.

@@ -20,16 +20,17 @@ from typing import Annotated, Any
 import typer
 
 from planner.cli.choices import choices_metavar
-from planner.job.inputs import FRAMEWORKS, JobSpec
-from planner.job.spec import (
+from planner.job.inputs import (
     DEFAULT_BATCH_PER_GPU,
     DEFAULT_GEN_LEN,
     DEFAULT_GPUS,
     DEFAULT_GRPO_SAMPLES,
     DEFAULT_PROMPT_LEN,
     DEFAULT_SEQ_LEN,
+    FRAMEWORKS,
+    NO_BF16_GPUS,
+    JobSpec,
 )
-from planner.job.workload import NO_BF16_GPUS
 
 JOB = "Job"
 HARDWARE = "Hardware"

@@ -17,15 +17,34 @@ from typing import Any
 
 from planner.job.hardware import FALLBACK_INTER_NODE_GBPS, resolve_hardware
 from planner.job.model_shapes import shapes_saved_on_success
-from planner.job.spec import CONFIG_WORKLOAD, JobKeywords, JobSpec, ResolvedJob
-from planner.job.workload import resolve_workload
+from planner.job.spec import (
+    CONFIG_WORKLOAD,
+    DEFAULT_BATCH_PER_GPU,
+    DEFAULT_GEN_LEN,
+    DEFAULT_GPUS,
+    DEFAULT_GRPO_SAMPLES,
+    DEFAULT_PROMPT_LEN,
+    DEFAULT_SEQ_LEN,
+    JobKeywords,
+    JobSpec,
+    ResolvedJob,
+)
+from planner.job.workload import NO_BF16_GPUS, resolve_workload
 from store.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from store.gpus import GENERIC_PREFIX
 
-# the CLI reaches data through this module: the frameworks' names and the shape cache's guard are its too
+# the CLI reaches data through this module: the frameworks' names, the job's defaults, the GPUs without bf16
+# and the shape cache's guard are its too
 __all__ = [
     "CONFIG_WORKLOAD",
+    "DEFAULT_BATCH_PER_GPU",
+    "DEFAULT_GEN_LEN",
+    "DEFAULT_GPUS",
+    "DEFAULT_GRPO_SAMPLES",
+    "DEFAULT_PROMPT_LEN",
+    "DEFAULT_SEQ_LEN",
     "FRAMEWORKS",
+    "NO_BF16_GPUS",
     "JobKeywords",
     "JobSpec",
     "ResolvedJob",

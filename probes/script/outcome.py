@@ -187,7 +187,10 @@ def decide(
 ) -> ScriptProbeResult:
     """The probe's result from what the ranks left (module docstring). ``exited``: the program ended by itself
     (not killed: ``timed_out`` or ``stopped`` say why it was); ``exit_code`` is its exit status."""
-    common = _common(ranks, settings, timed_out, exit_code, wall_s, log_tail, program, pid)
+    common = _common(
+        ranks, settings, timed_out=timed_out, exit_code=exit_code, wall_s=wall_s, log_tail=log_tail,
+        program=program, pid=pid,
+    )  # fmt: skip
     initialized = bool(common["initialized"])
     failed = [r for r in ranks if r.result is not None and r.result.get("outcome") in FAILURES]
     if failed:
@@ -250,6 +253,7 @@ def decide(
 def _common(
     ranks: list[RankReport],
     settings: ScriptProbeSettings,
+    *,
     timed_out: bool,
     exit_code: int | None,
     wall_s: float,
