@@ -14,71 +14,80 @@ from store.choices import AllocatorSetting, EmptyCachePolicyName, OffloadDevice,
 KNOBS = "Strategy"
 
 
+StrategyJson = Annotated[
+    str | None, typer.Option("--strategy", help="Strategy as JSON or a JSON file.", rich_help_panel=KNOBS)
+]
+Zero = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3.", rich_help_panel=KNOBS)]
+OffloadOptimizer = Annotated[
+    str | None,
+    typer.Option(
+        "--offload-optimizer",
+        metavar=choices_metavar(OffloadDevice),
+        help=f"{choices_text(OffloadDevice)}.",
+        rich_help_panel=KNOBS,
+    ),
+]
+OffloadParam = Annotated[
+    str | None,
+    typer.Option(
+        "--offload-param",
+        metavar=choices_metavar(OffloadDevice),
+        help=f"{choices_text(OffloadDevice)} (ZeRO-3).",
+        rich_help_panel=KNOBS,
+    ),
+]
+GradCkpt = Annotated[
+    bool | None, typer.Option("--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing.", rich_help_panel=KNOBS)
+]
+LoraRank = Annotated[int | None, typer.Option("--lora-rank", help="LoRA rank (0: full).", rich_help_panel=KNOBS)]
+Quantize = Annotated[
+    str | None,
+    typer.Option(
+        "--quantization",
+        metavar=choices_metavar(Quantization),
+        help=f"Base weights under LoRA: {choices_text(Quantization)} (QLoRA).",
+        rich_help_panel=KNOBS,
+    ),
+]
+MicroBatch = Annotated[
+    int | None,
+    typer.Option(
+        "--micro-batch", help="Per-GPU micro-batch (accumulation keeps the global batch).", rich_help_panel=KNOBS
+    ),
+]
+EmptyCache = Annotated[
+    str | None,
+    typer.Option(
+        "--empty-cache",
+        metavar=choices_metavar(EmptyCachePolicyName),
+        help=f"{choices_text(EmptyCachePolicyName)}.",
+        rich_help_panel=KNOBS,
+    ),
+]
+Allocator = Annotated[
+    str | None,
+    typer.Option(
+        "--allocator",
+        metavar=choices_metavar(AllocatorSetting),
+        help=f"{choices_text(AllocatorSetting)}.",
+        rich_help_panel=KNOBS,
+    ),
+]
+
+
 @job_options()
 def predict_command(
     job: JobSpec,
-    strategy: Annotated[
-        str | None, typer.Option("--strategy", help="Strategy as JSON or a JSON file.", rich_help_panel=KNOBS)
-    ] = None,
-    zero: Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0-3.", rich_help_panel=KNOBS)] = None,
-    offload_optimizer: Annotated[
-        str | None,
-        typer.Option(
-            "--offload-optimizer",
-            metavar=choices_metavar(OffloadDevice),
-            help=f"{choices_text(OffloadDevice)}.",
-            rich_help_panel=KNOBS,
-        ),
-    ] = None,
-    offload_param: Annotated[
-        str | None,
-        typer.Option(
-            "--offload-param",
-            metavar=choices_metavar(OffloadDevice),
-            help=f"{choices_text(OffloadDevice)} (ZeRO-3).",
-            rich_help_panel=KNOBS,
-        ),
-    ] = None,
-    grad_ckpt: Annotated[
-        bool | None,
-        typer.Option("--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing.", rich_help_panel=KNOBS),
-    ] = None,
-    lora_rank: Annotated[
-        int | None, typer.Option("--lora-rank", help="LoRA rank (0: full).", rich_help_panel=KNOBS)
-    ] = None,
-    quantization: Annotated[
-        str | None,
-        typer.Option(
-            "--quantization",
-            metavar=choices_metavar(Quantization),
-            help=f"Base weights under LoRA: {choices_text(Quantization)} (QLoRA).",
-            rich_help_panel=KNOBS,
-        ),
-    ] = None,
-    micro_batch: Annotated[
-        int | None,
-        typer.Option(
-            "--micro-batch", help="Per-GPU micro-batch (accumulation keeps the global batch).", rich_help_panel=KNOBS
-        ),
-    ] = None,
-    empty_cache: Annotated[
-        str | None,
-        typer.Option(
-            "--empty-cache",
-            metavar=choices_metavar(EmptyCachePolicyName),
-            help=f"{choices_text(EmptyCachePolicyName)}.",
-            rich_help_panel=KNOBS,
-        ),
-    ] = None,
-    allocator: Annotated[
-        str | None,
-        typer.Option(
-            "--allocator",
-            metavar=choices_metavar(AllocatorSetting),
-            help=f"{choices_text(AllocatorSetting)}.",
-            rich_help_panel=KNOBS,
-        ),
-    ] = None,
+    strategy: StrategyJson = None,
+    zero: Zero = None,
+    offload_optimizer: OffloadOptimizer = None,
+    offload_param: OffloadParam = None,
+    grad_ckpt: GradCkpt = None,
+    lora_rank: LoraRank = None,
+    quantization: Quantize = None,
+    micro_batch: MicroBatch = None,
+    empty_cache: EmptyCache = None,
+    allocator: Allocator = None,
     json_out: Json = False,
     db: Db = None,
     calibration: Calibration = "auto",
