@@ -206,9 +206,7 @@ def run_rounds(
     starts; ``on_note`` one before the first, when the probes may take minutes (:mod:`planner.probing.estimate`).
     With ``program`` each candidate runs in the user's own program (``planner tune ... -- CMD``). ``claims``
     gives each candidate to one tune of the study (:mod:`planner.tuning.claims`)."""
-    from optuna.distributions import CategoricalDistribution
-
-    distribution = CategoricalDistribution(space)
+    distribution = _distribution(space)
     state = _Round(coef, job)
     orphans = _fail_abandoned_trials(study)  # a memplan that kept a trial running while it probed, killed
     values: dict[str, float] = {}
@@ -223,22 +221,9 @@ def run_rounds(
         hardware, fitted = apply_values(job.hardware, base, values) if values else (job.hardware, coef)
         current = ResolvedJob(job.workload, hardware, job.readings)
         predicted = {key: predicted_for(current, key, fitted, settings.device) for key in space}
-        best = min(
-            (k for k, m in state.measured.items() if m["fits"]),
-            key=lambda k: state.measured[k]["step_time_s"],
-            default=None,
-        )
-        untested = sorted((k for k in space if k not in state.measured), key=lambda k: predicted[k].step_time_s)
-        queued = [k for k in untested if k in orphans]  # a killed tune's candidates: probed before stopping
-        worth = untested
-        if best is not None:
-            floor = state.measured[best]["step_time_s"] * (1 - state.measured[best]["noise"])
-            worth = [k for k in untested if predicted[k].step_time_s < floor]
-            if not worth and not queued:
-                stop = "confirmed: no untested candidate is predicted faster than the measured best beyond its noise"
-                break
-        if not untested:
-            stop = "every candidate measured" if best else "every candidate measured; none fits"
+        untested, queued, worth, ended = _look(state, space, predicted, orphans)
+        if ended is not None:
+            stop = ended
             break
         if state.probes_run >= max_probes:
             break
@@ -252,18 +237,10 @@ def run_rounds(
         try:
             if _catch_up(state, study, settings.timeout_s, db) and key in state.measured:
                 continue  # measured by another tune between the look and the claim
-            announce = None
-            if on_note is not None and not announced:  # once, before the first probe that runs
-                announce = partial(
-                    _announce,
-                    current,
-                    untested,
-                    predicted=predicted,
-                    coef=fitted,
-                    settings=settings,
-                    budget=max_probes - state.probes_run,
-                    timed=timed or bool(values),
-                )
+            announce = None if on_note is None or announced else partial(  # once, before the first probe that runs
+                _announce, current, untested, predicted=predicted, coef=fitted, settings=settings,
+                budget=max_probes - state.probes_run, timed=timed or bool(values),
+            )  # fmt: skip
             count = f"{state.probes_run + 1}/{max_probes}"
             starting = partial(_starting, announce, announced, on_note, on_progress, count)
             try:
@@ -283,23 +260,56 @@ def run_rounds(
             state.probes_run += 1
             state.device_seconds += result.wall_s
             values = refit_values(base, target, db, settings.device)
-    unprobed = [k for k in space if k in orphans and k not in state.measured]
-    if unprobed:
-        labels = ", ".join(strategy_label(parse_candidate(job, k), job.workload) for k in unprobed)
-        stop += f"; not probed: {labels}, which a tune killed while probing it left (run again to probe it)"
+    stop += _unprobed(job, space, state, orphans)
     return _report(
-        job,
-        study,
-        space,
-        state,
-        values=values,
-        base=base,
-        target=target,
-        device=settings.device,
-        db=db,
-        stop=stop,
-        calibration_block=calibration_block,
+        job, study, space, state, values=values, base=base, target=target, device=settings.device, db=db,
+        stop=stop, calibration_block=calibration_block,
+    )  # fmt: skip
+
+
+def _distribution(space: list[str]) -> Any:
+    """The study's distribution of candidates (Optuna's, imported here: not at the CLI's start)."""
+    from optuna.distributions import CategoricalDistribution
+
+    return CategoricalDistribution(space)
+
+
+def _look(
+    state: _Round, space: list[str], predicted: dict[str, Any], orphans: set[str]
+) -> tuple[list[str], list[str], list[str], str | None]:
+    """The candidates of this round: untested (fastest predicted first), queued (a killed tune's, probed before
+    stopping), worth probing (predicted faster than the measured best beyond its noise), and why the rounds end
+    here (None: they go on)."""
+    best = min(
+        (k for k, m in state.measured.items() if m["fits"]),
+        key=lambda k: state.measured[k]["step_time_s"],
+        default=None,
     )
+    untested = sorted((k for k in space if k not in state.measured), key=lambda k: predicted[k].step_time_s)
+    queued = [k for k in untested if k in orphans]
+    worth = untested
+    if best is not None:
+        floor = state.measured[best]["step_time_s"] * (1 - state.measured[best]["noise"])
+        worth = [k for k in untested if predicted[k].step_time_s < floor]
+        if not worth and not queued:
+            return (
+                untested,
+                queued,
+                worth,
+                ("confirmed: no untested candidate is predicted faster than the measured best beyond its noise"),
+            )
+    if not untested:
+        return untested, queued, worth, "every candidate measured" if best else "every candidate measured; none fits"
+    return untested, queued, worth, None
+
+
+def _unprobed(job: ResolvedJob, space: list[str], state: _Round, orphans: set[str]) -> str:
+    """What the stop line adds for a killed tune's candidates that were not probed ('' when none)."""
+    unprobed = [k for k in space if k in orphans and k not in state.measured]
+    if not unprobed:
+        return ""
+    labels = ", ".join(strategy_label(parse_candidate(job, k), job.workload) for k in unprobed)
+    return f"; not probed: {labels}, which a tune killed while probing it left (run again to probe it)"
 
 
 def _report(
