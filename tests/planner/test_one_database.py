@@ -40,11 +40,13 @@ def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     assert shape is not None
     traces: list[str] = []
 
-    def trace(hf_config: dict[str, Any], source: str, versions: dict[str, str]) -> dict[str, Any]:
+    def trace(hf_config: dict[str, Any], source: str, versions: dict[str, str], on_note: Any) -> dict[str, Any]:
         traces.append(source)
         return {**shape, "activation_unfitted": {}}
 
-    def with_terms(found: dict[str, Any], hf_config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    def with_terms(
+        found: dict[str, Any], hf_config: dict[str, Any], keys: tuple[str, ...], on_note: Any
+    ) -> dict[str, Any]:
         traces.append(f"terms {keys}")
         return {**found, "activation_unfitted": {**found.get("activation_unfitted", {}), **{k: "test" for k in keys}}}
 
