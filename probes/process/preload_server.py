@@ -18,8 +18,8 @@ was imported before the environment was set: the parent keeps one server per env
 This process stays single-threaded (a fork of a threaded process can copy a lock another thread holds) and runs no
 torch operation (an OpenMP thread pool used before a fork hangs the child). It ends at the end of its stdin (its
 parent closed it, or died: the end of a process, not of the thread that started it, which ``PR_SET_PDEATHSIG``
-would be): children still running are killed with their process groups first. A child whose starter is killed
-ends on its own (:mod:`probes.process.parent_watch`).
+would be): children still running are told to end (SIGTERM: each ends what it started) and then killed. A child
+whose starter is killed ends on its own (:mod:`probes.process.parent_watch`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import runpy
 import select
 import signal
 import sys
+import time
 import traceback
 from typing import Any, NoReturn
 
@@ -41,6 +42,7 @@ from probes.process.cpu_info import cache_cpu_info
 __all__ = ["exit_code", "main"]
 
 POLL_S = 0.1  # how often a running child is looked for while children run
+END_GRACE_S = 10.0  # how long a child told to end (SIGTERM) may take to end what it started
 REQUEST_FD, REPLY_FD = 0, 1
 
 
@@ -149,9 +151,20 @@ def serve() -> None:
                 children.add(pid)
                 _reply({"started": pid})
         _reap(children)
-    for pid in list(children):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+    _end(children)
+
+
+def _end(children: set[int]) -> None:
+    """End the children still running: SIGTERM first, so that each ends everything it started (its compilers
+    in groups of their own too: :func:`probes.process.parent_watch.end_tree`), then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        deadline = time.monotonic() + END_GRACE_S
+        while children and time.monotonic() < deadline:
+            _reap(children)
+            time.sleep(POLL_S)
     _reap(children, block=True)
 
 
@@ -162,7 +175,7 @@ def main(modules: list[str]) -> int:
             importlib.import_module(name)
         cache_cpu_info()
         if "deepspeed" in modules:  # asked here once, so no child starts a process for it
-            import cpuinfo
+            import cpuinfo  # type: ignore[import-untyped,unused-ignore]
 
             cpuinfo.get_cpu_info()
     except BaseException as exc:  # noqa: BLE001 - told to the parent, which then starts its children plainly

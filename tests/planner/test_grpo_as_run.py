@@ -150,8 +150,9 @@ def test_openrlhf_and_trl_get_vllms_own_budget_for_an_sglang_plan(cli: Cli, db: 
     exported = cli("export", "--db", db, "--format", "openrlhf", "-o", out)
     assert exported.rc == 0, exported.err
     text = " ".join(line.lstrip("# ") for line in out.read_text().splitlines())
-    assert "--vllm.gpu_memory_utilization 0.39" not in text and "mem_fraction_static 0.39" in text
-    assert "--vllm.gpu_memory_utilization 0.39" not in exported.out
+    fraction = f"{plan['strategy']['rollout']['gpu_memory_utilization']:g}"  # the recommended plan's own SGLang share
+    assert f"--vllm.gpu_memory_utilization {fraction}" not in text and f"mem_fraction_static {fraction}" in text
+    assert f"--vllm.gpu_memory_utilization {fraction}" not in exported.out
 
 
 def test_a_probe_request_rebuilds_the_rule_reward_workload() -> None:

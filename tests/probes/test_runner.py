@@ -141,7 +141,7 @@ def test_error_from_a_broken_model_then_ppo_runs_clean() -> None:
 
 
 def test_timeout_kills_the_child_then_dpo_runs_clean() -> None:
-    slow = run_probe(single(timeout_s=2.0))
+    slow = run_probe(single(timeout_s=2.0, steps=100_000))  # far more steps than 2 s hold, on any machine
     assert slow.outcome == "timeout"
     assert slow.failed_phase in ("startup", "setup", *PHASES["sft"])
     assert "timed out after 2 s" in slow.message
