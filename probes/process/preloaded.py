@@ -215,6 +215,8 @@ def _server_for(env: Mapping[str, str], modules: Sequence[str]) -> _Server | Non
         if server is not None and server.alive:
             _servers.move_to_end(key)
             return server
+        if server is not None:  # a starter that died: reaped, so that it is no zombie and its CPU is counted
+            _servers.pop(key).close()
         while len(_servers) >= MAX_SERVERS:
             _, oldest = _servers.popitem(last=False)
             oldest.close()
