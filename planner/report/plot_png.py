@@ -23,12 +23,14 @@ GIB = 2**30
 LABEL_SHARE = 0.04  # a phase band narrower than this share of the step goes unnamed
 
 
-def _figure_class() -> type[Figure]:
+def _new_figure(width_in: float, height_in: float) -> Figure:
+    """An empty figure of this size in inches (built here, not returned as a class: without matplotlib installed the
+    class is ``Any`` to a type checker, and ``type[Any]`` returned from a typed function is an error under strict)."""
     try:
         from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         raise InputError("a .png needs matplotlib (pip install 'memplan[plot]'); .html or .svg need nothing") from None
-    return Figure
+    return Figure(figsize=(width_in, height_in))
 
 
 def memory_figure(
@@ -39,7 +41,7 @@ def memory_figure(
     plan's ``figures``, x in predicted seconds); with ``engine``, the rollout engine's turn as two stacked bars
     on a panel of its own sharing the GiB axis."""
     layout = picture_layout(timeline, engine, figures)
-    fig = _figure_class()(figsize=(12 if engine is not None else 10, 4))
+    fig = _new_figure(12 if engine is not None else 10, 4)
     if engine is None:
         ax = fig.subplots()
         ax.set_ylabel("GiB")
