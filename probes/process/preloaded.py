@@ -9,7 +9,9 @@ always started plainly (a process that has touched CUDA cannot fork a CUDA user;
 rule is kept simple), as is any child when ``MEMPLAN_PRELOAD=0`` or the starter could not start.
 
 One starter serves one environment (:func:`server_key`: all but the per-probe port), so what a library reads
-from the environment at import time is what the child was given; at most ``MAX_SERVERS`` are kept. The starter
+from the environment at import time is what the child was given; at most ``MAX_SERVERS`` are kept, and one is
+closed to make room only when no child of it runs (else the new child starts plainly: issue 47, a CI run whose
+accuracy probe was killed so, by another thread's eviction). The starter
 reaps its children and reports each one's CPU seconds, which :func:`reaped_cpu_s` adds up (a forked child is the
 starter's, not this process's, so ``getrusage(RUSAGE_CHILDREN)`` here counts it only when the starter ends:
 :func:`close_all`, at exit).
@@ -93,6 +95,8 @@ class _Server:
         self.ended: dict[int, tuple[int, float]] = {}
         self.alive = True
         self.send_lock = threading.Lock()
+        self.children: set[int] = set()  # forked and not yet reported ended
+        self.claims = 0  # callers that chose this starter and have not yet sent their request (under ``_lock``)
         self.ready = self._wait_ready()
         if self.ready:
             threading.Thread(target=self._read, name="memplan-preload-replies", daemon=True).start()
@@ -119,6 +123,7 @@ class _Server:
             with self.changed:
                 if "ended" in reply:
                     self.ended[int(reply["ended"])] = (int(reply["returncode"]), float(reply.get("cpu_s", 0.0)))
+                    self.children.discard(int(reply["ended"]))
                     _add_cpu(float(reply.get("cpu_s", 0.0)))
                 else:
                     self.started.append(reply)
@@ -140,7 +145,17 @@ class _Server:
                 if not self.started:
                     return None
                 reply = self.started.pop(0)
-        return int(reply["started"]) if "started" in reply else None
+                if "started" not in reply:
+                    return None
+                pid = int(reply["started"])
+                if pid not in self.ended:
+                    self.children.add(pid)
+        return pid
+
+    def busy(self) -> bool:
+        """Whether a child of this starter still runs or a caller is about to start one: closing it would end them."""
+        with self.changed:
+            return self.alive and (self.claims > 0 or bool(self.children))
 
     def wait(self, pid: int, timeout: float | None) -> int:
         with self.changed:
@@ -214,25 +229,38 @@ def _server_for(env: Mapping[str, str], modules: Sequence[str]) -> _Server | Non
         server = _servers.get(key)
         if server is not None and server.alive:
             _servers.move_to_end(key)
+            server.claims += 1
             return server
         if server is not None:  # a starter that died: reaped, so that it is no zombie and its CPU is counted
             _servers.pop(key).close()
         while len(_servers) >= MAX_SERVERS:
-            _, oldest = _servers.popitem(last=False)
-            oldest.close()
+            # the least recently used starter with nothing running goes; when every one has a child running (the
+            # probes of other threads), this child starts plainly rather than end theirs
+            idle = next((old_key for old_key, old in _servers.items() if not old.busy()), None)
+            if idle is None:
+                return None
+            _servers.pop(idle).close()
         server = _Server(dict(key), modules)
         if not server.ready:
             _refused.add(key)
             return None
         _servers[key] = server
+        server.claims += 1
         return server
+
+
+def _release(server: _Server) -> None:
+    with _lock:
+        server.claims -= 1
 
 
 def prepare(module: str, env: Mapping[str, str], modules: Sequence[str] = PRELOADED_MODULES) -> None:
     """Start (and wait for) the starter a child of ``module`` in ``env`` will be forked from, where there is one:
     its imports are then not part of the child's time."""
     if preload_enabled(module, env):
-        _server_for(env, modules)
+        server = _server_for(env, modules)
+        if server is not None:
+            _release(server)
 
 
 def start_child(
@@ -249,7 +277,10 @@ def start_child(
         server = _server_for(env, modules)
         if server is not None:
             request = {"module": module, "args": list(args), "cwd": str(cwd), "env": dict(env), "log": log.name}
-            pid = server.start(request)
+            try:
+                pid = server.start(request)
+            finally:
+                _release(server)
             if pid is not None:
                 return ForkedChild(server, pid)
     return subprocess.Popen(

@@ -113,6 +113,25 @@ def test_one_starter_serves_one_environment_but_each_child_its_own_port(program:
         assert child.wait(PATIENCE_S) == 0
 
 
+def test_a_starter_with_a_child_running_is_not_evicted_for_another_environment(
+    program: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, env = program
+    monkeypatch.setattr(preloaded, "MAX_SERVERS", 1)
+    sleeper = start(folder, env, "0", "600", "0")  # another thread's probe, still running
+    assert isinstance(sleeper, ForkedChild)
+    wait_for(folder / "seen.json")
+    other = start(folder, {**env, "MARKER": "other"}, "0", "0", "0")
+    assert isinstance(other, subprocess.Popen)  # started plainly: no room for a starter of its own
+    assert other.wait(PATIENCE_S) == 0
+    assert pid_alive(sleeper.pid)  # the running child was left alone
+    os.killpg(sleeper.pid, signal.SIGKILL)
+    assert sleeper.wait(PATIENCE_S) == -signal.SIGKILL
+    again = start(folder, {**env, "MARKER": "other"}, "0", "0", "0")
+    assert isinstance(again, ForkedChild) and again.server is not sleeper.server  # the idle starter made room
+    assert again.wait(PATIENCE_S) == 0
+
+
 def test_closing_the_starter_ends_the_children_still_running(program: tuple[Path, dict[str, str]]) -> None:
     folder, env = program
     sleeper = start(folder, env, "0", "600", "0")
