@@ -25,6 +25,11 @@ partition. Read from each program's pinned source (``store.frameworks.VERSIONS``
 
 Quantized (QLoRA) models are the exception everywhere: transformers loads them without ``zero.Init``
 (``store.quantization.qlora_loading``).
+
+A program probed with ``planner probe ... -- CMD`` shows its own build: the probe's hook sees whether the model it
+hands to ``deepspeed.initialize`` is already partitioned (its parameters carry ``ds_id``, which only
+``zero.Init`` gives before ``initialize``). ``recommend --program`` plans with what was seen
+(``Workload.model_build``: :data:`SEEN_ZERO_INIT` or :data:`SEEN_WHOLE`) in place of the framework's rule.
 """
 
 from __future__ import annotations
@@ -32,30 +37,51 @@ from __future__ import annotations
 # The programs that build a ZeRO-3 model partitioned (module docstring); the others build it whole first.
 BUILDS_UNDER_ZERO_INIT: frozenset[str] = frozenset({"hf", "trl", "accelerate", "openrlhf", "deepspeed-chat", "verl"})
 
+# Workload.model_build: the framework's rule (the default), or what a probe of the user's program saw
+BY_FRAMEWORK = "framework"
+SEEN_ZERO_INIT = "zero-init"
+SEEN_WHOLE = "whole"
+MODEL_BUILDS: tuple[str, ...] = (BY_FRAMEWORK, SEEN_ZERO_INIT, SEEN_WHOLE)
 
-def builds_partitioned(framework: str, *, quantized: bool = False, model_bytes: int = 0, device_bytes: int = 0) -> bool:
-    """Whether ``framework`` builds a ZeRO-3 model partitioned (``deepspeed.zero.Init``): always for the programs
-    of :data:`BUILDS_UNDER_ZERO_INIT`; for the others only when the 16-bit model (``model_bytes``) is larger than
-    the GPU (``device_bytes``), which leaves no other way; never for a quantized model (transformers loads it
-    whole)."""
+
+def builds_partitioned(
+    framework: str,
+    *,
+    quantized: bool = False,
+    model_bytes: int = 0,
+    device_bytes: int = 0,
+    model_build: str = BY_FRAMEWORK,
+) -> bool:
+    """Whether the program builds a ZeRO-3 model partitioned (``deepspeed.zero.Init``). ``model_build`` as the
+    probed program was seen (:data:`SEEN_ZERO_INIT`, :data:`SEEN_WHOLE`) decides over ``framework``; by the
+    framework, always for the programs of :data:`BUILDS_UNDER_ZERO_INIT`. A model whose 16-bit weights
+    (``model_bytes``) are larger than the GPU (``device_bytes``) can only be built partitioned; a quantized model
+    never is (transformers loads it whole)."""
     if quantized:
         return False
-    if framework in BUILDS_UNDER_ZERO_INIT:
+    if model_build == SEEN_ZERO_INIT or (model_build == BY_FRAMEWORK and framework in BUILDS_UNDER_ZERO_INIT):
         return True
     return device_bytes > 0 and model_bytes > device_bytes
 
 
-def build_note(framework: str, partitioned: bool, *, quantized: bool = False) -> str:
-    """The line a ZeRO-3 plan says its model build with (what the prediction assumed)."""
+def build_note(framework: str, partitioned: bool, *, quantized: bool = False, model_build: str = BY_FRAMEWORK) -> str:
+    """The line a ZeRO-3 plan says its model build with (what the prediction assumed, and from what)."""
     if quantized:
         return "model build: whole, quantized as it loads (transformers loads a quantized model without zero.Init)"
     if partitioned:
-        how = (
-            f"--framework {framework} builds it under deepspeed.zero.Init"
-            if framework in BUILDS_UNDER_ZERO_INIT
-            else "it is larger than the GPU, so it can only be built under deepspeed.zero.Init"
-        )
+        if model_build == SEEN_ZERO_INIT:
+            how = "your program builds it under deepspeed.zero.Init, as planner probe's hook saw"
+        elif model_build == BY_FRAMEWORK and framework in BUILDS_UNDER_ZERO_INIT:
+            how = f"--framework {framework} builds it under deepspeed.zero.Init"
+        else:
+            how = "it is larger than the GPU, so it can only be built under deepspeed.zero.Init"
         return f"model build: partitioned as it is made ({how}); the whole model never sits on one GPU"
+    if model_build == SEEN_WHOLE:
+        return (
+            "model build: whole on every GPU, then partitioned by deepspeed.initialize (your program builds the "
+            "model before deepspeed.initialize, as planner probe's hook saw with a ZeRO-3 config); building it "
+            "under deepspeed.zero.Init starts lower"
+        )
     return (
         f"model build: whole on every GPU, then partitioned by deepspeed.initialize (--framework {framework}: the "
         "program builds the model before deepspeed.initialize); a program that builds it under deepspeed.zero.Init "

@@ -271,6 +271,9 @@ class Workload:
     # ``kl_loss_coef``); 0 loads no reference model and computes no reference log-probs. None: memplan's own loop,
     # a KL penalty with a reference held (DeepSpeed-Chat's fixed ``kl_ctl`` 0.1)
     kl_coef: float | None = None
+    # how the program builds a ZeRO-3 model (store.model_build.MODEL_BUILDS): by ``framework``'s rule, or as a probe
+    # of the user's program saw it ("zero-init", "whole"; recommend --program)
+    model_build: str = "framework"
 
     @property
     def is_rlhf(self) -> bool:
@@ -356,6 +359,8 @@ class Workload:
             out["samples_per_prompt"] = self.samples_per_prompt
         if self.framework != "deepspeed":  # only when named: documents of the default stay as they were
             out["framework"] = self.framework
+        if self.model_build != "framework":  # only when a probe of the program saw it
+            out["model_build"] = self.model_build
         return out
 
 

@@ -25,6 +25,7 @@ from planner.planning.fallback_search import (
 from planner.planning.figures import empty_cache_effect, prediction_report
 from planner.planning.fixed import SINGLE_MODEL_KNOBS, as_dict, batch_of_job, with_batch_of
 from planner.planning.job_call import JOB_FIELDS, job_spec, resolved_job
+from planner.planning.program_build import program_model_build
 from planner.planning.program_spread import applied_spread, program_spread
 from planner.planning.saved import save_plan
 from planner.report.prediction import alternative
@@ -85,7 +86,9 @@ def recommend(
     ``program`` names your own program (its id from ``planner probe ... -- CMD``, or its script file): the plan
     keeps that program's measured spread of peak reserved free on top of the measured records' spread, where a
     run of it and memplan's own probe of the same strategy are stored (:mod:`planner.planning.program_spread`); a
-    reading line and ``search.program_spread`` say which.
+    reading line and ``search.program_spread`` say which. Where a run of it saw how the program builds its model
+    (under ``deepspeed.zero.Init`` or whole first: :mod:`planner.planning.program_build`), ZeRO-3 is planned so,
+    in place of ``--framework``'s rule, with a reading line.
     """
 
     if not isinstance(top, int) or top < 0:
@@ -100,6 +103,10 @@ def recommend(
         applied, line, spread_block = applied_spread(found, resolved.hardware.gpu.name)
         coefficients = replace(coefficients, program_reserved_factor=1.0 + applied)
         resolved = replace(resolved, readings=(*resolved.readings, line))
+        seen = program_model_build(program, db)  # how the program builds a ZeRO-3 model, where a run saw it
+        if seen is not None:
+            workload = replace(resolved.workload, model_build=seen[0])
+            resolved = replace(resolved, workload=workload, readings=(*resolved.readings, seen[1]))
     searched = search_with_fallbacks(
         resolved, coefficients, seed=seed, rollout=rollout, top=top, lora_rank=lora_rank, quantization=quantization
     )

@@ -37,7 +37,7 @@ def apply_outside(settings: ScriptProbeSettings, model: Any, applied: dict[str, 
     elif settings.lora_rank == 0 and lora:
         lines.append("LoRA off: the program trains LoRA adapters, the plan trains every weight")
     stage = settings.zero_stage
-    if stage is not None and stage != 3 and model is not None and _zero_init(model):
+    if stage is not None and stage != 3 and model is not None and zero_init(model):
         lines.append(
             f"ZeRO-{stage}: the program builds its model under ZeRO-3's zero.Init (its parameters are "
             "partitioned before deepspeed.initialize), which the hook cannot undo"
@@ -184,10 +184,22 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _zero_init(model: Any) -> bool:
-    """Whether the model's parameters were built partitioned, under ZeRO-3's ``zero.Init``."""
+def zero_init(model: Any) -> bool:
+    """Whether the model's parameters were built partitioned, under ZeRO-3's ``zero.Init``: only
+    ``zero.Init`` (``runtime/zero/partition_parameters.py``, ``_convert_to_deepspeed_param``) gives a parameter
+    its ``ds_id`` before ``deepspeed.initialize``."""
     parameters = getattr(model, "parameters", None)
     return parameters is not None and any(hasattr(p, "ds_id") for p in parameters())
+
+
+def model_build_seen(model_zero_init: bool | None, program_config: Any) -> dict[str, Any]:
+    """What the hook saw of the program's model build, kept in ``ran_with``: ``model_zero_init``, whether the model
+    it handed to ``deepspeed.initialize`` was already partitioned (None: no model was handed); and
+    ``program_zero_stage``, the ZeRO stage of the program's own config (before the plan's keys were merged in),
+    which is what a Trainer or Accelerate reads to decide on ``zero.Init`` (None: not said)."""
+    zero = program_config.get("zero_optimization") if isinstance(program_config, dict) else None
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+    return {"model_zero_init": model_zero_init, "program_zero_stage": stage if isinstance(stage, int) else None}
 
 
 def _lora_ranks(model: Any) -> list[int]:

@@ -49,6 +49,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from probes.script import program_model
 from probes.script.program_model import apply_outside, batch_size_of, contradictions, load_config, ran_with
 from probes.script.settings import EVENTS_FILE, RESULT_FILE, ScriptProbeSettings, merge_config, rank_folder
 
@@ -122,6 +123,7 @@ class ScriptProbe:
         self.start = time.perf_counter()
         self.phase: str | None = None
         self.engine: Any = None
+        self.model_zero_init: bool | None = None  # the model handed to initialize, already partitioned (zero.Init)
         self.clock: Any = None
         self.tracker: Any = None
         self.steps_done = 0
@@ -170,7 +172,9 @@ class ScriptProbe:
         try:
             bound = inspect.signature(self.original).bind_partial(*args, **kwargs)
             if first:
-                lines = apply_outside(self.settings, bound.arguments.get("model"), self.record["applied"])
+                model = bound.arguments.get("model")
+                self.model_zero_init = None if model is None else program_model.zero_init(model)
+                lines = apply_outside(self.settings, model, self.record["applied"])
                 if lines:
                     self.record["not_applied"] = lines
                     self.finish("not_applied", message="; ".join(lines))
@@ -237,7 +241,9 @@ class ScriptProbe:
         from probes.step.phases import PhaseClock
 
         self.engine = engine
-        self.record["ran_with"] = ran_with(engine, self.world)
+        self.record["ran_with"] = ran_with(engine, self.world) | program_model.model_build_seen(
+            self.model_zero_init, self.record.get("program_config")
+        )
         if self.tracker is not None:
             self.record.update(setup_peak_bytes=self.tracker.peak, resident_bytes=self.tracker.current)
         else:

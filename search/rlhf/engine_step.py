@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from search.coefficients import Coefficients
 from search.model.host import STEADY
-from search.rlhf.build_notes import trained_build_notes
+from search.rlhf.build_notes import model_build_notes
 from search.rlhf.engine import ResolvedEngine, resolve_engine
 from search.rlhf.job import RLHFContext, check_rlhf_strategy, rlhf_context
 from search.rlhf.models import Models, models_init_cached, models_resident_sizes, place_models
@@ -199,17 +199,14 @@ def engine_step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         role_time=role_time,
         time_terms={name: seconds for name, seconds in time.items() if seconds},
         init_cached=models_init_cached(models, w.dtype),
-        notes=engine.notes
-        + trained_build_notes(
-            (("actor", models.actor), ("critic", models.critic)), w.framework, w.dtype, ctx.hardware.gpu_memory_bytes
-        ),
+        notes=engine.notes + model_build_notes(models, w, ctx.hardware.gpu_memory_bytes),
         resident_sizes=models_resident_sizes(ctx, models),
         engines=tuple(
             (
                 f"{role}_training",
                 p.states.parameters,
                 p.states.optimizer_states,
-                engine_init(p, w.dtype, ctx.hardware.gpu_memory_bytes, w.framework),
+                engine_init(p, w.dtype, ctx.hardware.gpu_memory_bytes, w.framework, w.model_build),
                 weight_tensors(p.model, w.dtype, p.layout.lora_rank),
             )
             for role, p in (("actor", models.actor), ("critic", models.critic))

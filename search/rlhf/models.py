@@ -29,6 +29,7 @@ from search.streams.sizes import Sizes, resident_sizes, sizes_of, weight_tensors
 from search.streams.workspaces import backward_workspace
 from store.ds_defaults import OVERLAP_COMM
 from store.frameworks import framework_buckets, framework_frozen_buckets, reference_through_actor
+from store.model_build import builds_partitioned
 from store.records import DTYPE_BYTES, FrozenModelStrategy, TrainedModelStrategy, Workload
 
 
@@ -113,6 +114,13 @@ def frozen_model(ctx: RLHFContext, role: str, block: FrozenModelStrategy) -> Fro
     return frozen_placement(model, role == "reference", block, w.dtype, ctx.hardware.world_size, prefetch)
 
 
+def partitioned(workload: Workload, model_bytes: int, device_bytes: int) -> bool:
+    """Whether the program builds a ZeRO-3 model of ``model_bytes`` partitioned (:func:`builds_partitioned`)."""
+    return builds_partitioned(
+        workload.framework, model_bytes=model_bytes, device_bytes=device_bytes, model_build=workload.model_build
+    )
+
+
 def holds_role(workload: Workload, role: str) -> bool:
     """Whether the step loads the frozen model of ``role``: the reference unless the KL coefficient is 0, the
     reward model unless the rewards come from rules (``Workload.role_models``)."""
@@ -155,15 +163,22 @@ def place_models(
     }
     # Host per node (search.model.host): offloaded states with DeepSpeed's pinned buffers and the estimators'
     # slack, offloaded frozen weights and EMA copy through training; or, when larger, every local rank loading
-    # one model's 16-bit copy before training (one model at a time).
-    g = ctx.hardware.gpus
+    # one model's 16-bit copy before training (one model at a time): its partition where the program builds it
+    # under zero.Init (store.model_build; search.rlhf.build_notes cites the frozen models' builds), else whole.
+    g, device = ctx.hardware.gpus, ctx.hardware.gpu_memory_bytes
     steady = add_parts(*(trained_host(p, coef) for p in trained))
     frozen = [p for p in (reference, reward) if p is not None]
     frozen_host = sum(p.host for p in frozen)
     steady.update(frozen_models=frozen_host, ema=ema_host)
     loading = max(
-        [d * p.resident // (n if p.layout.zero_stage == 3 else 1) for p in trained]
-        + [d * p.params // (n if p.block.zero_stage == 3 else 1) for p in frozen]
+        [
+            d * p.resident // (n if p.layout.zero_stage == 3 and partitioned(w, d * p.resident, device) else 1)
+            for p in trained
+        ]
+        + [
+            d * p.params // (n if p.block.zero_stage == 3 and partitioned(w, d * p.params, device) else 1)
+            for p in frozen
+        ]
     )
     host = HostMemory({STEADY: per_node(steady, g), LOADING: {"model_loading": loading * g}})
     host_states = sum(p.states.host + p.work.host for p in trained) + frozen_host + ema_host

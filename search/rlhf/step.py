@@ -28,7 +28,7 @@ from functools import lru_cache
 from search.coefficients import Coefficients
 from search.model.placement import TrainedPlacement
 from search.model.training_time import training_time
-from search.rlhf.build_notes import trained_build_notes
+from search.rlhf.build_notes import model_build_notes
 from search.rlhf.job import RLHFContext
 from search.rlhf.memory import generation_live, training_live, training_named
 from search.rlhf.models import (
@@ -201,9 +201,7 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
         )
     if models.reference is None and reference_is_actor(ctx, s.actor.lora_rank):
         notes.append("the reference log-probs come from the LoRA actor with its adapters disabled (TRL): no copy")
-    trained = (("actor", models.actor), ("critic", models.critic))
-    w = ctx.workload
-    notes += trained_build_notes(trained, w.framework, w.dtype, ctx.hardware.gpu_memory_bytes)
+    notes += model_build_notes(models, ctx.workload, ctx.hardware.gpu_memory_bytes)
     return Step(
         resident=models.resident,
         phases=inference.phases + training.phases,
@@ -224,7 +222,13 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
                 f"{role}_training",
                 p.states.parameters,
                 p.states.optimizer_states,
-                engine_init(p, ctx.workload.dtype, ctx.hardware.gpu_memory_bytes, ctx.workload.framework),
+                engine_init(
+                    p,
+                    ctx.workload.dtype,
+                    ctx.hardware.gpu_memory_bytes,
+                    ctx.workload.framework,
+                    ctx.workload.model_build,
+                ),
                 weight_tensors(p.model, ctx.workload.dtype, p.layout.lora_rank),
             )
             for role, p in (("actor", models.actor), ("critic", models.critic))

@@ -23,7 +23,10 @@ def host_memory(
     # model before deepspeed.initialize (ZeRO-3 builds it partitioned under zero.Init).
     # ZeRO-3: each rank holds its partition only when the program builds under zero.Init (store.model_build)
     partitioned = s.zero_stage == 3 and builds_partitioned(
-        workload.framework, model_bytes=d * placed.resident, device_bytes=hardware.gpu_memory_bytes
+        workload.framework,
+        model_bytes=d * placed.resident,
+        device_bytes=hardware.gpu_memory_bytes,
+        model_build=workload.model_build,
     )
     loading = hardware.gpus * d * placed.resident // (n if partitioned else 1)
     if s.quantization != "none":  # bitsandbytes quantizes each shard as it loads: the host holds the 4/8-bit copy
@@ -40,7 +43,8 @@ def build_notes(workload: Workload, s: Strategy, partitioned: bool) -> list[str]
     model = workload.model
     notes = []
     if s.zero_stage == 3:  # the program's model build: what init allocates on the GPU and host (store.model_build)
-        notes.append(build_note(workload.framework, partitioned, quantized=s.quantization != "none"))
+        quantized = s.quantization != "none"
+        notes.append(build_note(workload.framework, partitioned, quantized=quantized, model_build=workload.model_build))
     if s.lora_rank and s.lora_rank * 8 > model.hidden_size:
         notes.append(f"LoRA rank {s.lora_rank} is large for hidden size {model.hidden_size}")
     return notes

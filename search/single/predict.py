@@ -243,7 +243,9 @@ def single_step(workload: Workload, strategy: Strategy, hardware: Hardware, coef
                 "optimizer_step",
                 states.parameters,
                 states.optimizer_states,
-                engine_init(placed, workload.dtype, hardware.gpu_memory_bytes, workload.framework),
+                engine_init(
+                    placed, workload.dtype, hardware.gpu_memory_bytes, workload.framework, workload.model_build
+                ),
                 weight_tensors(model, workload.dtype, s.lora_rank, s.quantization, s.zero_stage),
             ),
         ),

@@ -38,7 +38,7 @@ from search.model.quantized import quantized_weight_elements
 from search.model.states import init_cached_bytes
 from search.model.zero3_step import module_parameters, sub_groups
 from store.frameworks import DEFAULT_FRAMEWORK
-from store.model_build import builds_partitioned
+from store.model_build import BY_FRAMEWORK, builds_partitioned
 from store.records import DTYPE_BYTES
 
 FP32 = 4  # bytes of DeepSpeed's master_weights_and_grads_dtype (fp32 unless a config says otherwise)
@@ -114,6 +114,7 @@ def zero3_init(
     sub_group_size: int | None = None,
     device_bytes: int | None = None,
     framework: str = DEFAULT_FRAMEWORK,
+    model_build: str = BY_FRAMEWORK,
 ) -> Zero3Init:
     """The ZeRO-3 init of ``placed`` (:class:`Zero3Init`), with ``sub_group_size`` (default: the one it was laid
     out with, :func:`zero3_sub_group_size`). The cost model keeps no optimizer state on the device under
@@ -123,7 +124,8 @@ def zero3_init(
     transformers loads a QLoRA model whole, on the GPU (or, with parameter offload, on the host: ``staged``), and
     its packed codes are ``d``-byte elements (:func:`search.model.quantized.quantized_weight_elements`). The
     program ``framework`` decides the rest (:func:`store.model_build.builds_partitioned`): the HF Trainer,
-    Accelerate, TRL, OpenRLHF and DeepSpeed-Chat build under ``zero.Init`` whatever the model's size."""
+    Accelerate, TRL, OpenRLHF and DeepSpeed-Chat build under ``zero.Init`` whatever the model's size; a probed
+    program's own build (``model_build``) decides over it."""
     s = placed.layout
     d, n = DTYPE_BYTES[dtype], placed.world_size
     quantized = s.quantization != "none"
@@ -148,16 +150,25 @@ def zero3_init(
         # transformers builds a quantized model without zero.Init (store.quantization.qlora_loading): whole first
         partitioned_at_build=not staged
         and builds_partitioned(
-            framework, quantized=quantized, model_bytes=d * sum(n for n, _ in params), device_bytes=device_bytes or 0
+            framework,
+            quantized=quantized,
+            model_bytes=d * sum(n for n, _ in params),
+            device_bytes=device_bytes or 0,
+            model_build=model_build,
         ),
     )
 
 
 def engine_init(
-    placed: TrainedPlacement, dtype: str, device_bytes: int | None = None, framework: str = DEFAULT_FRAMEWORK
+    placed: TrainedPlacement,
+    dtype: str,
+    device_bytes: int | None = None,
+    framework: str = DEFAULT_FRAMEWORK,
+    model_build: str = BY_FRAMEWORK,
 ) -> EngineInit:
     """The init and first-step allocations of ``placed`` (see the module docstring) on a GPU of
-    ``device_bytes``, built as ``framework`` builds it (:func:`zero3_init`)."""
+    ``device_bytes``, built as ``framework`` builds it, or as the probed program was seen to (``model_build``,
+    :func:`zero3_init`)."""
     s = placed.layout
     d = DTYPE_BYTES[dtype]
     t, n = placed.trainable, placed.world_size
@@ -166,7 +177,11 @@ def engine_init(
     )
     mixed = dtype != "fp32"
     partition = t if s.zero_stage == 0 else t // n
-    zero3 = zero3_init(placed, dtype, device_bytes=device_bytes, framework=framework) if s.zero_stage == 3 else None
+    zero3 = (
+        zero3_init(placed, dtype, device_bytes=device_bytes, framework=framework, model_build=model_build)
+        if s.zero_stage == 3
+        else None
+    )
     if s.offload_optimizer != "none" or placed.states.optimizer_states == 0:
         # ZeRO-1/2 clone the 16-bit partition on the device before moving the fp32 copy to the host
         clone = d * partition if s.zero_stage in (1, 2) and s.offload_optimizer != "none" else 0
