@@ -45,9 +45,9 @@ def trained_build_notes(
 def frozen_build_notes(
     frozen: tuple[tuple[str, FrozenPlacement | None], ...], workload: Workload, device_bytes: int
 ) -> tuple[str, ...]:
-    """``role model build: ...`` for each frozen model (reference, reward) at ZeRO-3, by the trained models'
-    rule (:func:`store.model_build.builds_partitioned`; the module docstring cites the frozen models' sources);
-    none for a frozen model at ZeRO-0, which is whole on every GPU by its block."""
+    """``reference model build: ...`` or ``reward model build: ...`` for each frozen model at ZeRO-3, by the
+    trained models' rule (:func:`store.model_build.builds_partitioned`; the module docstring cites the frozen
+    models' sources); none for a frozen model at ZeRO-0, which is whole on every GPU by its block."""
     notes = []
     framework, build = workload.framework, workload.model_build
     for role, placed in frozen:
@@ -55,7 +55,7 @@ def frozen_build_notes(
             continue
         model_bytes = DTYPE_BYTES[workload.dtype] * placed.params
         if builds_partitioned(framework, model_bytes=model_bytes, device_bytes=device_bytes, model_build=build):
-            notes.append(f"{role} model {build_note(framework, True, model_build=build)}")
+            notes.append(f"{role} {build_note(framework, True, model_build=build)}")
         elif placed.block.offload != "none":
             notes.append(
                 f"{role} model build: whole on the host (its parameters are offloaded; --framework {framework} "
@@ -63,7 +63,7 @@ def frozen_build_notes(
                 "whole on a GPU"
             )
         else:
-            notes.append(f"{role} model {build_note(framework, False, model_build=build)}")
+            notes.append(f"{role} {build_note(framework, False, model_build=build)}")
     return tuple(notes)
 
 

@@ -97,6 +97,7 @@ def test_frozen_zero3_models_say_how_their_program_builds_them() -> None:
     )
     dschat = _frozen_notes(_ppo("deepspeed-chat"), strategy)
     assert set(dschat) == {"reference", "reward"}
+    assert all(n.startswith(f"{role} model build: partitioned as it is made") for role, n in dschat.items())
     assert all("--framework deepspeed-chat builds it under deepspeed.zero.Init" in n for n in dschat.values())
     own = _frozen_notes(_ppo("deepspeed"), replace(strategy, reward=offloaded))
     assert "whole on every GPU" in own["reference"]
