@@ -374,3 +374,17 @@ JOBS: tuple[Job, ...] = (
         **RLHF_LENS,
     ),
 )
+
+# The cases issue 42 names, as its text runs them (benchmarks/results/best_plan_42.md): not in the table's matrix
+# (some repeat a matrix job at the README's defaults), run by name: ``search_regret.py --jobs case-...``.
+CPPO = {"critic_model": "opt-350m", "reward_model": "opt-350m", "gpu_mem": "24G", "gpus": 8}
+ISSUE_CASES: tuple[Job, ...] = (
+    _j("case-sft-q30ba3b", "qwen3-30b-a3b", workload="sft", gpu="H100-80G", gpus=8, seq_len=2048, batch=64),
+    _j("case-sft-g27b", "gemma-3-27b", workload="sft", gpu="H100-80G", gpus=8, seq_len=2048, batch=64),
+    _j("case-sft-l70b-dgx2", "llama-3-70b", workload="sft", node="dgx-h100", nodes=2),
+    _j("case-grpo-q7b-orlhf", "qwen2.5-7b", workload="grpo", gpu="H100-80G", gpus=8, framework="openrlhf"),
+    _j("case-grpo-q7b-trl", "qwen2.5-7b", workload="grpo", gpu="H100-80G", gpus=8, framework="trl"),
+    _j("case-grpo-q7b-verl", "qwen2.5-7b", workload="grpo", gpu="H100-80G", gpus=8, framework="verl"),
+    _j("case-ppo-opt1.3b-dschat", "opt-1.3b", framework="deepspeed-chat", **CPPO),
+    _j("case-ppo-opt1.3b", "opt-1.3b", **CPPO),
+)
