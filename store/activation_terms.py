@@ -17,7 +17,9 @@ The terms of one model are kept per dtype width and attention kernel (:func:`ter
   running sum; what it leaves is its sum.
 - ``layer_forward_tensors`` (where traced): every tensor one decoder layer's forward makes, in order, with
   when it is freed (``sizes``: fitted bytes; ``freed_after``: the index of the last of them made before its
-  free, -1 for a saved one): the layer's temporaries between its saved tensors (:func:`layer_forward_tensors`).
+  free, -1 for a saved one): the layer's temporaries between its saved tensors (:func:`layer_forward_tensors`);
+  with ``held_over_layers``, the tensors the decoder holds from before its first layer to after its last
+  (:func:`held_over_layers`).
 
 Beside these terms of a full fine-tune, ``variants`` holds the same fields traced with the training code
 changed (:data:`VARIANTS`): HF's own gradient checkpointing (``checkpointed``: a layer keeps its output as the
@@ -45,6 +47,9 @@ VARIANTS: dict[str, tuple[bool, bool]] = {  # (HF gradient checkpointing, LoRA) 
 # Generation and scoring as the RLHF probe runs them (``probes.trace.generation``; b sequences, s the prompt,
 # the KV cache's tokens at a decoding step, or the scored tokens); kept in ``windows`` beside WINDOWS.
 LAYER_FORWARD_TENSORS = "layer_forward_tensors"
+# Under LAYER_FORWARD_TENSORS (where traced): the tensors the decoder makes before its first layer and frees after
+# its last, before the LM head (OPT's token and position embedding outputs), fitted sizes in the order made.
+HELD_OVER_LAYERS = "held_over_layers"
 GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
 
 
@@ -107,6 +112,13 @@ def layer_forward_tensors(terms: dict[str, Any], sequences: int, tokens: int) ->
         return ()
     sizes = _values(found["sizes"], sequences, tokens)
     return tuple((max(0, size), int(freed)) for size, freed in zip(sizes, found["freed_after"], strict=True))
+
+
+def held_over_layers(terms: dict[str, Any], sequences: int, tokens: int) -> tuple[int, ...]:
+    """Bytes of each tensor the decoder's forward makes before its first layer and frees after its last (before
+    the LM head) at ``sequences`` x ``tokens``, in order; empty where the terms do not carry them."""
+    found = terms.get(LAYER_FORWARD_TENSORS) or {}
+    return tuple(max(0, size) for size in _values(found.get(HELD_OVER_LAYERS, []), sequences, tokens))
 
 
 def variant_name(checkpointing: bool, lora: bool) -> str | None:
@@ -180,5 +192,5 @@ def _valid_fields(terms: Any, windows: tuple[str, ...]) -> bool:
     forward = terms.get(LAYER_FORWARD_TENSORS, {"sizes": [], "freed_after": []})
     if not isinstance(forward, dict) or len(forward.get("sizes", ())) != len(forward.get("freed_after", [None])):
         return False
-    polys += forward["sizes"]
+    polys += forward["sizes"] + forward.get(HELD_OVER_LAYERS, [])
     return all(isinstance(p, list) and len(p) in (SHAPE_TERMS, len(TERM_BASIS)) for p in polys)

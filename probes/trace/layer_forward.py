@@ -9,13 +9,14 @@ from typing import Any
 
 from probes.model.sequences import unpacked_sequences
 from probes.trace.activations import CHECK_SHAPE, FIT_SHAPES, TRACED_LAYERS, FitError, _fit
+from store.activation_terms import HELD_OVER_LAYERS
 from store.alloc_stream import ALLOC, FREE, PHASE
 
 
-def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
-    """The tensors the second decoder layer of a two-layer ``model`` (not checkpointed) makes in its forward
-    in order: (bytes, index of the last of them made before it is freed; -1 for one still alive at the LM head,
-    a saved tensor). One forward with labels and without a KV cache, traced until the LM head, no backward."""
+def _trace_forward(model: Any, sequences: int, tokens: int) -> tuple[Any, dict[str, int]]:
+    """One forward of a two-layer ``model`` (not checkpointed) with labels and without a KV cache, traced until
+    the LM head, no backward: the recorded stream and the index of each marker (the first layer's start, the
+    second's start and end, the LM head's start)."""
     import torch
 
     from probes.measure.meta_results import run_meta_op
@@ -27,6 +28,7 @@ def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tupl
     run_op = run_meta_op if device.type == "meta" else None
     tracker = LiveTensorTracker(device_types=(device.type,), record_stream=True, run_op=run_op)
     handles = [
+        layers[0].register_forward_pre_hook(lambda *args: tracker.mark_phase("layer0.fwd") and None),
         layers[1].register_forward_pre_hook(lambda *args: tracker.mark_phase("layer1.fwd") and None),
         layers[1].register_forward_hook(lambda *args: tracker.mark_phase("layer1.fwd.end") and None),
         model.get_output_embeddings().register_forward_pre_hook(lambda *args: tracker.mark_phase("head") and None),
@@ -44,7 +46,45 @@ def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tupl
             handle.remove()
     stream = tracker.stream()
     at = {stream.phases[key]: i for i, (op, key, *_) in reversed(list(enumerate(stream.events))) if op == PHASE}
+    return stream, at
+
+
+def trace_layer_forward_tensors(model: Any, sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
+    """The tensors the second decoder layer of a two-layer ``model`` (not checkpointed) makes in its forward
+    in order: (bytes, index of the last of them made before it is freed; -1 for one still alive at the LM head,
+    a saved tensor). One forward with labels and without a KV cache, traced until the LM head, no backward."""
+    stream, at = _trace_forward(model, sequences, tokens)
     return _made_and_freed(stream, at["layer1.fwd"], at["layer1.fwd.end"], at["head"])
+
+
+def trace_decoder_held_tensors(model: Any, sequences: int, tokens: int) -> tuple[int, ...]:
+    """The bytes of each tensor the decoder's forward makes before its first layer and frees after its last
+    layer, before the LM head (in the order made): what the decoder's locals hold over every layer and no
+    backward saves. OPT (transformers 5.23 ``modeling_opt.py``, ``OPTDecoder.forward``): ``inputs_embeds`` and
+    ``pos_embeds``, b x s x h each, freed when the decoder returns (their sum is the first layer's input), and
+    the position ids and their mask; a Llama-style decoder passes its embedding output on as the first layer's
+    input (saved) and holds only the rotary cos and sin."""
+    stream, at = _trace_forward(model, sequences, tokens)
+    return _held_over_layers(stream, at["layer0.fwd"], at["layer1.fwd.end"], at["head"])
+
+
+def _held_over_layers(stream: Any, first: int, last: int, head: int) -> tuple[int, ...]:
+    """Bytes of each tensor made before event ``first`` (the first layer's start) and freed between events
+    ``last`` (the last layer's end) and ``head``, in the order made."""
+    before: dict[int, int] = {}  # key -> index among the tensors made before the first layer
+    sizes: list[int] = []
+    held: list[int] = []
+    for i, (op, key, size, _, _) in enumerate(stream.events):
+        if i >= head:
+            break
+        if op == ALLOC and i < first:
+            before[key] = len(sizes)
+            sizes.append(size)
+        elif op == FREE and key in before:
+            index = before.pop(key)
+            if i > last:
+                held.append(index)
+    return tuple(sizes[index] for index in sorted(held))
 
 
 def _made_and_freed(stream: Any, first: int, last: int, head: int) -> tuple[tuple[int, int], ...]:
@@ -83,8 +123,27 @@ def fit_layer_forward(traces: list[LayerForward], check: LayerForward) -> dict[s
     return {"sizes": fitted, "freed_after": list(freed[0])}
 
 
+def fit_held_over_layers(traces: list[tuple[int, ...]], check: tuple[int, ...]) -> list[Any] | None:
+    """The tensors the decoder holds over its layers (:func:`trace_decoder_held_tensors` at each of
+    ``FIT_SHAPES``, and at ``CHECK_SHAPE``) as fitted sizes, where they fit exactly (else None: none made)."""
+    try:
+        return _fit(HELD_OVER_LAYERS, traces, check) if check else None
+    except FitError:
+        return None
+
+
 def layer_forward_terms(model: Any) -> dict[str, Any] | None:
     """The ``layer_forward_tensors`` term of a two-layer ``model`` (under :func:`gpu_kernels`): traced at the
-    fit's shapes and checked on ``CHECK_SHAPE`` (:func:`fit_layer_forward`)."""
-    traces = [trace_layer_forward_tensors(model, b, s) for b, s in FIT_SHAPES]
-    return fit_layer_forward(traces, trace_layer_forward_tensors(model, *CHECK_SHAPE))
+    fit's shapes and checked on ``CHECK_SHAPE`` (:func:`fit_layer_forward`), with the tensors the decoder holds
+    over its layers under ``HELD_OVER_LAYERS`` where they fit (:func:`fit_held_over_layers`); one forward traced
+    per shape."""
+    traced = [_trace_forward(model, b, s) for b, s in (*FIT_SHAPES, CHECK_SHAPE)]
+    layers = [_made_and_freed(stream, at["layer1.fwd"], at["layer1.fwd.end"], at["head"]) for stream, at in traced]
+    forward = fit_layer_forward(layers[:-1], layers[-1])
+    if forward is None:
+        return None
+    held = [_held_over_layers(stream, at["layer0.fwd"], at["layer1.fwd.end"], at["head"]) for stream, at in traced]
+    fitted = fit_held_over_layers(held[:-1], held[-1])
+    if fitted:
+        forward[HELD_OVER_LAYERS] = fitted
+    return forward

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from search.model.moment_parts import Named, NamedTensors
-from search.streams.sizes import FORWARD_FREED, FORWARD_MADE
+from search.streams.sizes import FORWARD_FREED, FORWARD_HELD, FORWARD_MADE
 from store.alloc_stream import KIND_INDEX, StreamBuilder
 
 
@@ -74,13 +74,17 @@ class Parts:
             missing, total, i = missing - size, total + size, i + 1
         self.patterned[part] = (total, i)
 
-    def run_forward(self, part: str, target: int, made: tuple[int, ...], freed: tuple[int, ...]) -> None:
+    def run_forward(
+        self, part: str, target: int, made: tuple[int, ...], freed: tuple[int, ...], over: tuple[int, ...] = ()
+    ) -> None:
         """Grows an empty ``part`` to ``target`` bytes layer by layer as the layer's forward makes them
         (:func:`search.streams.sizes.layer_forward_program`): each tensor in order, a temporary freed once the
         tensor its code frees it after is made; the saved ones held as the part's patterned tensors. The bytes
-        past the last whole layer (what is saved outside the layers) are requested as saved tensors only."""
+        past the last whole layer (what is saved outside the layers) are requested as saved tensors only. The
+        tensors ``over`` (what the decoder holds over its layers) are made first and freed after the layers."""
         held = self.held.setdefault(part, [])
         kind, layer = _kind(part), sum(size for size, order in zip(made, freed, strict=True) if order == 0)
+        decoder_locals = [self.out.alloc(size, kind) for size in over]
         total = count = 0
         temporaries: dict[int, list[int]] = {}
         whole = True
@@ -101,6 +105,8 @@ class Parts:
         for keys in temporaries.values():
             for key in keys:
                 self.out.free(key)
+        for key in decoder_locals:
+            self.out.free(key)
         self.patterned[part] = (total, count)
 
     def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
@@ -135,7 +141,7 @@ class Parts:
             keep = by_part.get(part, {})
             wanted = max(0, target - sum(t.size for t in keep.values()))
             if part == "activations" and FORWARD_MADE in sizes and wanted and not self.bytes(part):
-                self.run_forward(part, wanted, sizes[FORWARD_MADE], sizes[FORWARD_FREED])
+                self.run_forward(part, wanted, sizes[FORWARD_MADE], sizes[FORWARD_FREED], sizes.get(FORWARD_HELD, ()))
             else:
                 self.grow(part, wanted, sizes.get(part, ()))
             self.make(part, keep, sizes)

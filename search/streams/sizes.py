@@ -22,7 +22,7 @@ from search.model.moment_parts import FP32_UPCASTS
 from search.model.placement import TrainedPlacement
 from search.model.quantized import quantized_weight_elements
 from search.model.shapes import linear_shapes, token_embedding_params
-from store.activation_terms import layer_forward_tensors
+from store.activation_terms import held_over_layers, layer_forward_tensors
 from store.loss_chunks import chunk_tokens
 from store.quantization import quantized_linear_bytes
 from store.records import DTYPE_BYTES, ModelSpec
@@ -31,6 +31,8 @@ Sizes = tuple[tuple[str, tuple[int, ...]], ...]  # (part or resident name, tenso
 # A decoder layer's forward as its code runs it (:func:`layer_forward_program`): every tensor it makes, in order,
 # and for each 0 (saved for the backward) or 1 + the index of the last tensor made before it is freed.
 FORWARD_MADE, FORWARD_FREED = "activations:forward_made", "activations:forward_freed"
+# What the decoder's forward holds from before its first layer to after its last (:func:`layer_forward_program`).
+FORWARD_HELD = "activations:forward_held"
 
 
 def sizes_of(**patterns: tuple[int, ...]) -> Sizes:
@@ -95,7 +97,9 @@ def layer_forward_program(
     (:func:`activation_tensors`, in their order) with the temporaries the layer's code makes and frees between
     them (OPT's ``q_proj`` output before ``* self.scaling``, ``out_proj``'s and ``fc2``'s outputs before dropout
     and the dropout outputs once the residual add has read them, ``fc1``'s output before the ReLU that saves its
-    own: transformers' ``modeling_opt.py``). Empty where the model's terms do not carry them."""
+    own: transformers' ``modeling_opt.py``), and the :data:`FORWARD_HELD` tensors the decoder makes before its
+    first layer and frees after its last (OPT's token and position embedding outputs, a Llama-style decoder's
+    embedding output: the traced ``held_over_layers``). Empty where the model's terms do not carry them."""
     traced = traced_terms(model, dtype, attn_impl)
     tensors = layer_forward_tensors(traced, sequences, seq_len) if traced is not None else ()
     saved = activation_tensors(model, sequences, seq_len, dtype, attn_impl, coef)
@@ -105,7 +109,8 @@ def layer_forward_program(
     for size, freed in tensors:  # a saved tensor as activation_tensors sizes it (the padded log-sum-exp)
         made.append(next(kept) if freed < 0 else size)
         order.append(freed + 1)
-    return ((FORWARD_MADE, tuple(made)), (FORWARD_FREED, tuple(order)))
+    held = held_over_layers(traced, sequences, seq_len) if traced is not None else ()
+    return ((FORWARD_MADE, tuple(made)), (FORWARD_FREED, tuple(order))) + sizes_of(**{FORWARD_HELD: held})
 
 
 def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, loss: str = "hf") -> tuple[int, ...]:

@@ -5,8 +5,10 @@ OPT's decoder layer (transformers' ``modeling_opt.py``, no KV cache, 16-bit, dro
 tensors it frees within the layer: the ``q_proj`` output before ``* self.scaling``, ``out_proj``'s output
 before its dropout, that dropout's output once the residual add has read it, ``fc2``'s output before its
 dropout and that dropout's output; and one b x s x ffn tensor: ``fc1``'s output, freed once the ReLU (which
-saves its own output) has run. The H200's allocator history of opt-1.3b at 8 x 1024 shows them: 122 x 32 MiB
-and 24 x 128 MiB a step (``benchmarks/results/cuda_history_gap.md``).
+saves its own output) has run. Around the layers, ``OPTDecoder.forward`` holds ``inputs_embeds`` and ``pos_embeds``
+(b x s x h each) from before the first layer until it returns. The H200's allocator history of opt-1.3b at
+8 x 1024 shows them all: 122 x 32 MiB (5 a layer and the two embedding outputs) and 24 x 128 MiB a step
+(``benchmarks/results/cuda_history_gap.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from search.model.activations import layer_saved_tensors
 from search.single.predict import single_step
 from search.step.replayed import stream_of
 from search.streams.parts import Parts
-from search.streams.sizes import FORWARD_FREED, FORWARD_MADE, layer_forward_program
+from search.streams.sizes import FORWARD_FREED, FORWARD_HELD, FORWARD_MADE, layer_forward_program
 from store.alloc_stream import ALLOC, FREE, KIND_INDEX, PHASE, StreamBuilder
 from store.gpus import get_gpu
 from store.models import get_model
@@ -53,9 +55,11 @@ def _forward_allocations(zero_stage: int, checkpointing: bool = False) -> tuple[
 def test_opt_layer_forward_frees_its_temporaries_within_the_forward() -> None:
     layers = get_model("opt-1.3b").num_layers
     freed, kept = _forward_allocations(zero_stage=0, checkpointing=False)
-    assert freed.count(32 * MiB) == 5 * layers  # 8 x 1024 x 2048 in bf16
+    assert freed.count(32 * MiB) == 5 * layers + 2  # 8 x 1024 x 2048 in bf16; the token and position embeddings
     assert freed.count(128 * MiB) == layers  # 8 x 1024 x 8192 in bf16: fc1's output
-    assert len(freed) == 6 * layers
+    held = dict(layer_forward_program(get_model("opt-1.3b"), 8, 1024, "bf16", "sdpa", COEF))[FORWARD_HELD]
+    assert freed[-len(held) :] == list(held)  # freed last: the decoder returns after its last layer
+    assert len(freed) == 6 * layers + len(held)
     layer = layer_saved_tensors(get_model("opt-1.3b"), 8, 1024, "bf16", "sdpa", COEF)
     assert kept[: len(layer)] == list(layer)  # the saved tensors as before, in their order
 
@@ -71,6 +75,26 @@ def test_a_layer_program_frees_each_temporary_after_the_tensor_it_names() -> Non
     layer = [(ALLOC, 4), (ALLOC, 2), (ALLOC, 3), (FREE, 0)]
     assert events == layer + layer + [(ALLOC, 4)]
     assert parts.bytes("activations") == 18
+
+
+def test_what_the_decoder_holds_over_its_layers_is_made_first_and_freed_after_them() -> None:
+    """Parts.run_forward with ``over``: the decoder's own tensors (OPT's token and position embedding outputs)
+    exist before the first layer's tensors and go once the last layer's are made, before what is left."""
+    out = StreamBuilder()
+    parts = Parts(out)
+    program = {FORWARD_MADE: (4, 2, 3), FORWARD_FREED: (0, 3, 0), FORWARD_HELD: (5, 6)}
+    parts.move({"activations": 2 * 7}, program)
+    events = [(op, size) for op, _, size, _, _ in out.build().events]
+    layer = [(ALLOC, 4), (ALLOC, 2), (ALLOC, 3), (FREE, 0)]
+    assert events == [(ALLOC, 5), (ALLOC, 6), *layer, *layer, (FREE, 0), (FREE, 0)]
+    assert parts.bytes("activations") == 14  # the held tensors are not the part's saved bytes
+
+
+def test_opt_program_holds_both_embedding_outputs_over_the_layers() -> None:
+    program = dict(layer_forward_program(get_model("opt-1.3b"), 8, 1024, "bf16", "sdpa", COEF))
+    held = program[FORWARD_HELD]
+    assert sorted(held)[-2:] == [32 * MiB, 32 * MiB]  # inputs_embeds, pos_embeds: 8 x 1024 x 2048 in bf16
+    assert all(size < MiB for size in sorted(held)[:-2])  # the position ids and their mask
 
 
 def test_program_keeps_the_saved_tensors_of_the_cost_model() -> None:
