@@ -386,5 +386,4 @@ ISSUE_CASES: tuple[Job, ...] = (
     _j("case-grpo-q7b-trl", "qwen2.5-7b", workload="grpo", gpu="H100-80G", gpus=8, framework="trl"),
     _j("case-grpo-q7b-verl", "qwen2.5-7b", workload="grpo", gpu="H100-80G", gpus=8, framework="verl"),
     _j("case-ppo-opt1.3b-dschat", "opt-1.3b", framework="deepspeed-chat", **CPPO),
-    _j("case-ppo-opt1.3b", "opt-1.3b", **CPPO),
-)
+)  # the README's opt-1.3b PPO on 8 x 24G is the matrix's ppo-opt1.3b-24gx8-ds
