@@ -13,13 +13,14 @@ from search.choose.live_floor import strategy_floor
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.choose.rlhf_space import batch_choices, cache_choices
 from search.choose.rlhf_walk import RLHF_ALTERNATIVES
-from search.choose.rollout_space import ROLLOUT_FAMILIES
+from search.choose.rollout_space import ROLLOUT_FAMILIES, knob_variants
 from search.choose.single_search import exhaustive_single, search_single
 from search.choose.single_space import OuterPoint, inner_choices, strategy_at
 from search.coefficients import Coefficients
 from search.rlhf.predict import predict_rlhf, screen_rlhf
 from search.single.predict import predict_single_model, screen_single_model
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.rollout import RolloutStrategy
 
 
 def screen_search(
@@ -123,12 +124,34 @@ def single_variants(workload: Workload, hardware: Hardware, strategy: Strategy) 
 
 def rlhf_variants(workload: Workload, hardware: Hardware, strategy: RLHFStrategy) -> list[RLHFStrategy]:
     """``strategy`` at every (generation batch, micro-batch, accumulation) x (empty_cache, allocator), in the
-    search's order (``batch_choices`` x ``cache_choices``); a rollout engine's settings stay as resolved."""
+    search's order (``batch_choices`` x ``cache_choices``), and with a rollout engine at each of its knob
+    variants (:func:`search.choose.rollout_space.knob_variants`): the resolved knobs first, as the screen solved
+    their ``gpu_memory_utilization``, then the others, each solved for its own knobs by the replay. The screen
+    resolves the knobs with its fragments, which may keep a slower knob that frees more memory where the replay
+    fits a faster one (issue 42: ``ppo-q7b-h100x8-orlhf``, sleep level 2 at 1.84 s where sleep level 0 with
+    expandable segments replays fitting at 1.54 s)."""
+    rollouts: list[RolloutStrategy | None] = [strategy.rollout]
+    if strategy.rollout is not None:
+        unsolved = strategy.rollout.with_(gpu_memory_utilization=None)
+        rollouts += [knobs for knobs in knob_variants(unsolved) if not _same_knobs(knobs, strategy.rollout)]
     return [
-        replace(strategy, generation_batch=g, micro_batch=m, grad_accum=a, empty_cache=policy, allocator=allocator)
+        replace(
+            strategy,
+            rollout=rollout,
+            generation_batch=g,
+            micro_batch=m,
+            grad_accum=a,
+            empty_cache=policy,
+            allocator=allocator,
+        )
+        for rollout in rollouts
         for g, m, a in batch_choices(workload, hardware)
-        for policy, allocator in cache_choices(strategy.rollout)
+        for policy, allocator in cache_choices(rollout)
     ]
+
+
+def _same_knobs(a: RolloutStrategy, b: RolloutStrategy) -> bool:
+    return (a.sleep_level, a.offload_training, a.enforce_eager) == (b.sleep_level, b.offload_training, b.enforce_eager)
 
 
 def exhaustive(
