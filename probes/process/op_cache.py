@@ -9,17 +9,26 @@ to the user's own value when they set one, else to :func:`default_ops_folder`,
 ``<sys.prefix>/var/cache/memplan/torch_extensions/<py>_<device>`` (the environment memplan runs in), or,
 where that cannot be written (a system Python), ``memplan/torch_extensions/<name>-<hash>/<py>_<device>`` in
 the user's cache folder, ``<name>-<hash>`` naming the environment. Pure Python: no torch here.
+
+One ninja builds that folder (:func:`pin_ninja`): torch runs ``ninja`` from ``PATH``
+(``torch.utils.cpp_extension._run_ninja_build``), and a venv holds pip's ninja (1.13 here) beside the system's
+(1.11). Each ninja hashes a build's command line its own way in ``.ninja_log``, so each found the other's objects
+"command line changed" (``ninja -d explain``) and rebuilt them: an activated shell's ``planner probe`` rebuilt
+FusedAdam and the shared-memory allreduce (minutes on 2 cores) after the suite had built them with the system
+ninja, and back. The children's ``PATH`` finds this environment's ninja first, whatever the caller's ``PATH``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["VARIABLE", "default_ops_folder", "op_cache_env", "ops_folder"]
+__all__ = ["VARIABLE", "default_ops_folder", "op_cache_env", "ops_folder", "pin_ninja"]
 
 VARIABLE = "TORCH_EXTENSIONS_DIR"
 
@@ -55,4 +64,35 @@ def op_cache_env(env: dict[str, str], device: str) -> dict[str, str]:
     """``env`` with ``TORCH_EXTENSIONS_DIR`` set to this environment's folder, unless it is set already."""
     if not env.get(VARIABLE):
         env[VARIABLE] = str(default_ops_folder(device, env))
+    return pin_ninja(env)
+
+
+def environment_ninja() -> Path | None:
+    """The ninja of the environment memplan runs in (pip's ``ninja``, torch's build tool), where it has one."""
+    ninja = Path(sysconfig.get_path("scripts")) / "ninja"
+    return ninja if ninja.is_file() and os.access(ninja, os.X_OK) else None
+
+
+def pin_ninja(env: dict[str, str], prefix: str | None = None) -> dict[str, str]:
+    """``env`` whose ``PATH`` finds :func:`environment_ninja` first (module docstring): a folder holding only a link
+    to it, ``<prefix>/var/cache/memplan/ninja``, goes first, so no other program the child runs changes. ``env`` is
+    returned as it is where the environment has no ninja, its ``PATH`` finds that one already, or the folder cannot
+    be written."""
+    ninja = environment_ninja()
+    path = env.get("PATH", os.defpath)
+    found = shutil.which("ninja", path=path)
+    if ninja is None or (found is not None and Path(found).resolve() == ninja.resolve()):
+        return env
+    folder = Path(sys.prefix if prefix is None else prefix) / "var" / "cache" / "memplan" / "ninja"
+    link = folder / "ninja"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (link.is_symlink() and Path(os.readlink(link)) == ninja):
+            staged = folder / f".ninja-{os.getpid()}"
+            staged.unlink(missing_ok=True)
+            staged.symlink_to(ninja)
+            os.replace(staged, link)  # atomic: a concurrent child sees the old link or the new one
+    except OSError:
+        return env
+    env["PATH"] = os.pathsep.join([str(folder), path])
     return env

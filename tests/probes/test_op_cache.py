@@ -76,3 +76,23 @@ def test_deepspeed_builds_and_loads_its_op_there_and_not_in_torchs_default(
         pytest.skip("DeepSpeed skips its shared-memory allreduce on this machine: no op to build")
     assert (default_ops_folder("cpu") / "deepspeed_shm_comm").is_dir()
     assert not any((tmp_path / "cache").rglob("*")), os.listdir(tmp_path / "cache")
+
+
+def test_every_child_builds_with_this_environments_ninja_whatever_the_callers_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch runs ``ninja`` from ``PATH``; pip's ninja in the venv and the system's hash a command line differently
+    in ``.ninja_log``, so a caller with the venv activated and one without rebuilt each other's ops (issue 44)."""
+    import shutil
+
+    from probes.process.op_cache import environment_ninja
+
+    ninja = environment_ninja()
+    if ninja is None:
+        pytest.skip("this environment has no ninja of its own: the PATH's is the only one")
+    for path in ("/usr/bin:/bin", f"{ninja.parent}{os.pathsep}/usr/bin:/bin"):
+        monkeypatch.setenv("PATH", path)
+        env = child_env("cpu", "default")
+        found = shutil.which("ninja", path=env["PATH"])
+        assert found is not None and Path(found).resolve() == ninja.resolve(), (path, env["PATH"])
+        assert shutil.which("python3", path=env["PATH"]) == shutil.which("python3", path=path)  # nothing else moves
