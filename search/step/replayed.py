@@ -6,19 +6,23 @@ torch's caching allocator (:mod:`search.allocator`) with the strategy's allocato
 reserved bytes, its inactive-split bytes (reserved but unusable), its allocation retries and its cudaMalloc
 and cudaFree calls come from the replay of the measured steps; the ``empty_cache`` calls cost what
 the replay says they make the allocator do: each released segment's cudaFree now and the cudaMalloc of
-every segment the step then has to map again (:func:`empty_cache_seconds`). Replays are cached on the stream
-(its events are plain tuples), so a search that meets the same step twice replays it once.
+every segment the step then has to map again (:func:`empty_cache_seconds`). A search meets the same step
+again (another allocator, a confirmation, the report): what it reads of a replay is kept by the digest of the
+stream (steps built alike share one replay), without the stream; the streams kept to be replayed again are
+bounded by their events (:data:`STREAM_EVENTS_KEPT`), so what a long-running process holds stays bounded
+whatever the jobs it plans (:class:`search.step.weighed_cache.WeighedCache`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import hashlib
+import marshal
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from search.allocator import AllocatorConfig, PhaseReplay, ReplayResult, replay
 from search.coefficients import Coefficients
 from search.step.assemble import Step
+from search.step.weighed_cache import WeighedCache
 from search.streams.build import STEP_MARK, outside_torch, step_stream
 from search.streams.phases import StepPhase
 from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
@@ -91,16 +95,6 @@ def empty_cache_seconds(frees: int, mallocs_after: int, calls: int, coef: Coeffi
     return calls * coef.empty_cache_call_s + frees * coef.cuda_free_s + mallocs_after * coef.cuda_malloc_s
 
 
-@lru_cache(maxsize=2048)
-def _replay(stream: AllocStream, allocator: str, device_bytes: int | None) -> ReplayResult:
-    config = ALLOCATOR_CONFIGS[allocator]
-    if device_bytes is not None and not config.garbage_collection_threshold:
-        unlimited = _replay(stream, allocator, None)
-        if unlimited.peak_reserved <= device_bytes:
-            return unlimited  # no cudaMalloc went beyond the device: the limit changes nothing
-    return replay(stream, config, device_bytes)
-
-
 def _outside(phase: StepPhase) -> int:
     """The most bytes a phase holds outside torch's allocator (the hybrid engine's workspace and KV cache)."""
     return max(outside_torch(m) for m in phase.moments)
@@ -118,8 +112,28 @@ def _calls_in_last_step(stream: AllocStream) -> int:
     return calls
 
 
-_STREAMS: OrderedDict[tuple[object, ...], AllocStream] = OrderedDict()  # the last built, by what builds them
-STREAMS_KEPT = 512
+# A stream costs about 88 bytes of Python objects per event (a 5-tuple and its distinct ints: 300 PPO streams of
+# opt-1.3b with opt-350m critic and reward, 16.2 M events, held 1.42 GB of RSS): 2 M events are ~170 MB, a few
+# dozen streams of a large RLHF step or hundreds of a small one, more than a search meets again before it moves on.
+STREAM_EVENTS_KEPT = 2_000_000
+STEPS_SEEN = 16384  # steps whose stream's digest is known (a key and 3 ints each: the stream is not kept)
+# Replay results hold no stream, one PhaseReplay (~0.6 kB) per phase run: 100,000 runs are ~60 MB, thousands of
+# plans (a PPO step's three replayed steps are a few dozen runs).
+REPLAY_PHASES_KEPT = 100_000
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What :func:`replay_step` reads of a step's stream besides its replay, kept without the stream."""
+
+    digest: bytes  # of the stream's events and phase names: steps built alike share one replay
+    events: int  # the stream's length
+    cache_calls: int  # the ``empty_cache`` calls of its last step
+
+
+_STREAMS: WeighedCache[tuple[object, ...], AllocStream] = WeighedCache(STREAM_EVENTS_KEPT, len)
+_SEEN: WeighedCache[tuple[object, ...], _Seen] = WeighedCache(STEPS_SEEN, lambda _: 1)
+_REPLAYS: WeighedCache[tuple[object, ...], ReplayResult] = WeighedCache(REPLAY_PHASES_KEPT, lambda r: len(r.phases))
 
 
 def _stream_key(step: Step, empty_cache: str) -> tuple[object, ...]:
@@ -130,21 +144,61 @@ def _stream_key(step: Step, empty_cache: str) -> tuple[object, ...]:
     return (tuple(step.resident.items()), step.resident_sizes, step.engines, phases, repeats, empty_cache)
 
 
-def stream_of(step: Step, empty_cache: str) -> AllocStream:
-    """The allocation stream of ``step``'s engine init and :data:`STEPS` steps under ``empty_cache`` (built
-    once for each different step: the last :data:`STREAMS_KEPT` are kept)."""
-    key = _stream_key(step, empty_cache)
+def _built(key: tuple[object, ...], step: Step, empty_cache: str) -> AllocStream:
     stream = _STREAMS.get(key)
     if stream is None:
         stream = step_stream(
             step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache, STEPS
         )
-        _STREAMS[key] = stream
-        if len(_STREAMS) > STREAMS_KEPT:
-            _STREAMS.popitem(last=False)
-    else:
-        _STREAMS.move_to_end(key)
+        _STREAMS.put(key, stream)
     return stream
+
+
+def stream_of(step: Step, empty_cache: str) -> AllocStream:
+    """The allocation stream of ``step``'s engine init and :data:`STEPS` steps under ``empty_cache`` (built
+    once for each different step: the last used, up to :data:`STREAM_EVENTS_KEPT` events, are kept)."""
+    return _built(_stream_key(step, empty_cache), step, empty_cache)
+
+
+def _digest(stream: AllocStream) -> bytes:
+    """A digest (BLAKE2b, 20 bytes) of the stream's events and phase names in marshal's format 2, which has no
+    back-references: equal streams give equal bytes, and equal bytes are equal streams (they load back as one)."""
+    return hashlib.blake2b(marshal.dumps((stream.events, stream.phases), 2), digest_size=20).digest()
+
+
+def _seen(key: tuple[object, ...], step: Step, empty_cache: str) -> _Seen:
+    seen = _SEEN.get(key)
+    if seen is None:
+        stream = _built(key, step, empty_cache)
+        seen = _Seen(_digest(stream), len(stream), _calls_in_last_step(stream))
+        _SEEN.put(key, seen)
+    return seen
+
+
+def _replay(
+    seen: _Seen,
+    key: tuple[object, ...],
+    step: Step,
+    empty_cache: str,
+    streams: bool,
+    allocator: str,
+    device_bytes: int | None,
+) -> ReplayResult:
+    """The replay of the stream ``key`` names (``key`` is :func:`_stream_key` of ``step`` and ``empty_cache``,
+    ``seen`` what is known of its stream), kept by the stream's digest for the next caller: under a device
+    limit, the unlimited replay when no cudaMalloc went beyond it."""
+    config = ALLOCATOR_CONFIGS[allocator]
+    if device_bytes is not None and not config.garbage_collection_threshold:
+        unlimited = _replay(seen, key, step, empty_cache, streams, allocator, None)
+        if unlimited.peak_reserved <= device_bytes:
+            return unlimited  # no cudaMalloc went beyond the device: the limit changes nothing
+    replay_key = (seen.digest, streams, allocator, device_bytes)
+    result = _REPLAYS.get(replay_key)
+    if result is None:
+        stream = _built(key, step, empty_cache)
+        result = replay(stream if streams else stream.on_one_stream(), config, device_bytes)
+        _REPLAYS.put(replay_key, result)
+    return result
 
 
 def replay_step(
@@ -165,10 +219,9 @@ def replay_step(
     ``streams=False`` replays every request on the default stream (a device without side streams)."""
     outside = max(_outside(phase) for phase in step.phases)
     limit = None if device_bytes is None else max(0, device_bytes - outside)
-    stream = stream_of(step, empty_cache)
-    if not streams:
-        stream = stream.on_one_stream()
-    result = _replay(stream, allocator, limit)
+    key = _stream_key(step, empty_cache)
+    seen = _seen(key, step, empty_cache)
+    result = _replay(seen, key, step, empty_cache, streams, allocator, limit)
     phases = step.phases
     names = [phase.name for phase in phases]
     measured: dict[str, list[PhaseReplay]] = {name: [] for name in names}
@@ -204,12 +257,12 @@ def replay_step(
         )
         frees += out[-1].cuda_frees
         mallocs += out[-1].cuda_mallocs
-    seconds = empty_cache_seconds(frees, mallocs, _calls_in_last_step(stream), coef)
+    seconds = empty_cache_seconds(frees, mallocs, seen.cache_calls, coef)
     return StepReplayed(
         phase_names=tuple(names),
         phases=tuple(out),
         cache_seconds=seconds,
-        events=len(stream),
+        events=seen.events,
         init_allocated=setup.end_allocated,
         init_reserved=setup.end_reserved,
         oom_phase=oom_phase,
