@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, required
 
-from probes.process.op_cache import default_ops_folder
+from probes.process.op_cache import default_ops_folder, pin_ninja
 
 # every test phase within a CPU-seconds budget (tests/cpu_budget.py), DeepSpeed's ops built before the first test
 # (tests/op_builds.py); pytester runs those checks on themselves
@@ -38,6 +38,8 @@ def guard_default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         mp.setenv("DS_ACCELERATOR", "cpu")
         # DeepSpeed's ops loaded in this process and in the probe children: one folder, memplan's own
         mp.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or str(default_ops_folder("cpu")))
+        # built by one ninja, this environment's, as in the probe children (probes.process.op_cache.pin_ninja)
+        mp.setenv("PATH", pin_ninja({"PATH": os.environ.get("PATH", os.defpath)})["PATH"])
         yield home / "guard.db"
 
 
