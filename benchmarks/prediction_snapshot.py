@@ -11,12 +11,20 @@ moved, by how much, and for which strategies.
 
 ``--framework NAME`` plans every workload of the matrix that NAME runs for that program (``store.frameworks``;
 the others stay memplan's own loop) under the same keys: compared with a snapshot of the default, it shows
-what that framework's code changes and where.
+what that framework's code changes and where. ``--only-framework`` leaves out the workloads NAME does not
+run (they are the default's, already in its snapshot).
+
+Single-model spaces are thinned by a fixed stride; RLHF spaces (hundreds of thousands of strategies) are
+sampled by a digest of each strategy's JSON (the strategies whose digest is 0 modulo :data:`RLHF_MODULUS`), so
+two trees whose spaces differ still sample the same strategies where the spaces agree. ``--clear-caches``
+empties search's caches after each workload and hardware (for trees whose caches are bounded by entries, not
+bytes: before issue 45 the replay cache kept up to 2048 streams, ~10 GB for this matrix; it moves no figure).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -36,7 +44,10 @@ from store.models import get_model  # noqa: E402
 from store.records import Hardware, Workload  # noqa: E402
 
 GIB = 2**30
-STRIDE = 7  # every 7th strategy of each space: a few thousand predictions, seconds to run
+STRIDE = 7  # every 7th strategy of each single-model space: about a thousand predictions, a minute to run
+# RLHF strategies kept: 1 in RLHF_MODULUS by digest (PPO's space at 24 GB is ~655,000 strategies: ~80 kept;
+# remax's and grpo's 40,000-60,000: ~80-120), a few hundred predictions of ~0.6 CPU s each
+RLHF_MODULUS = {"ppo": 8192, "remax": 512, "grpo": 512}
 
 
 def _workloads() -> Iterator[tuple[str, Workload]]:
@@ -57,27 +68,58 @@ def _hardware() -> Iterator[tuple[str, Hardware]]:
     yield "80G-x8", Hardware(a100, a100.memory_bytes, gpus=8, nodes=1, cpu_memory_bytes=512 * GIB)
 
 
-def _strategies(workload: Workload, hardware: Hardware) -> list[Any]:
+def _strategy_json(strategy: Any) -> str:
+    return json.dumps(strategy.to_dict(), sort_keys=True)
+
+
+def _sampled(strategy_json: str, modulus: int) -> bool:
+    digest = hashlib.blake2b(strategy_json.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % modulus == 0
+
+
+def _strategies(workload: Workload, hardware: Hardware, thin: int = 1) -> list[Any]:
+    """The sampled strategies of the workload's space (``thin`` times fewer: a subset of ``thin=1``'s)."""
     if workload.is_rlhf:
         from search.choose.rlhf_space import all_rlhf_strategies
 
-        return list(all_rlhf_strategies(workload, hardware, (0, 16)))
+        modulus = RLHF_MODULUS[workload.kind] * thin
+        return [s for s in all_rlhf_strategies(workload, hardware, (0, 16)) if _sampled(_strategy_json(s), modulus)]
     from search.choose.single_space import all_strategies
 
-    return list(all_strategies(workload, hardware, (0, 16)))
+    return list(all_strategies(workload, hardware, (0, 16)))[:: STRIDE * thin]
 
 
-def snapshot(framework: str = DEFAULT_FRAMEWORK) -> dict[str, Any]:
-    """Every prediction of the matrix, keyed by workload, hardware and strategy (workloads ``framework`` runs
-    planned for it)."""
+def _clear_caches() -> None:
+    """Empty every functools cache of search's modules and the replay's stream table (moves no figure)."""
+    for name, module in list(sys.modules.items()):
+        if name == "search" or name.startswith("search."):
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", "") == name:
+                    value.cache_clear()
+    from search.step import replayed
+
+    for table in ("_STREAMS", "_SEEN", "_REPLAYS"):  # the last two since issue 45
+        if hasattr(replayed, table):
+            getattr(replayed, table).clear()
+
+
+def snapshot(
+    framework: str = DEFAULT_FRAMEWORK, only_framework: bool = False, clear: bool = False, thin: int = 1
+) -> dict[str, Any]:
+    """Every sampled prediction of the matrix, keyed by workload, hardware and strategy (workloads ``framework``
+    runs planned for it; with ``only_framework`` only those; ``thin`` times fewer strategies)."""
     out: dict[str, Any] = {}
     for wname, workload in _workloads():
         if workload.kind in WORKLOADS[framework]:
             workload = replace(workload, framework=framework)
+        elif only_framework:
+            continue
         for hname, hardware in _hardware():
-            for strategy in _strategies(workload, hardware)[::STRIDE]:
-                key = f"{wname}|{hname}|{json.dumps(strategy.to_dict(), sort_keys=True)}"
+            for strategy in _strategies(workload, hardware, thin):
+                key = f"{wname}|{hname}|{_strategy_json(strategy)}"
                 out[key] = predict(workload, strategy, hardware, DEFAULT_COEFFICIENTS).to_dict()
+            if clear:
+                _clear_caches()
     return out
 
 
@@ -94,13 +136,18 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> int:
-    """Print the fields that moved (count, largest relative change, an example); 0 when none moved."""
+    """Print how many predictions moved per workload and hardware, then the fields that moved (count, largest
+    relative change, an example); 0 when none moved."""
     moved: dict[str, list[tuple[float, str, Any, Any]]] = defaultdict(list)
+    jobs: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # workload|hardware: [compared, moved]
     for key in sorted(set(before) | set(after)):
         if key not in before or key not in after:
             moved["<strategy set>"].append((1.0, key, key in before, key in after))
             continue
         old, new = dict(_flatten(before[key])), dict(_flatten(after[key]))
+        job = jobs["|".join(key.split("|")[:2])]
+        job[0] += 1
+        changed = False
         for field in sorted(set(old) | set(new)):
             a, b = old.get(field), new.get(field)
             if a == b or (isinstance(a, float) and isinstance(b, float) and abs(b - a) <= 1e-9 * max(abs(a), 1e-12)):
@@ -109,6 +156,10 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> int:
                 abs(b - a) / max(abs(a), 1e-12) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else 1.0
             )
             moved[field].append((rel, key, a, b))
+            changed = True
+        job[1] += changed
+    for name, (compared, changed) in sorted(jobs.items()):
+        print(f"{name}: {changed} of {compared} predictions moved")
     for field, changes in sorted(moved.items()):
         rel, key, a, b = max(changes, key=lambda c: c[0])
         print(f"{field}: {len(changes)} moved, largest {rel:+.2%} ({a} -> {b}) at {key[:160]}")
@@ -121,8 +172,11 @@ def main() -> int:
     parser.add_argument("-o", "--output", type=Path, help="write the snapshot here")
     parser.add_argument("--compare", type=Path, help="compare the current predictions with this snapshot")
     parser.add_argument("--framework", choices=FRAMEWORKS, default=DEFAULT_FRAMEWORK, help="plan for this program")
+    parser.add_argument("--only-framework", action="store_true", help="only the workloads --framework runs")
+    parser.add_argument("--clear-caches", action="store_true", help="empty search's caches after each model")
+    parser.add_argument("--thin", type=int, default=1, help="N times fewer strategies (a subset of the default's)")
     args = parser.parse_args()
-    current = snapshot(args.framework)
+    current = snapshot(args.framework, args.only_framework, args.clear_caches, args.thin)
     if args.output:
         fd, tmp = tempfile.mkstemp(dir=args.output.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
