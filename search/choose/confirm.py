@@ -5,14 +5,14 @@ screen (peak reserved from the fragment coefficients, :func:`search.step.assembl
 plan fits is then decided by the replay of its step (:func:`search.step.finish.finish_step`):
 
 1. The screen's ranking is walked in order. Each point the walk takes is resolved again with the replay
-   (:func:`resolve`): its inner choices (micro-batch and accumulation, ``empty_cache`` policy, allocator;
-   RLHF: the generation batch too) in the screen's order, the first replayed, the later ones only where they
-   could beat the best replayed so far: fewer screened seconds than its REPLAYED seconds (the screen's
-   seconds of a step without ``empty_cache`` calls are the fewest any variant of it replays at; the replay
-   adds its calls' seconds and the cudaMallocs after a rollout engine's turn, which differ from one batch split
-   to another: issue 42's grpo-q1.5b-a100x4-orlhf lost ZeRO-2 at mb 8x2, 1.402 s, to its own mb 16x1, screened
-   faster, replayed at 1.484 s) and a lower bound of the replay's peak reserved (:func:`replay_floor`) within
-   the budget (the screen's fragments may be too many).
+   (:func:`resolve`): its inner choices (micro-batch and accumulation, ``empty_cache`` policy, allocator; RLHF: the
+   generation batch and a rollout engine's knobs too) in the screen's order, the first replayed, the later ones only
+   where they could beat the best replayed so far: fewer screened seconds than its REPLAYED seconds (the screen's
+   seconds of a step without ``empty_cache`` calls are the fewest any variant of it replays at; the replay adds its
+   calls' seconds and the cudaMallocs after a rollout engine's turn, which differ from one batch split to another:
+   issue 42's grpo-q1.5b-a100x4-orlhf lost ZeRO-2 at mb 8x2, 1.402 s, to its own mb 16x1, screened faster, replayed
+   at 1.484 s) and a lower bound of the replay's peak reserved (:func:`replay_floor`) within the budget (the
+   screen's fragments may be too many).
 2. The walk takes every point the screen found fitting until ``wanted`` replayed plans fit and no later
    point has fewer screened seconds than the replayed seconds of the last of them; of the points the
    screen found not fitting it takes those whose floor fits that could beat them, and the first ones when
