@@ -75,14 +75,19 @@ def gpu_kernels(attention: bool = True, target: str = "cuda") -> Iterator[None]:
 
     def routed(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
                scale: float | None = None, enable_gqa: bool = False) -> Any:  # fmt: skip
-        if k.shape[1] != q.shape[1]:  # grouped-query attention: the kernels take every head's K and V
+        flash = attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == v.shape[-1] <= 256
+        # grouped-query attention: CUDA's flash kernel takes the K and V heads as they are when asked to
+        # (enable_gqa: transformers' sdpa_attention_forward asks when there is no mask, use_gqa_in_sdpa; torch's
+        # sdp_utils.cpp admits it for flash only, check_batch_size_and_num_heads_dense<true>); every other kernel
+        # gets every query head's K and V (the math fallback's pre_process_group_query_attention_input)
+        if k.shape[1] != q.shape[1] and not (enable_gqa and flash and target != "cpu"):
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         if target == "cpu":  # the CPU's flash kernel, which keeps what CUDA's does (but the RNG seeds)
             out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
             )
-        elif attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == v.shape[-1] <= 256:
+        elif flash:
             out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)
         else:
             out = torch.ops.aten._scaled_dot_product_efficient_attention(

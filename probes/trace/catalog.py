@@ -1,20 +1,27 @@
-"""``python -m probes.trace.catalog --write-catalog [--shapes-only | --layer-forward-only]``: trace every catalog
-model's shape and activation terms into the package data (``store/catalog_shapes.json``,
+"""``python -m probes.trace.catalog --write-catalog [--shapes-only | --layer-forward-only | --grouped-query-only]``:
+trace every catalog model's shape and activation terms into the package data (``store/catalog_shapes.json``,
 ``store/catalog_activations.json``); ``--layer-forward-only`` adds only each traced setting's
-``layer_forward_tensors`` (:func:`probes.trace.terms.trace_layer_forward`) to the terms already there."""
+``layer_forward_tensors`` (:func:`probes.trace.terms.trace_layer_forward`) to the terms already there;
+``--grouped-query-only`` traces again the sdpa terms of every grouped-query model (fewer K and V heads than
+query heads: CUDA's flash kernel takes them unrepeated, :func:`probes.trace.activations.gpu_kernels`)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from probes.model.shape import trace_model_shape
-from probes.trace.terms import trace_all_terms, trace_layer_forward
+from probes.trace.terms import trace_all_terms, trace_layer_forward, trace_terms
 from store.activation_terms import LAYER_FORWARD_TENSORS, TRACED_SETTINGS
 from store.model_shape import CATALOG_ACTIVATIONS_PATH, CATALOG_SHAPES_PATH, CATALOG_TERM_KEYS, write_catalog_shapes
 from store.models import catalog_configs
 
-USAGE = "usage: python -m probes.trace.catalog --write-catalog [--shapes-only | --layer-forward-only]"
+USAGE = (
+    "usage: python -m probes.trace.catalog --write-catalog "
+    "[--shapes-only | --layer-forward-only | --grouped-query-only]"
+)
+SDPA_KEYS = tuple(key for key in CATALOG_TERM_KEYS if TRACED_SETTINGS[key][1] == "sdpa")
 
 
 def add_layer_forward() -> int:
@@ -36,6 +43,34 @@ def add_layer_forward() -> int:
     return 0
 
 
+def grouped_query(hf_config: dict[str, Any]) -> bool:
+    """Whether a config's attention has fewer K and V heads than query heads (a multimodal one's text model's)."""
+    text = hf_config.get("text_config") or hf_config
+    heads = text.get("num_attention_heads")
+    return heads is not None and text.get("num_key_value_heads", heads) != heads
+
+
+def retrace_grouped_query() -> int:
+    """The sdpa terms of every grouped-query catalog model traced again (:data:`SDPA_KEYS`), the rest kept; a
+    setting whose new trace fails keeps its old terms and is named."""
+    configs = catalog_configs()
+    terms = json.loads(CATALOG_ACTIVATIONS_PATH.read_text())
+    for name in sorted(terms):
+        if name not in configs or not grouped_query(configs[name]):
+            continue
+        for key in SDPA_KEYS:
+            if key not in terms[name]:
+                continue
+            try:
+                terms[name][key] = trace_terms(configs[name], *TRACED_SETTINGS[key], generation=True)
+                print(f"{name} {key}: traced", flush=True)
+            except Exception as err:  # as trace_all_terms: a model the meta device cannot run keeps its old terms
+                print(f"{name} {key}: kept ({type(err).__name__}: {str(err)[:120]})", flush=True)
+    write_catalog_shapes(terms, CATALOG_ACTIVATIONS_PATH)
+    print(f"wrote the sdpa terms of the grouped-query models to {CATALOG_ACTIVATIONS_PATH}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Trace every catalog model into the package data (the module docstring)."""
 
@@ -44,11 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         ["--write-catalog"],
         ["--write-catalog", "--shapes-only"],
         ["--write-catalog", "--layer-forward-only"],
+        ["--write-catalog", "--grouped-query-only"],
     ):
         print(USAGE, file=sys.stderr)
         return 2
     if "--layer-forward-only" in args:
         return add_layer_forward()
+    if "--grouped-query-only" in args:
+        return retrace_grouped_query()
     configs = catalog_configs()
     shapes = {name: trace_model_shape(config, name) for name, config in configs.items()}
     write_catalog_shapes(shapes)

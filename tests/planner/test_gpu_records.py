@@ -198,19 +198,8 @@ def test_init_replay_covers_every_sft_row_with_an_after_init_figure() -> None:
 # (search.model.moments' named tensors: ZeRO-2's partition from the first bucket flush, on the reduction
 # stream under overlap_comm; the step's norm, flat and fp32 copies; FP16_Optimizer's upcasts) and the loss's
 # (transformers' cross-entropy: the fp32 upcast and log-softmax, the NLL's and log-softmax's gradients).
-_H200_LARGE_VOCAB = (
-    "H200, qwen2.5-1.5b (151k vocabulary) ZeRO-2 mb 4 x 1024 without checkpointing: the replay reserves 45.63 GiB "
-    "against 48.57 (-6.1%; allocated within 2%). The backward's cuBLAS workspace, made where torch makes it, "
-    "splits the free block of DeepSpeed's init-time zero fp32 gradient and moved the replay from 43.31 (gemma-3-1b's "
-    "the same way, now within 0.3%); the 2.9 GiB left is not placed (benchmarks/results/cuda_history_gap.md)"
-)
 REPLAY_NOT_YET: dict[tuple[str, str], str] = {  # (record id, scope) -> why its replay is not yet in bounds
     ("opt13_z3ckoff_mb8_s1024", "step"): _H200_ZERO3_OFFLOAD,
-    **{
-        (probe, phase): _H200_LARGE_VOCAB
-        for probe in ("9b995ed32ee1",)
-        for phase in ("forward", "backward", "optimizer_step")
-    },
 }
 
 
@@ -239,3 +228,44 @@ def test_replayed_empty_cache_effect_within_three_points() -> None:
     """never vs after-inference, both replayed: the effect on the step's peak reserved is the measured one."""
     for replayed, measured in _empty_cache_effects("replay_peak_reserved"):
         assert abs(replayed - measured) <= EMPTY_CACHE_POINTS, (replayed, measured)
+
+
+# Never under (issue 46): a plan that says it fits must fit, so no record's predicted peak reserved may be more
+# than 3% under what the device reserved. Those not yet there are strict xfails with their causes.
+NEVER_UNDER = -0.03
+_RLHF_INFERENCE = (
+    "opt-1.3b PPO probes (hybrid engine, ZeRO-2 actor with checkpointing, 4 prompts of 256 + 256 generated): "
+    "generation, scoring and the training phases after them 3.5-5.6% under (the after-inference probe's actor "
+    "training within 0.1%), inside PPO's 8% bound; not yet analysed: no allocator history of these probes is in "
+    "the project (the H100 one's ring buffer lost its start, benchmarks/results/cuda_history_gap.md)"
+)
+UNDER_NOT_YET: dict[tuple[str, str], str] = {
+    ("opt13_z3ckoff_mb8_s1024", "step"): _H200_ZERO3_OFFLOAD,
+    **{
+        (probe, phase): _RLHF_INFERENCE
+        for probe, phases in (
+            ("9f4038d1fa74", ("generation", "scoring", "critic_training")),
+            ("38187ad8c1ed", ("generation", "scoring", "actor_training", "critic_training")),
+            ("3aa0e728f166", ("generation", "scoring", "actor_training", "critic_training")),
+        )
+        for phase in phases
+    },
+}
+
+
+def _under_cases() -> list[object]:
+    cases = []
+    for c in COMPARISONS:
+        for scope, quantities in c.quantities.items():
+            key = (c.record_id, scope)
+            marks = [pytest.mark.xfail(strict=True, reason=UNDER_NOT_YET[key])] if key in UNDER_NOT_YET else []
+            cases.append(pytest.param(quantities["peak_reserved"], id="-".join(key), marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("compared", _under_cases())
+def test_predicted_reserved_is_never_more_than_three_percent_under(compared) -> None:
+    assert compared.error >= NEVER_UNDER, (
+        f"predicted {compared.predicted / 2**30:.2f} GiB, measured {compared.measured / 2**30:.2f} GiB: "
+        f"{compared.error:+.1%}"
+    )

@@ -89,3 +89,18 @@ def test_llama_decoder_holds_its_embedding_output_only() -> None:
     with gpu_kernels():
         held = trace_decoder_held_tensors(model, b, s)
     assert [size for size in held if size >= b * s * h] == [2 * b * s * h]  # the rest: position ids
+
+
+def test_flash_attention_keeps_grouped_query_k_and_v_unrepeated() -> None:
+    """transformers asks sdpa for ``enable_gqa`` when there is no mask (``use_gqa_in_sdpa``) and CUDA's flash
+    kernel takes the K and V heads as they are (torch's ``sdp_utils.cpp``: GQA admitted for flash only): a
+    16-bit Llama layer saves K and V at its 2 KV heads, not repeated to its 4 query heads."""
+    b, s, heads, kv_heads, head_dim = 2, 64, 4, 2, 16
+    model = cut_model(LLAMA, "bf16", "sdpa")
+    with gpu_kernels():
+        saved = [size for size, freed in trace_layer_forward_tensors(model, b, s) if freed < 0]
+    with gpu_kernels(target="cpu"):  # torch's CPU flash kernel does not take grouped heads: K and V repeated
+        repeated_saved = [size for size, freed in trace_layer_forward_tensors(model, b, s) if freed < 0]
+    kv, repeated = 2 * b * s * kv_heads * head_dim, 2 * b * s * heads * head_dim
+    assert saved.count(kv) - repeated_saved.count(kv) == 2  # flash's saved K and V, at the KV heads
+    assert repeated_saved.count(repeated) - saved.count(repeated) == 2  # not repeated to the query heads
