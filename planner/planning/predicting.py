@@ -25,7 +25,7 @@ from planner.planning.fallback_search import (
 from planner.planning.figures import empty_cache_effect, prediction_report
 from planner.planning.fixed import SINGLE_MODEL_KNOBS, as_dict, batch_of_job, with_batch_of
 from planner.planning.job_call import JOB_FIELDS, job_spec, resolved_job
-from planner.planning.program_build import program_model_build
+from planner.planning.program_build import with_model_build
 from planner.planning.program_spread import applied_spread, program_spread
 from planner.planning.saved import save_plan
 from planner.report.prediction import alternative
@@ -102,11 +102,7 @@ def recommend(
         found = program_spread(program, db)
         applied, line, spread_block = applied_spread(found, resolved.hardware.gpu.name)
         coefficients = replace(coefficients, program_reserved_factor=1.0 + applied)
-        resolved = replace(resolved, readings=(*resolved.readings, line))
-        seen = program_model_build(program, db)  # how the program builds a ZeRO-3 model, where a run saw it
-        if seen is not None:
-            workload = replace(resolved.workload, model_build=seen[0])
-            resolved = replace(resolved, workload=workload, readings=(*resolved.readings, seen[1]))
+        resolved = with_model_build(replace(resolved, readings=(*resolved.readings, line)), program, db)
     searched = search_with_fallbacks(
         resolved, coefficients, seed=seed, rollout=rollout, top=top, lora_rank=lora_rank, quantization=quantization
     )

@@ -14,8 +14,10 @@ Reads the plan database only; no torch.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from planner.job.inputs import ResolvedJob
 from planner.planning.program_spread import program_runs, stored_probes
 from store.model_build import SEEN_WHOLE, SEEN_ZERO_INIT
 
@@ -50,3 +52,13 @@ def program_model_build(ref: str, db: str | None) -> tuple[str, str] | None:
     """:func:`seen_model_build` of the program ``ref`` names (:func:`planner.planning.program_spread.program_runs`)."""
     ident, runs = program_runs(ref, stored_probes(db))
     return seen_model_build(ident, runs)
+
+
+def with_model_build(resolved: ResolvedJob, ref: str, db: str | None) -> ResolvedJob:
+    """``resolved`` with the program ``ref``'s model build as its runs saw it (``Workload.model_build``) and the
+    reading line that says so; unchanged where no run saw it."""
+    seen = program_model_build(ref, db)
+    if seen is None:
+        return resolved
+    workload = replace(resolved.workload, model_build=seen[0])
+    return replace(resolved, workload=workload, readings=(*resolved.readings, seen[1]))
