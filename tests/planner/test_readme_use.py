@@ -91,7 +91,7 @@ def test_the_blocks_before_use_run_here_or_say_they_need_a_gpu(tmp_path: Path, m
     blocks = blocks_before_use((REPO / "README.md").read_text())
     makefile = (REPO / "Makefile").read_text()
     demo = makefile.split("\ndemo: setup\n", 1)[1].splitlines()[0].strip().removeprefix("$(BIN)/")
-    gpu_blocks = [block for block in blocks if block[0] == NEEDS_GPU]
+    gpu_blocks = [block for block in blocks if block[0].startswith(NEEDS_GPU)]
     assert len(gpu_blocks) == 2 and any("--device cpu" in line for block in blocks for line in block)
     ran: list[list[str]] = []
     for block in blocks:
@@ -105,11 +105,11 @@ def test_the_blocks_before_use_run_here_or_say_they_need_a_gpu(tmp_path: Path, m
                 assert argv[1] in {"demo", "test", "lint"}, line
                 continue
             assert argv[0] == "planner", line
-            if block[0] == NEEDS_GPU and argv[1] not in {"probe", "tune"}:
+            if block[0].startswith(NEEDS_GPU) and argv[1] not in {"probe", "tune"}:
                 continue  # calibrate and recommend --program read what the GPU block's probes store
             result = run_main(argv[1:])
             assert "Traceback" not in result.err, line
-            if block[0] == NEEDS_GPU:
+            if block[0].startswith(NEEDS_GPU):
                 assert result.rc == 2 and "torch sees no CUDA device" in result.err, f"{line}\n -> {result.err}"
                 assert len(result.err.strip().splitlines()) == 1, result.err
                 continue
