@@ -6,15 +6,16 @@ the probe of a tiny model then runs in a few. :func:`start_child` hands a CPU ch
 (:mod:`probes.process.preload_server`), which imported those once and forks the child from there: the same
 ``python -m MODULE ARGS`` in the same folder, environment, session and log, without the imports. A CUDA child is
 always started plainly (a process that has touched CUDA cannot fork a CUDA user; this one never does, but the
-rule is kept simple), as is any child when ``MEMPLAN_PRELOAD=0`` or the starter could not start.
+rule is kept simple), as is any child when ``MEMPLAN_PRELOAD=0`` or the starter could not start. The ranks of a CPU
+group are forked so too, each with the variables ``torch.distributed.run`` would give it
+(:mod:`probes.process.rank_group`).
 
-One starter serves one environment (:func:`server_key`: all but the per-probe port), so what a library reads
-from the environment at import time is what the child was given; at most ``MAX_SERVERS`` are kept, and one is
-closed to make room only when no child of it runs (else the new child starts plainly: issue 47, a CI run whose
-accuracy probe was killed so, by another thread's eviction). The starter
-reaps its children and reports each one's CPU seconds, which :func:`reaped_cpu_s` adds up (a forked child is the
-starter's, not this process's, so ``getrusage(RUSAGE_CHILDREN)`` here counts it only when the starter ends:
-:func:`close_all`, at exit).
+One starter serves one environment (:func:`server_key`: all but the per-probe port and the rank variables), so what
+a library reads from the environment at import time is what the child was given; at most ``MAX_SERVERS`` are kept,
+and one is closed to make room only when no child of it runs (else the new child starts plainly: issue 47, a CI run
+whose accuracy probe was killed so, by another thread's eviction). The starter reaps its children and reports each
+one's CPU seconds, which :func:`reaped_cpu_s` adds up (a forked child is the starter's, not this process's, so
+``getrusage(RUSAGE_CHILDREN)`` here counts it only when the starter ends: :func:`close_all`, at exit).
 """
 
 from __future__ import annotations
@@ -62,7 +63,23 @@ PRELOADED_MODULES = (
     "transformers.models.opt.modeling_opt",
 )
 PRELOADABLE_CHILDREN = frozenset({"probes.step.child", "probes.ops.child"})
-PER_CHILD_VARIABLES = frozenset({"MASTER_PORT"})  # read when the process group forms, after the fork
+# what each child sets on its own, read when its process group forms (after the fork): its port and its place in
+# a group of ranks (the variables torch.distributed.run sets for each rank; LOCAL_SIZE as DeepSpeed's launcher)
+PER_CHILD_VARIABLES = frozenset(
+    {
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "LOCAL_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+    }
+)
 MAX_SERVERS = 2
 READY_TIMEOUT_S = 600.0  # the imports of a cold, busy machine; a starter not ready by then is not used
 SERVER_MODULE = "probes.process.preload_server"
@@ -74,6 +91,8 @@ class StartedChild(Protocol):
     pid: int
 
     def wait(self, timeout: float | None = None) -> int: ...
+
+    def poll(self) -> int | None: ...
 
 
 class _Server:
@@ -165,6 +184,12 @@ class _Server:
                 return self.ended[pid][0]
         return -9  # the starter died: its children got SIGKILL from their parent-death signal or their watch
 
+    def poll(self, pid: int) -> int | None:
+        with self.changed:
+            if pid in self.ended:
+                return self.ended[pid][0]
+            return None if self.alive else -9
+
     def close(self) -> None:
         """End the starter (it kills what still runs) and reap it, so its CPU seconds reach this process."""
         with contextlib.suppress(OSError, ValueError):
@@ -188,6 +213,10 @@ class ForkedChild:
         ``timeout`` seconds."""
         return self.server.wait(self.pid, timeout)
 
+    def poll(self) -> int | None:
+        """The child's return code once it has ended, else None (as Popen's)."""
+        return self.server.poll(self.pid)
+
 
 _servers: OrderedDict[tuple[tuple[str, str], ...], _Server] = OrderedDict()
 _refused: set[tuple[tuple[str, str], ...]] = set()
@@ -210,13 +239,12 @@ def server_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def preload_enabled(module: str, env: Mapping[str, str]) -> bool:
-    """Whether a child of ``module`` in ``env`` is forked from a starter: a probe or op-build child on the CPU,
-    one rank, on Linux, unless ``MEMPLAN_PRELOAD=0``."""
+    """Whether a child of ``module`` in ``env`` is forked from a starter: a probe or op-build child on the CPU (one
+    rank, or each rank of a group: :mod:`probes.process.rank_group`), on Linux, unless ``MEMPLAN_PRELOAD=0``."""
     return (
         sys.platform.startswith("linux")
         and module in PRELOADABLE_CHILDREN
         and env.get("DS_ACCELERATOR") == "cpu"
-        and env.get("WORLD_SIZE", "1") == "1"
         and env.get(PRELOAD_VARIABLE, os.environ.get(PRELOAD_VARIABLE, "1")) != "0"
     )
 

@@ -16,6 +16,13 @@ of its own, so killing the launcher's group would orphan them: the launcher's gr
 (SIGSTOP: it starts nothing more), then every descendant found under ``/proc`` and every pid a rank
 announced is killed with its process group, then the launcher (:mod:`probes.process.process_tree`). The working
 folder is :func:`probes.process.workdir.probe_folder`'s. Pure Python: no torch here.
+
+On the CPU the ranks are instead forked from the preloaded starter (:mod:`probes.process.preloaded`, where
+:func:`~probes.process.preloaded.preload_enabled`), each with the environment the launcher would have given it
+(:func:`rank_env`), without the launcher: a rank's imports are about 6 CPU seconds on 2 cores, most of a tiny
+probe. The parent then watches the ranks themselves: the group ends when every rank has exited, when one has
+failed (its report says so, or it exited non-zero: the others wait for it in a collective) or at the timeout, and
+each rank is killed with its tree. ``MEMPLAN_PRELOAD=0`` (or a CUDA probe) uses the launcher.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from probes.process.artifacts import read_artifacts
 from probes.process.isolation import (
@@ -43,10 +50,11 @@ from probes.process.isolation import (
     wait_group_gone,
 )
 from probes.process.jit_lock import extensions_root, release_stale_locks
+from probes.process.preloaded import StartedChild, preload_enabled, prepare, start_child
 from probes.process.process_tree import descendants, kill_tree
 from probes.process.workdir import probe_folder
 
-__all__ = ["GroupRun", "descendants", "kill_tree", "launcher_command", "rank_folder", "run_group"]
+__all__ = ["GroupRun", "descendants", "kill_tree", "launcher_command", "rank_env", "rank_folder", "run_group"]
 
 LAUNCHER = "torch.distributed.run"
 WATCHED = "probes.process.watched"  # runs the launcher in a process that ends with the planner
@@ -79,6 +87,28 @@ def launcher_command(world_size: int, port: str, module: str, folder: Path) -> l
         module,
         str(folder),
     ]
+
+
+def rank_env(env: dict[str, str], rank: int, world_size: int) -> dict[str, str]:
+    """The environment ``torch.distributed.run`` gives rank ``rank`` of one node of ``world_size`` ranks (its
+    ``_start_workers``: rank, group and role variables; ``OMP_NUM_THREADS=1`` unless set, as ``run.py`` sets it for
+    several ranks a node), for a rank started without it."""
+    ranks = str(world_size)
+    return {
+        **env,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": ranks,
+        "LOCAL_WORLD_SIZE": ranks,
+        "LOCAL_SIZE": ranks,
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": ranks,
+        "MASTER_ADDR": "127.0.0.1",
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+    }
 
 
 @dataclass
@@ -121,38 +151,23 @@ def run_group(
 ) -> GroupRun:
     """Run ``world_size`` ranks of ``python -m module DIR`` on ``request`` within ``timeout_s`` seconds."""
     env = {**env, "LOCAL_SIZE": str(world_size)}
+    forked = preload_enabled(module, env)
+    if forked:
+        prepare(module, rank_env(env, 0, world_size))  # the starter's imports are not the group's time
     with probe_folder() as folder:
         (folder / REQUEST_FILE).write_text(json.dumps(request), encoding="utf-8")
         for rank in range(world_size):
             rank_folder(folder, rank).mkdir()
         start = time.perf_counter()
-        timed_out = stopped = False
-        command = launcher_command(world_size, env["MASTER_PORT"], module, folder)
         with (folder / LOG_FILE).open("wb") as log:
-            proc = subprocess.Popen(
-                command,
-                cwd=folder,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                while proc.poll() is None:
-                    if _rank_failed(folder, world_size):
-                        stopped = True
-                        break
-                    if time.perf_counter() - start > timeout_s:
-                        timed_out = True
-                        break
-                    time.sleep(poll_s)
-            finally:  # whatever ended the wait (an interrupt too): leave nothing behind
-                kill_tree(proc.pid, _announced(folder, world_size))
-                proc.wait()
-                wait_group_gone(proc.pid)
-                release_shared_memory(env["MASTER_PORT"])
-                release_stale_locks(extensions_root(env))  # a JIT lock a killed rank held
+            if forked:
+                returncode, pid, timed_out, stopped = _watch_forked(
+                    folder, env, module, world_size, log, timeout_s, poll_s
+                )
+            else:
+                returncode, pid, timed_out, stopped = _watch_launched(
+                    folder, env, module, world_size, log, timeout_s, poll_s
+                )
         wall = time.perf_counter() - start
         ranks = []
         for rank in range(world_size):
@@ -170,11 +185,84 @@ def run_group(
                 )
             )
         return GroupRun(
-            returncode=proc.returncode,
+            returncode=returncode,
             timed_out=timed_out,
             wall_s=wall,
-            pid=proc.pid,
+            pid=pid,
             ranks=ranks,
             log_tail=tail(folder / LOG_FILE),
             stopped_after_failure=stopped,
         )
+
+
+Watched = tuple[int | None, int, bool, bool]  # return code, the launcher's (or rank 0's) pid, timed out, stopped
+
+
+def _watch_launched(
+    folder: Path, env: dict[str, str], module: str, world_size: int, log: IO[bytes], timeout_s: float, poll_s: float
+) -> Watched:
+    """The ranks under ``torch.distributed.run``: until the launcher exits, a rank reports a failure or the
+    timeout; then the launcher's tree is ended."""
+    start = time.perf_counter()
+    timed_out = stopped = False
+    proc = subprocess.Popen(
+        launcher_command(world_size, env["MASTER_PORT"], module, folder),
+        cwd=folder,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        while proc.poll() is None:
+            if _rank_failed(folder, world_size):
+                stopped = True
+                break
+            if time.perf_counter() - start > timeout_s:
+                timed_out = True
+                break
+            time.sleep(poll_s)
+    finally:  # whatever ended the wait (an interrupt too): leave nothing behind
+        kill_tree(proc.pid, _announced(folder, world_size))
+        proc.wait()
+        wait_group_gone(proc.pid)
+        _release(env)
+    return proc.returncode, proc.pid, timed_out, stopped
+
+
+def _watch_forked(
+    folder: Path, env: dict[str, str], module: str, world_size: int, log: IO[bytes], timeout_s: float, poll_s: float
+) -> Watched:
+    """The ranks forked from the preloaded starter: until every rank has exited, one has failed (reported, or
+    exited non-zero) or the timeout; then each rank's tree is ended."""
+    start = time.perf_counter()
+    timed_out = stopped = False
+    ranks: list[StartedChild] = []
+    try:
+        for rank in range(world_size):
+            ranks.append(start_child(module, [str(folder)], folder, rank_env(env, rank, world_size), log))
+        while any(child.poll() is None for child in ranks):
+            if _rank_failed(folder, world_size) or any(child.poll() not in (None, 0) for child in ranks):
+                stopped = True
+                break
+            if time.perf_counter() - start > timeout_s:
+                timed_out = True
+                break
+            time.sleep(poll_s)
+    finally:  # whatever ended the wait (an interrupt too): leave nothing behind
+        announced = _announced(folder, world_size)
+        for child in ranks:
+            kill_tree(child.pid, announced)
+        for child in ranks:
+            child.wait()
+            wait_group_gone(child.pid)
+        _release(env)
+    codes = [child.poll() for child in ranks]
+    returncode = next((code for code in codes if code), 0)
+    return returncode, ranks[0].pid if ranks else 0, timed_out, stopped
+
+
+def _release(env: dict[str, str]) -> None:
+    release_shared_memory(env["MASTER_PORT"])
+    release_stale_locks(extensions_root(env))  # a JIT lock a killed rank held

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from test_runner import single
 from tiny_models import make_hardware
 
 from probes import PHASES, run_probe
+from probes.process import preloaded
 from probes.process.isolation import child_env
-from probes.process.rank_group import descendants, launcher_command, run_group
+from probes.process.rank_group import descendants, launcher_command, rank_env, run_group
 
 pytestmark = pytest.mark.slow
 
@@ -48,12 +50,20 @@ time.sleep(600)  # waiting in a collective for the rank that failed
 """
 
 
-@pytest.fixture
-def program(tmp_path: Path) -> tuple[str, dict[str, str]]:
+@pytest.fixture(params=["launched", "forked"])
+def program(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """The rank program and its environment; its ranks under the real launcher, or forked from the preloaded
+    starter as a CPU probe's ranks are (``MEMPLAN_PRELOAD`` unset)."""
     (tmp_path / "rank_program.py").write_text(textwrap.dedent(RANK_PROGRAM))
     env = child_env("cpu", "default")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    return "rank_program", env
+    env.pop(preloaded.PRELOAD_VARIABLE, None)
+    if request.param == "forked":
+        monkeypatch.setattr(preloaded, "PRELOADABLE_CHILDREN", frozenset({"rank_program"}))
+    yield "rank_program", env
+    preloaded.close_all()
 
 
 def pids_of(ranks: list) -> list[int]:
@@ -78,6 +88,21 @@ def test_the_launcher_runs_one_node_of_n_ranks() -> None:
     assert "--max-restarts 0" in joined and joined.endswith("-m probes.step.child /tmp/x")
 
 
+def test_a_forked_rank_gets_what_the_launcher_gives_it() -> None:
+    env = rank_env({"MASTER_PORT": "29999", "PATH": "/bin"}, 2, 4)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("2", "2", "4", "4")
+    assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env["ROLE_RANK"], env["ROLE_WORLD_SIZE"]) == (
+        "0",
+        "1",
+        "2",
+        "4",
+    )
+    assert env["MASTER_PORT"] == "29999" and env["OMP_NUM_THREADS"] == "1"  # as torchrun sets it for several ranks
+    assert rank_env({"OMP_NUM_THREADS": "2"}, 0, 2)["OMP_NUM_THREADS"] == "2"
+    # every rank of a group is served by one starter: the rank variables are each child's own
+    assert preloaded.server_key(rank_env(env, 0, 4)) == preloaded.server_key(rank_env(env, 3, 4))
+
+
 def test_one_failing_rank_ends_the_group_and_nothing_is_left(program: tuple[str, dict[str, str]]) -> None:
     module, env = program
     group = run_group({"failing_rank": 2}, env, timeout_s=300.0, world_size=3, module=module)
@@ -100,7 +125,8 @@ def test_a_group_that_never_finishes_is_killed_at_the_timeout(program: tuple[str
 
 
 def test_a_real_two_rank_probe_that_times_out_leaves_no_process() -> None:
-    request = single(timeout_s=2.0, hardware=make_hardware(gpus=2).to_dict())
+    # far more steps than 2 s hold: ranks forked from the preloaded starter finish a few steps within them
+    request = single(timeout_s=2.0, steps=100_000, hardware=make_hardware(gpus=2).to_dict())
     request.workload["global_batch"] = 4
     result = run_probe(request)
     assert result.outcome == "timeout", result.message
