@@ -12,6 +12,7 @@ from search.model.roofline import PassSeconds, gemm_seconds
 from search.model.states import init_cached_bytes
 from search.model.training_time import training_time
 from search.single.predict import place
+from search.step.assemble import gpu_budget_bytes
 from store.gpus import get_gpu, gpu_for_device
 from store.models import get_model
 from store.records import Hardware, Strategy, Workload
@@ -127,12 +128,18 @@ def test_reserved_only_grows_until_empty_cache() -> None:
 
 
 def test_usable_memory_keeps_the_reserved_spread() -> None:
-    """The plan's spread (the measured records nearest its kind, search.spread) is kept free beside the context:
-    ZeRO-0 without checkpointing, whose records were under-predicted by 12%, keeps more than the safety margin."""
-    p = predict(_w(), Strategy(zero_stage=0, micro_batch=4), _hw())
+    """The plan's spread (the measured records nearest its kind, search.spread) is kept free beside the context
+    where it is the larger headroom, the safety margin where that is: ZeRO-0 without checkpointing is now replayed
+    within 0.5% of its records (issue 46), so its 2% spread leaves the 5% margin in charge; a kind under-predicted
+    by 12%, as it was before, keeps its spread."""
+    hw = _hw()
+    p = predict(_w(), Strategy(zero_stage=0, micro_batch=4), hw)
     usable_beside_context = H100.memory_bytes - C.cuda_context_bytes
+    usable_by_margin = int(H100.memory_bytes * (1 - hw.safety_margin) - C.cuda_context_bytes)
     assert p.reserved_uncertainty > 0 and p.reserved_spread_basis["spread"] == pytest.approx(p.reserved_uncertainty)
-    assert p.gpu_budget_bytes == int(usable_beside_context / (1 + p.reserved_uncertainty))
+    assert p.gpu_budget_bytes == min(usable_by_margin, int(usable_beside_context / (1 + p.reserved_uncertainty)))
+    wide = gpu_budget_bytes(hw, C.with_(reserved_spread=0.12))
+    assert wide == int(usable_beside_context / 1.12) < usable_by_margin
 
 
 def test_device_names_map_to_the_catalog() -> None:
