@@ -31,6 +31,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -204,7 +205,6 @@ def _watch_launched(
     """The ranks under ``torch.distributed.run``: until the launcher exits, a rank reports a failure or the
     timeout; then the launcher's tree is ended."""
     start = time.perf_counter()
-    timed_out = stopped = False
     proc = subprocess.Popen(
         launcher_command(world_size, env["MASTER_PORT"], module, folder),
         cwd=folder,
@@ -215,14 +215,9 @@ def _watch_launched(
         start_new_session=True,
     )
     try:
-        while proc.poll() is None:
-            if _rank_failed(folder, world_size):
-                stopped = True
-                break
-            if time.perf_counter() - start > timeout_s:
-                timed_out = True
-                break
-            time.sleep(poll_s)
+        timed_out, stopped = _wait(
+            lambda: proc.poll() is None, lambda: _rank_failed(folder, world_size), start, timeout_s, poll_s
+        )
     finally:  # whatever ended the wait (an interrupt too): leave nothing behind
         kill_tree(proc.pid, _announced(folder, world_size))
         proc.wait()
@@ -237,19 +232,17 @@ def _watch_forked(
     """The ranks forked from the preloaded starter: until every rank has exited, one has failed (reported, or
     exited non-zero) or the timeout; then each rank's tree is ended."""
     start = time.perf_counter()
-    timed_out = stopped = False
     ranks: list[StartedChild] = []
     try:
         for rank in range(world_size):
             ranks.append(start_child(module, [str(folder)], folder, rank_env(env, rank, world_size), log))
-        while any(child.poll() is None for child in ranks):
-            if _rank_failed(folder, world_size) or any(child.poll() not in (None, 0) for child in ranks):
-                stopped = True
-                break
-            if time.perf_counter() - start > timeout_s:
-                timed_out = True
-                break
-            time.sleep(poll_s)
+        timed_out, stopped = _wait(
+            lambda: any(child.poll() is None for child in ranks),
+            lambda: _rank_failed(folder, world_size) or any(child.poll() not in (None, 0) for child in ranks),
+            start,
+            timeout_s,
+            poll_s,
+        )
     finally:  # whatever ended the wait (an interrupt too): leave nothing behind
         announced = _announced(folder, world_size)
         for child in ranks:
@@ -261,6 +254,20 @@ def _watch_forked(
     codes = [child.poll() for child in ranks]
     returncode = next((code for code in codes if code), 0)
     return returncode, ranks[0].pid if ranks else 0, timed_out, stopped
+
+
+def _wait(
+    running: Callable[[], bool], failed: Callable[[], bool], start: float, timeout_s: float, poll_s: float
+) -> tuple[bool, bool]:
+    """Poll until the group is no longer ``running``, a rank has ``failed`` or ``timeout_s`` has passed since
+    ``start``: (timed out, stopped after a failure)."""
+    while running():
+        if failed():
+            return False, True
+        if time.perf_counter() - start > timeout_s:
+            return True, False
+        time.sleep(poll_s)
+    return False, False
 
 
 def _release(env: dict[str, str]) -> None:
