@@ -1,10 +1,11 @@
 """Integration: ``run_probe`` runs real DeepSpeed engines on tiny models in a fresh process and measures.
 
-Every probe here is a real child process (``python -m probes.step.child``) on the CPU accelerator: tiny
-Llama / OPT models built from their HF configs, engines from the exported configs, the workload's phases
-measured by the live-tensor tracker. Failures are real too: the tracker's memory cap, a model config that
-transformers rejects, a timeout that kills the child's process group; after each one the next probe runs
-clean. About 10-15 s per probe on 2 cores (once DeepSpeed's CPU ops are compiled).
+Every probe here is a real child process (``python -m probes.step.child``, forked from the one preloaded starter
+the file's probes share: ``one_starter.py``) on the CPU accelerator: tiny Llama / OPT models built from their HF
+configs, engines from the exported configs, the workload's phases measured by the live-tensor tracker. Failures
+are real too: the tracker's memory cap, a model config that transformers rejects, a timeout that kills the child's
+process group; after each one the next probe runs clean. About 2-10 CPU s per probe on 2 cores (once DeepSpeed's
+CPU ops are compiled).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from typing import Any
 
 import pytest
+from one_starter import share_one_starter
 from tiny_models import make_hardware, tiny_llama_hf_config, tiny_opt_hf_config
 
 from probes import PHASES, run_probe
@@ -96,7 +98,8 @@ def assert_ok(result: ProbeResult, phases: tuple[str, ...], layers: int) -> None
     assert result.wall_s > 0
 
 
-def test_sft_zero0_measures_three_phases() -> None:
+def test_sft_zero0_measures_three_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     result = run_probe(single())
     assert_ok(result, PHASES["sft"], layers=3)
     forward, backward, step = result.phases
@@ -106,7 +109,8 @@ def test_sft_zero0_measures_three_phases() -> None:
     assert backward.peak_allocated_bytes > result.extra["resident_bytes"]
 
 
-def test_oom_by_memory_cap_then_zero2_runs_clean() -> None:
+def test_oom_by_memory_cap_then_zero2_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     # ZeRO-2 allocates its reduce buckets in the backward: far over a 64 MiB cap
     strategy = {"zero_stage": 2, "gradient_checkpointing": True}
     oom = run_probe(single(strategy=strategy, memory_cap_bytes=64 * MiB))
@@ -120,13 +124,15 @@ def test_oom_by_memory_cap_then_zero2_runs_clean() -> None:
     assert result.extra["gradient_checkpointing"] is True
 
 
-def test_oom_while_building_engines_names_setup() -> None:
+def test_oom_while_building_engines_names_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     result = run_probe(single(memory_cap_bytes=50_000))  # less than the tiny model's weights
     assert (result.outcome, result.failed_phase) == ("oom", "setup")
     assert result.phases == () and result.layers == 3
 
 
-def test_error_from_a_broken_model_then_ppo_runs_clean() -> None:
+def test_error_from_a_broken_model_then_ppo_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     broken = run_probe(single(config={**LLAMA, "hidden_act": "no_such_activation"}))
     assert broken.outcome == "error"
     assert broken.failed_phase == "setup"
@@ -140,7 +146,8 @@ def test_error_from_a_broken_model_then_ppo_runs_clean() -> None:
     assert result.extra["empty_cache_calls"] == 2 * 2  # after-inference: generation and scoring, two steps
 
 
-def test_timeout_kills_the_child_then_dpo_runs_clean() -> None:
+def test_timeout_kills_the_child_then_dpo_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     slow = run_probe(single(timeout_s=2.0, steps=100_000))  # far more steps than 2 s hold, on any machine
     assert slow.outcome == "timeout"
     assert slow.failed_phase in ("startup", "setup", *PHASES["sft"])
@@ -158,7 +165,8 @@ def test_timeout_kills_the_child_then_dpo_runs_clean() -> None:
     assert result.extra["lora_layers"] == 3 * 7
 
 
-def test_grpo_with_a_llama_actor_runs_without_the_hybrid_engine_on_cpu() -> None:
+def test_grpo_with_a_llama_actor_runs_without_the_hybrid_engine_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     llama = rlhf("grpo", {"zero_stage": 3, "lora_rank": 2}, None, hybrid_engine=True)
     llama.workload["hf_configs"]["model"] = llama.workload["hf_configs"]["ref_model"] = LLAMA
     result = run_probe(llama)
