@@ -1,9 +1,16 @@
 """A test module run as a script: one case in a fresh one-rank DeepSpeed process on the CPU accelerator.
 
-The parent (:func:`run_script_case`) starts ``python <module> '<case json>'`` with the probes' own child
-environment (``probes.process.isolation.child_env``: RANK 0 of 1, a free MASTER_PORT, ``DS_ACCELERATOR=cpu``),
-removes DeepSpeed's shm allreduce buffer afterwards (it never unlinks it) and returns the case's result.
-The child (:func:`report`) prints that result on one ``MEMPLAN_RESULT <json>`` line.
+The parent (:func:`run_script_case`) starts ``python -m <module> '<case json>'`` in the module's folder with the
+probes' own child environment (``probes.process.isolation.child_env``: RANK 0 of 1, a free MASTER_PORT,
+``DS_ACCELERATOR=cpu``), forked from the preloaded starter as a CPU probe child is (``probes.process.preloaded``:
+a process of its own, started after torch, DeepSpeed and transformers were imported and before any of them ran, so
+no DeepSpeed state of another case is in it; ``MEMPLAN_PRELOAD=0`` starts it plainly). It removes DeepSpeed's shm
+allreduce buffer afterwards (it never unlinks it) and returns the case's result. The child (:func:`report`) prints
+that result on one ``MEMPLAN_RESULT <json>`` line.
+
+Every case shares one starter: the environment leaves out pytest's per-phase ``PYTEST_CURRENT_TEST`` (a starter
+serves one environment), and the module is found in its folder (the child's working folder), not through a
+``PYTHONPATH`` of its own.
 """
 
 from __future__ import annotations
@@ -11,34 +18,44 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+from probes.process import preloaded
 from probes.process.isolation import PROJECT_ROOT, child_env, release_shared_memory
 
 RESULT_TAG = "MEMPLAN_RESULT "
+HELPERS = Path(__file__).resolve().parent  # tiny_models, script_cases: what the scripts import
 
 
 def run_script_case(script: str, name: str, case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Run ``script`` on ``case`` in its own process; the result it reported (assert it did, with its output)."""
     env = child_env("cpu", "default")
-    # the script imports the tests' helpers (tiny_models, script_cases) from this folder, wherever it lives
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), env.get("PYTHONPATH")]))
-    try:
-        proc = subprocess.run(
-            [sys.executable, script, json.dumps(case)],
-            cwd=PROJECT_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    finally:
-        release_shared_memory(env["MASTER_PORT"])
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and lines, f"case {name} failed (rc {proc.returncode}):\n{output[-6000:]}"
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HELPERS), str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    path = Path(script).resolve()
+    module = path.stem
+    with tempfile.TemporaryDirectory(prefix="memplan-case-") as folder:
+        log_path = Path(folder) / "case.log"
+        try:
+            with (
+                log_path.open("wb") as log,
+                mock.patch.object(preloaded, "PRELOADABLE_CHILDREN", preloaded.PRELOADABLE_CHILDREN | {module}),
+            ):
+                child = preloaded.start_child(module, [json.dumps(case)], path.parent, env, log)
+            try:
+                returncode = child.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, 9)
+                child.wait(60)
+                raise AssertionError(f"case {name} ran past {timeout_s:g} s:\n{log_path.read_text()[-6000:]}") from None
+        finally:
+            release_shared_memory(env["MASTER_PORT"])
+        output = log_path.read_text(encoding="utf-8", errors="replace")
+    lines = [line for line in output.splitlines() if line.startswith(RESULT_TAG)]
+    assert returncode == 0 and lines, f"case {name} failed (rc {returncode}):\n{output[-6000:]}"
     return json.loads(lines[-1][len(RESULT_TAG) :])
 
 

@@ -1,7 +1,8 @@
 """Integration: the rendered configs start real DeepSpeed engines and train a tiny causal LM on CPU.
 
-Each case runs in a fresh Python process (this file, run as a script) so that no DeepSpeed state
-(process group, ZeRO-3 hooks, accelerator choice, compiled-op handles) leaks between cases. The child
+Each case runs in a fresh Python process (this file, run as a module: ``script_cases``, which forks it from the
+preloaded starter, where torch, DeepSpeed and transformers are imported and none of them has run) so that no
+DeepSpeed state (process group, ZeRO-3 hooks, accelerator choice, compiled-op handles) leaks between cases. The child
 sets ``DS_ACCELERATOR=cpu`` before importing deepspeed, joins a one-rank gloo group
 (RANK=0, WORLD_SIZE=1, a free MASTER_PORT), builds the tiny Llama of ``tiny_models`` from its config
 with random weights, passes ``render_ds_config(...)`` unchanged to ``deepspeed.initialize`` and takes
@@ -17,7 +18,7 @@ offload is not run: it needs DeepSpeed's ``async_io`` op (libaio), which cannot 
 box without it.
 
 The first run on a machine compiles DeepSpeed's CPU ops (fused_adam, cpu_adam, shm comm: a few minutes,
-cached under ~/.cache/torch_extensions); later runs take about 12-15 s per case on 2 cores.
+cached in the venv's op folder); later runs take about 1-6 CPU s per case on 2 cores.
 """
 
 from __future__ import annotations
