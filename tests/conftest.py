@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,13 @@ from probes.process.op_cache import default_ops_folder, pin_ninja
 # every test phase within a CPU-seconds budget (tests/cpu_budget.py), DeepSpeed's ops built before the first test
 # (tests/op_builds.py); pytester runs those checks on themselves
 pytest_plugins = ["cpu_budget", "op_builds", "pytester"]
+
+# Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set: without them each pytest-xdist worker
+# rewrites every test module's asserts anew (about 10 of its 30 CPU s of collection on a 2-core EPYC), and each
+# probe child or planner command a test starts compiles the memplan sources edited since `make setup`. They go to
+# __pycache__ folders, which git ignores.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 @pytest.fixture(scope="session", autouse=True)
