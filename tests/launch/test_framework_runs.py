@@ -9,8 +9,9 @@
 - TRL 1.16: the exported YAML through ``TrlParser`` as ``trl sft|dpo|grpo --config`` reads it: the plan's LoRA
   reaches ``ModelConfig`` (and ``get_peft_config``), checkpointing and precision reach the config class.
 
-The DeepSpeed cases run as this file in a fresh one-rank process on the CPU accelerator (``script_cases``), as
-``test_ds_initialize`` does. Without the extra (``pip install -e .[frameworks]``) they skip, saying so.
+The DeepSpeed cases run as this file in a fresh one-rank process on the CPU accelerator (``script_cases``: forked
+from the preloaded starter), as ``test_ds_initialize`` does. Without the extra (``pip install -e .[frameworks]``)
+they skip, saying so.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def _skip_unless_bf16_runs() -> None:
 
 def test_accelerate_export_prepares_and_steps_as_planned(tmp_path: Path) -> None:
     """Issue 31, 1 and 2: DummyOptim no longer stops prepare() on "auto" betas/eps, and bf16 stays bf16 (one
-    process of ~20 s: ZeRO-3, optimizer offload and checkpointing in one plan)."""
+    process of ~10 CPU s, forked from the preloaded starter: ZeRO-3, optimizer offload and checkpointing in one
+    plan)."""
     _need("accelerate", "deepspeed")
     layout = {"zero_stage": 3, "offload_optimizer": "cpu", "gradient_checkpointing": True}
     _skip_unless_bf16_runs()

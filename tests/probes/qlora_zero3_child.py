@@ -2,9 +2,10 @@
 
 A tiny Llama with random weights is saved to ``OUT`` (no download), loaded back 4-bit by transformers and
 bitsandbytes (nf4, double quantization, codes stored in bf16), given LoRA adapters by PEFT and trained two steps by
-DeepSpeed's ZeRO-3 engine with parameters and optimizer states offloaded, on DeepSpeed's CPU accelerator. It prints
-one JSON object of what each library did; the test holds memplan's cost model to it. Run in its own process: it
-initializes torch.distributed.
+DeepSpeed's ZeRO-3 engine with parameters and optimizer states offloaded, on DeepSpeed's CPU accelerator. It reports
+one JSON object of what each library did (``script_cases.report``); the test holds memplan's cost model to it. Run in
+its own process (``script_cases.run_script_case``: forked from the preloaded starter): it initializes
+torch.distributed.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def main(out: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from script_cases import report
+
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
-    print(json.dumps(main(sys.argv[1])))
+    report(main(json.loads(sys.argv[1])["out"]))

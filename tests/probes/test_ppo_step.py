@@ -1,7 +1,8 @@
 """Integration: the probes' own PPO step (``probes.step.phases_rlhf.RLHFRun``) through real DeepSpeed engines, on the
 CPU.
 
-Each case runs in a fresh Python process (this file, run as a script), as in ``test_ds_initialize.py``:
+Each case runs in a fresh Python process (this file, run as a module forked from the preloaded starter by
+``script_cases``), as in ``test_ds_initialize.py``:
 the probes' child environment (``DS_ACCELERATOR=cpu``, a one-rank gloo group). The child builds the
 ``ProbeRequest`` that ``planner probe`` would send for a tiny actor (Llama or OPT) and a smaller Llama
 critic / reward backbone, and hands it to the probe child's own ``probes.step.child.run``: that joins the

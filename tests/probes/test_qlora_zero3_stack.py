@@ -1,18 +1,14 @@
 """PEFT's ZeRO-3 QLoRA recipe on the real stack (transformers, bitsandbytes, PEFT, DeepSpeed on the CPU accelerator):
 what memplan's cost model and export claim about it (store.quantization, search.model.quantized), checked against
-what the libraries do (tests/probes/qlora_zero3_child.py, run in its own process)."""
+what the libraries do (tests/probes/qlora_zero3_child.py, run in its own process: ``script_cases``)."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from script_cases import run_script_case
 
 from store.quantization import nf4_constants_bytes, nf4_stored_elements
 
@@ -20,29 +16,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("bitsandbytes", reason="the frameworks extra installs bitsandbytes")
     pytest.importorskip("peft", reason="the frameworks extra installs peft")
     out = tmp_path_factory.mktemp("qlora_zero3")
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(_free_port()), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests/probes/qlora_zero3_child.py"), str(out / "model")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=1800,  # generous: a busy 2-core machine; it takes seconds
+    # generous: a busy 2-core machine; it takes seconds
+    return run_script_case(
+        str(ROOT / "tests/probes/qlora_zero3_child.py"), "qlora_zero3", {"out": str(out / "model")}, 1800
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
 
 
 def test_deepspeed_partitions_the_packed_codes_as_bf16_elements(ran: dict[str, Any]) -> None:
