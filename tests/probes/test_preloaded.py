@@ -13,10 +13,12 @@ import signal
 import subprocess
 import textwrap
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from one_starter import share_one_starter
 from tiny_models import make_hardware, tiny_llama_hf_config
 
 from probes.process import preloaded
@@ -47,9 +49,11 @@ sys.exit(int(sys.argv[3]))
 
 @pytest.fixture
 def program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, dict[str, str]]]:
-    """A folder holding ``memplan_forked_program.py``, an environment for it, starters that preload nothing."""
+    """A folder holding ``memplan_forked_program.py``, an environment for it, starters that preload nothing: the
+    test's own, closed at its end (the probes' starters are left running, and out of its count)."""
     (tmp_path / "memplan_forked_program.py").write_text(textwrap.dedent(PROGRAM), encoding="utf-8")
     monkeypatch.setattr(preloaded, "PRELOADABLE_CHILDREN", frozenset({"memplan_forked_program"}))
+    monkeypatch.setattr(preloaded, "_servers", OrderedDict())
     env = child_env("cpu", "default")
     env.pop(preloaded.PRELOAD_VARIABLE, None)
     env["MARKER"] = "forked"
@@ -161,9 +165,13 @@ def test_a_probe_forked_from_the_starter_measures_what_a_fresh_process_does(monk
         workload, {"zero_stage": 0, "micro_batch": 2}, make_hardware().to_dict(), device="cpu", steps=2,
         timeout_s=3600.0,
     )  # fmt: skip
+    share_one_starter(monkeypatch)  # the forked run's starter is the one the other probes of the session use
     peaks, extras = {}, {}
     for switch in ("0", "1"):
-        monkeypatch.setenv(preloaded.PRELOAD_VARIABLE, switch)
+        if switch == "0":
+            monkeypatch.setenv(preloaded.PRELOAD_VARIABLE, switch)
+        else:  # unset: on, as by default
+            monkeypatch.delenv(preloaded.PRELOAD_VARIABLE)
         before = preloaded.reaped_cpu_s()
         result = run_probe(request)
         assert result.outcome == "ok", result.message

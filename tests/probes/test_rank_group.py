@@ -13,15 +13,18 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from collections import OrderedDict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+from one_starter import share_one_starter
 from test_runner import single
 from tiny_models import make_hardware
 
 from probes import PHASES, run_probe
-from probes.process import preloaded
+from probes.process import preloaded, rank_group
 from probes.process.isolation import child_env
 from probes.process.rank_group import descendants, launcher_command, rank_env, run_group
 
@@ -55,13 +58,17 @@ def program(
     tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """The rank program and its environment; its ranks under the real launcher, or forked from the preloaded
-    starter as a CPU probe's ranks are (``MEMPLAN_PRELOAD`` unset)."""
+    starter as a CPU probe's ranks are (``MEMPLAN_PRELOAD`` unset), here one that preloads nothing (the program
+    imports no torch). The test's starters are its own: closed at its end, the probes' starters left running."""
     (tmp_path / "rank_program.py").write_text(textwrap.dedent(RANK_PROGRAM))
     env = child_env("cpu", "default")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     env.pop(preloaded.PRELOAD_VARIABLE, None)
+    monkeypatch.setattr(preloaded, "_servers", OrderedDict())
     if request.param == "forked":
         monkeypatch.setattr(preloaded, "PRELOADABLE_CHILDREN", frozenset({"rank_program"}))
+        monkeypatch.setattr(rank_group, "prepare", partial(preloaded.prepare, modules=()))
+        monkeypatch.setattr(rank_group, "start_child", partial(preloaded.start_child, modules=()))
     yield "rank_program", env
     preloaded.close_all()
 
@@ -124,7 +131,8 @@ def test_a_group_that_never_finishes_is_killed_at_the_timeout(program: tuple[str
     assert_gone(pids_of(group.ranks) + [group.pid])
 
 
-def test_a_real_two_rank_probe_that_times_out_leaves_no_process() -> None:
+def test_a_real_two_rank_probe_that_times_out_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    share_one_starter(monkeypatch)
     # far more steps than 2 s hold: ranks forked from the preloaded starter finish a few steps within them
     request = single(timeout_s=2.0, steps=100_000, hardware=make_hardware(gpus=2).to_dict())
     request.workload["global_batch"] = 4
