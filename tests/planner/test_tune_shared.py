@@ -6,6 +6,11 @@ the CPU, minutes on two cores) buys nothing here: ``planner tune --device cpu`` 
 The workers tune the CPU backend, as the issue's tunes did (``planner tune --device cpu ... --study shared``): their
 refit after each probe fits the CPU's coefficients (a fraction of a CPU second), where a tune of a GPU fits the
 allocator's replayed reserved bytes too (about 6 CPU s a refit, paid by every worker and buying nothing here).
+They name their dtype (fp32, ``--dtype fp32``): a CPU tune without one asks DeepSpeed's accelerator which dtype
+this processor runs fast (``planner.probing.device.cpu_probe_dtype``), seconds of imports in every worker.
+The four are forked from one process that imported what a tune imports (torch among them: the calibration that
+ends a tune asks torch for this machine's device) and nothing more: four processes of their own, each opening its
+own connections after the fork, without paying the same imports four times (about 4 CPU s each).
 
 A tune killed outright (SIGKILL) leaves its claim behind; the next tune on the host frees it and probes the
 candidate before it may stop, or says in its report that it did not (issue 43, item 7).
@@ -23,12 +28,15 @@ from typing import Any
 import pytest
 from planner_helpers import REPO, subprocess_env
 
-WORKERS = 4
+WORKERS_COUNT = 4
 TIMEOUT_S = 600  # a safety net for a hung worker on a loaded machine; no assertion depends on speed
 
-WORKER = """
-import json, sys, time
+WORKERS = """
+import json, os, sys, time, traceback
 sys.path[:0] = ["tests/planner", "tests"]
+# what every worker would import on its own, imported once before the fork (no connection is open yet)
+import optuna, sqlalchemy, torch
+import planner.calibration.fit, planner.tuning.rounds, planner.tuning.run, probes.measure.host_rates, search
 from test_tune import SimulatedDevice, _tune
 
 
@@ -38,29 +46,40 @@ class Held(SimulatedDevice):
         return super().__call__(request)
 
 
-device = Held()
-report = _tune(sys.argv[1], device, "opt-125m", max_probes=int(sys.argv[2]), study="shared", device="cpu")
-print(json.dumps({"ran": device.ran, "stop": report.stop_reason}))
+def work(db, max_probes):
+    device = Held()
+    report = _tune(db, device, "opt-125m", max_probes=max_probes, study="shared", device="cpu", dtype="fp32")
+    print(json.dumps({"ran": device.ran, "stop": report.stop_reason}), flush=True)
+
+
+pids = []
+for _ in range(int(sys.argv[3])):
+    pid = os.fork()
+    if pid == 0:  # a worker: its own process, its own connections
+        code = 1
+        try:
+            work(sys.argv[1], int(sys.argv[2]))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    pids.append(pid)
+codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+print(json.dumps({"exit_codes": codes}), flush=True)
 """
 
 
-def _workers(db: str, max_probes: int) -> list[subprocess.CompletedProcess[str]]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, db, str(max_probes)],
-            cwd=REPO,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for _ in range(WORKERS)
-    ]
-    done = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+def _workers(db: str, max_probes: int) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """Run the four workers; (their forking parent's run, each worker's line: the candidates it ran, its stop)."""
+    run = subprocess.run(
+        [sys.executable, "-c", WORKERS, db, str(max_probes), str(WORKERS_COUNT)], cwd=REPO, env=subprocess_env(),
+        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return run, lines
 
 
 def _probe_counts(db: str) -> Counter[str]:
@@ -70,11 +89,13 @@ def _probe_counts(db: str) -> Counter[str]:
 
 
 def _check_shared(db: str) -> None:
-    runs = _workers(db, 1)
-    for run in runs:
-        assert "Traceback" not in run.stderr, run.stderr[-3000:]
-        assert run.returncode == 0, run.stderr[-3000:]
-    ran = [key for run in runs for key in json.loads(run.stdout.strip().splitlines()[-1])["ran"]]
+    run, lines = _workers(db, 1)
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert lines[-1] == {"exit_codes": [0] * WORKERS_COUNT}, (lines[-1], run.stderr[-3000:])  # every worker ended 0
+    reports = lines[:-1]
+    assert len(reports) == WORKERS_COUNT, run.stdout[-3000:]
+    ran = [key for report in reports for key in report["ran"]]
     counts = _probe_counts(db)
     assert counts and max(counts.values()) == 1, counts.most_common(2)  # each strategy probed exactly once
     assert sorted(counts) == sorted(ran)  # every probe stored is one a worker ran, none twice
