@@ -214,6 +214,11 @@ def _zero3_init(parts: Parts, z: Zero3Init, gradients: str) -> None:
         _keep(parts, "resident:buffers", out.alloc(z.bucket, "buffers"), z.bucket)
     if z.grad_partitions:
         _keep(parts, gradients, out.alloc(z.grad_partitions, "gradients"), z.grad_partitions)
+    for full, host_copy in z.hook_gathers:  # create_reduce_and_remove_grad_hooks: all_gather(), then partition()
+        gathered = out.alloc(full, "zero3_gathered")
+        if host_copy:  # all_gather_into_tensor's input: the host partition's device copy
+            out.free(out.alloc(host_copy, "zero3_gathered"))
+        out.free(gathered)
 
 
 def _engines_init(

@@ -72,6 +72,14 @@ class Zero3Init:
     6. ``_setup_for_real_optimizer``: the IPG bucket (``bucket``: ``torch.empty(reduce_bucket_size)`` on the
        device, kept) and ``grad_partitions_flat_buffer`` (``grad_partitions``: zeros of every trainable
        partition in the gradient accumulation dtype, on ``self.device``: the host with optimizer offload).
+    7. ``create_reduce_and_remove_grad_hooks`` (stage3.py l. 1498-1531, after 6): for each trainable parameter in
+       turn, ``param.all_gather()`` then ``param.partition()``. ``Init._all_gather`` takes one parameter down
+       ``_allgather_params_sequential`` (partition_parameters.py l. 2132-2158): ``flat_tensor = torch.empty(
+       partition x world size)`` on the device (``hook_gathers``: ``d x ceil(numel / n) x n`` bytes each), and
+       with parameter offload the host partition's device copy beside it (``param.ds_tensor.to(device)``, the
+       input of ``all_gather_into_tensor``); ``_partition_param`` then frees it (``free_param``). The largest
+       of them (the token embedding) leaves its block cached where 1-6 left no larger free block (optimizer
+       offload: no fp32 copy or gradient buffer was made and dropped on the device).
     """
 
     originals: tuple[int, ...]
@@ -85,6 +93,8 @@ class Zero3Init:
     # built under ``deepspeed.zero.Init`` (what transformers does under a ZeRO-3 config, and the only way a model
     # larger than the GPU is built): each parameter is partitioned as its module is made, no original is whole
     partitioned_at_build: bool = False
+    # 7.: per trainable parameter in order, the bytes gathered whole and those of its host partition's device copy
+    hook_gathers: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,9 @@ def zero3_init(
         gradient_buffer=FP32 * max(groups, default=0),
         bucket=placed.buffers,
         grad_partitions=0 if on_host else d * sum(trainable),
+        hook_gathers=tuple(
+            (d * p * n, d * p if staged else 0) for p, (_, train) in zip(partition, params, strict=True) if train
+        ),
         # transformers builds a quantized model without zero.Init (store.quantization.qlora_loading): whole first
         partitioned_at_build=not staged
         and builds_partitioned(

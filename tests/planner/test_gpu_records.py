@@ -154,14 +154,7 @@ def test_empty_cache_effect_within_three_points() -> None:
 # The engines' init replayed through the allocator port (search.streams.init, search.allocator) against what
 # the H100 reserved once deepspeed.initialize returned (torch.cuda.memory_reserved()).
 INIT_BOUND = 0.05
-INIT_NOT_YET: dict[str, str] = {  # record id -> why its init is not yet replayed within the bound
-    "opt13_z3ckoff_mb8_s1024": (
-        "H200, opt-1.3b ZeRO-3 + CPU optimizer offload after deepspeed.initialize: 3.38 GiB replayed against 3.58 "
-        "(-5.5%). It was -4.6% while the replay made the cuBLAS workspace at setup; torch makes it at the first "
-        "forward's first product (search/streams/workspaces.py; no 32 MiB block is made at setup in any H200 "
-        "probe's allocator history), and the 0.2 GiB left is the offloaded init's own, not yet placed"
-    ),
-}
+INIT_NOT_YET: dict[str, str] = {}  # record id -> why its init is not yet replayed within the bound
 
 
 def _init_cases() -> list[object]:
