@@ -244,6 +244,7 @@ def _watch_forked(
             poll_s,
         )
     finally:  # whatever ended the wait (an interrupt too): leave nothing behind
+        ended = [child.poll() for child in ranks]  # before any is killed: a failed rank's own code
         announced = _announced(folder, world_size)
         for child in ranks:
             kill_tree(child.pid, announced)
@@ -251,7 +252,8 @@ def _watch_forked(
             child.wait()
             wait_group_gone(child.pid)
         _release(env)
-    codes = [child.poll() for child in ranks]
+    # the code of a rank that ended on its own first (its peers' -9 is this watch's doing), else of any rank
+    codes = [code for code in ended if code] + [child.poll() for child in ranks]
     returncode = next((code for code in codes if code), 0)
     return returncode, ranks[0].pid if ranks else 0, timed_out, stopped
 

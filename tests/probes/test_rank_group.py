@@ -41,6 +41,11 @@ with (folder / "events.jsonl").open("a") as events:
     events.write(json.dumps({"pid": os.getpid(), "rank": rank}) + "\\n")
     events.write(json.dumps({"helper": helper.pid, "phase": "backward", "t": 0, "rss": 0}) + "\\n")
 request = json.loads((Path(sys.argv[1]) / "request.json").read_text())
+if rank == request.get("crashing_rank"):  # ends with a code of its own and no result, as a segfaulting rank does
+    logs = [Path(sys.argv[1]) / f"rank{r}" / "events.jsonl" for r in range(int(os.environ["WORLD_SIZE"]))]
+    while not all(log.exists() and "helper" in log.read_text() for log in logs):
+        time.sleep(0.05)
+    os._exit(3)
 if rank == request["failing_rank"]:  # fails once every rank has announced itself and its helper
     logs = [Path(sys.argv[1]) / f"rank{r}" / "events.jsonl" for r in range(int(os.environ["WORLD_SIZE"]))]
     while not all(log.exists() and "helper" in log.read_text() for log in logs):
@@ -121,6 +126,18 @@ def test_one_failing_rank_ends_the_group_and_nothing_is_left(program: tuple[str,
     assert len(pids) == 6  # three ranks, three helpers
     assert_gone(pids + [group.pid])
     assert descendants(group.pid) == []
+
+
+def test_a_rank_that_crashes_ends_the_group_with_its_own_exit_code(program: tuple[str, dict[str, str]]) -> None:
+    """The group's return code is the crashed rank's (or, launched, torchrun's for it), not the SIGKILL that
+    ended the rank still waiting for it."""
+    module, env = program
+    group = run_group({"failing_rank": -1, "crashing_rank": 1}, env, timeout_s=300.0, world_size=2, module=module)
+    assert not group.timed_out
+    forked = group.pid == group.ranks[0].pid  # a forked group is named by rank 0, a launched one by torchrun
+    assert group.returncode == (3 if forked else 1), group.log_tail
+    assert all(r.result is None for r in group.ranks)
+    assert_gone(pids_of(group.ranks) + [group.pid])
 
 
 def test_a_group_that_never_finishes_is_killed_at_the_timeout(program: tuple[str, dict[str, str]]) -> None:
