@@ -33,11 +33,14 @@ _RLHF_TIME = (
     "host's, which the default host_s_per_kernel cannot know"
 )
 _H200_ZERO3_OFFLOAD = (
-    "H200, opt-1.3b ZeRO-3 + CPU optimizer offload, mb 8 x 1024, in measure_sft.py: reserved 12.7% under "
-    "(allocated within 0.5%): about 1.7 GB of blocks on the reduction stream beyond the per-parameter partition "
-    "copies are not built yet (the gradients copied into the bucket and reduce-scattered there, freed to that "
-    "stream's events). memplan's own probe of the same strategy on the same GPU (h200-2026-11-27.json) reserved "
-    "10.16 GiB against 10.09 predicted: the gap is this program's"
+    "H200, opt-1.3b ZeRO-3 + CPU optimizer offload, mb 8 x 1024, in measure_sft.py: reserved 12,900 MiB against "
+    "11,272 replayed (-12.6%; allocated within 0.1%, the init exact). memplan's own probe of the same strategy "
+    "(h200-2026-11-27.json, 8 MiB reduce bucket) reserved 10.16 GiB against 10.10: the loop's extra 1,542 MiB beyond "
+    "its 954 MiB bucket is this program's. Ruled out from DeepSpeed 0.19.8's code: bucket-sized casts or copies in "
+    "the flush, the deferred offload pass, gathers on one rank, device temporaries in the offloaded step; left: "
+    "gradients record_stream'ed onto the reduction stream behind each 5e8-element flush (a timing the allocator "
+    "port does not model). benchmarks/results/zero3_offload_loop_gap.md; benchmarks/gpu/zero3_offload_segments.py "
+    "settles it on a GPU"
 )
 _H200_DECODE_HOST = (
     "H200 host, opt-1.3b PPO generation (HF decode, hybrid engine): 3.73 s measured against 4.75 predicted (+27%). "
