@@ -7,8 +7,10 @@ own probe of the same strategy is stored too, the report shows the program's spr
 calibrate`` gathers the program's rows like any probe; ``planner tune ... -- CMD`` runs the program for its
 candidates and stores those runs.
 
-The real CLI in subprocesses, the CPU backend, a real SQLite file; the program is a plain DeepSpeed loop as users
-write it (``tests/probes/script/programs/plain_loop.py``), a tiny Llama. Nothing depends on speed.
+The real CLI (``planner.cli.main``, the console script's code, run in this process from the program's folder: no
+test here is about the planner's process; the program runs in processes of its own, as ever), the CPU backend, a
+real SQLite file; the program is a plain DeepSpeed loop as users write it
+(``tests/probes/script/programs/plain_loop.py``), a tiny Llama. Nothing depends on speed.
 """
 
 from __future__ import annotations
@@ -21,27 +23,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from planner_helpers import subprocess_env
+from planner_helpers import run_main
 
 from store.measurements import STORED_OUTCOMES, ProbeRequest, ProbeResult, program_id
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "probes" / "script" / "programs"
-VENV_BIN = Path(sys.executable).parent
-TIMEOUT_S = 900  # generous: one planner command on a busy 2-core machine
 STRATEGY = {"zero_stage": 0, "micro_batch": 4, "grad_accum": 1}  # the one strategy probed (its batch is the job's)
 # the plain loop's model, as a config.json the job names (programs/tiny_llama.json: what the programs build)
 TINY_LLAMA = json.loads((PROGRAMS / "tiny_llama.json").read_text())
 
 
 def _planner(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(VENV_BIN / "planner"), *args],
-        cwd=folder,
-        env=subprocess_env({"MEMPLAN_PROGRESS_INTERVAL_S": "0"}),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    """``planner ARGS`` run from ``folder``: its exit code, stdout and stderr."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        result = run_main(list(args))
+    return subprocess.CompletedProcess(["planner", *args], result.rc, result.out, result.err)
 
 
 def _json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
