@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,19 +179,21 @@ def _readme_use_commands() -> list[list[str]]:
     ]
 
 
-def test_the_readme_use_examples_run(cli: Cli, db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readme_use_examples_run() -> None:
     """Each README example runs with today's defaults (two once broke when the default workload became ppo:
-    ``--seq-len`` and the single-model ``--zero`` flags need ``--workload sft``). Files they write land in a
-    temporary folder."""
-    monkeypatch.chdir(tmp_path)
+    ``--seq-len`` and the single-model ``--zero`` flags need ``--workload sft``). They run once for the suite: every
+    recommend, predict, plans and explain line here is a line that
+    ``test_readme_use.py::test_the_use_section_runs_as_pasted`` runs, in order, through the same ``planner.cli.main``,
+    each to exit 0 (files they write land in a temporary folder)."""
+    from test_readme_use import use_section_blocks
+
     commands = _readme_use_commands()
     assert {argv[0] for argv in commands} == {"recommend", "predict", "plans", "explain"}
-    plan_id = ""
-    for argv in commands:
-        argv = [plan_id if word == "PLAN_ID" else word for word in argv]
-        reads_db = argv[0] in ("recommend", "plans") or argv[:1] == ["explain"] and len(argv) > 1
-        result = cli(*argv, "--db", db) if reads_db else cli(*argv)
-        assert result.rc == 0, (argv, result.err)
-        if argv[0] == "recommend" and "--json" in argv:
-            plan_id = result.json()["plan_id"]
-    assert plan_id
+    pasted = [
+        shlex.split(line, comments=True)[1:]
+        for block in use_section_blocks((REPO / "README.md").read_text())
+        for line in block
+        if line.startswith("planner ")
+    ]
+    assert [argv for argv in pasted if argv in commands] == commands  # every one run, in the README's order
+    assert any(argv[0] == "recommend" and "--json" in argv for argv in commands)  # a plan id for what follows
