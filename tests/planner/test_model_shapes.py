@@ -6,10 +6,13 @@ SQLite database, and a later plan in a fresh interpreter reads it without import
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import probes.trace.terms
 from planner.job.model_shapes import installed_versions, resolve_model
 from store.db import open_storage
 from store.model_shape import shape_key
+from store.records import ModelSpec
 
 # A small Qwen3-MoE (every layer sparse, 8 experts, 2 per token): the family the formulas never knew.
 QWEN3_MOE = {
@@ -42,16 +46,36 @@ def moe_dir(tmp_path: Path) -> Path:
 SETTING = ("bf16", "sdpa")  # what recommend's default job on an H100 needs
 
 
+@dataclass(frozen=True)
+class FirstUse:
+    """The first plan of QWEN3_MOE's folder on an empty database: what it traced, read and said on stderr."""
+
+    folder: Path
+    db: Path
+    spec: ModelSpec
+    readings: list[str]
+    stderr: str
+
+
 @pytest.fixture(scope="module")
-def traced_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A database holding the shape of QWEN3_MOE traced once for SETTING (keyed by the config's shape, not its
-    folder): the tests that start from a cached shape copy it instead of tracing again."""
+def first_use(tmp_path_factory: pytest.TempPathFactory) -> FirstUse:
+    """QWEN3_MOE traced once for SETTING into an empty database (keyed by the config's shape, not its folder),
+    with the default note (stderr): the tests that start from a cached shape copy it instead of tracing again."""
     folder = tmp_path_factory.mktemp("traced") / "qwen3-moe-tiny"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN3_MOE))
     db = folder.parent / "shapes.db"
-    resolve_model(str(folder), None, str(db), SETTING)
-    return db
+    readings: list[str] = []
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        spec = resolve_model(str(folder), readings, str(db), SETTING)
+    return FirstUse(folder, db, spec, readings, said.getvalue())
+
+
+@pytest.fixture(scope="module")
+def traced_db(first_use: FirstUse) -> Path:
+    """A database holding the shape of QWEN3_MOE traced once for SETTING."""
+    return first_use.db
 
 
 def _cached(traced_db: Path, tmp_path: Path) -> str:
@@ -66,22 +90,21 @@ def _no_trace(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def test_first_use_traces_and_says_so_then_the_cache_answers(
-    moe_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    first_use: FirstUse, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = str(tmp_path / "shapes.db")
-    readings: list[str] = []
-    first = resolve_model(str(moe_dir), readings, db, SETTING)
-    assert "on the meta device" in capsys.readouterr().err
+    first = first_use.spec
+    assert "on the meta device" in first_use.stderr
     assert set(first.activation_terms) == {"2-sdpa"}  # only the setting the plan needs is traced
-    assert "traced now" in readings[-1]
+    assert "traced now" in first_use.readings[-1]
     h, experts, width = 256, 8, 128
     assert first.expert_params == 4 * experts * 3 * h * width
     assert first.num_experts == experts and first.experts_per_token == 2
 
+    db = _cached(first_use.db, tmp_path)
     monkeypatch.setattr(probes.model.shape, "trace_model_shape", _no_trace)
     monkeypatch.setattr(probes.trace.terms, "trace_all_terms", _no_trace)
     again: list[str] = []
-    assert resolve_model(str(moe_dir), again, db, SETTING) == first
+    assert resolve_model(str(first_use.folder), again, db, SETTING) == first
     assert "cached shape" in again[-1] and capsys.readouterr().err == ""
 
 

@@ -1,6 +1,6 @@
 """ZeRO-3's host work counted on a real engine (``probes.trace.zero3_host``), pinned against DeepSpeed's code.
 
-A real ZeRO-3 engine (CPU accelerator, gloo, one rank) trains the tiny OPT at one and two layers, in a child
+A real ZeRO-3 engine (CPU accelerator, gloo, one rank) trains the tiny OPT at one and two layers, in one child
 process (DeepSpeed's process group and module hooks stay out of the test process). After the fetch trace is
 complete, one step's counts must follow the structure DeepSpeed's code gives them:
 
@@ -46,31 +46,47 @@ def _called_modules(layers: int) -> tuple[int, int]:
     return len(called), len(list(model.model.decoder.layers[0].modules()))
 
 
-def _counts(*flags: str) -> dict[int, dict[str, Any]]:
+# One child counts both configurations at both depths, as ``python -m probes.trace.zero3_host --counts-only
+# [--checkpointing] 1 2`` does one of them: one import of torch, DeepSpeed and transformers instead of two.
+_CHILD = """
+import json, os
+from probes.trace.zero3_host import _start, count_case, release_shared_memory
+try:
+    _start()
+    for checkpointing in (False, True):
+        for depth in (1, 2):
+            print(json.dumps(count_case(depth, checkpointing, False, timed=False)), flush=True)
+finally:
+    release_shared_memory(os.environ.get("MASTER_PORT", ""))
+"""
+
+
+@pytest.fixture(scope="module")
+def counted() -> dict[bool, dict[int, dict[str, Any]]]:
+    """The counts by gradient checkpointing, then by depth (1 and 2 layers)."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
         env.pop(key, None)
     proc = subprocess.run(
-        [sys.executable, "-m", "probes.trace.zero3_host", "--counts-only", *flags, "1", "2"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, "-c", _CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {case["layers"]: case for case in cases}
+    out: dict[bool, dict[int, dict[str, Any]]] = {False: {}, True: {}}
+    for case in cases:
+        out[case["gradient_checkpointing"]][case["layers"]] = case
+    assert {flag: sorted(by_depth) for flag, by_depth in out.items()} == {False: [1, 2], True: [1, 2]}
+    return out
 
 
 @pytest.fixture(scope="module")
-def plain() -> dict[int, dict[str, Any]]:
-    return _counts()
+def plain(counted: dict[bool, dict[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    return counted[False]
 
 
 @pytest.fixture(scope="module")
-def checkpointed() -> dict[int, dict[str, Any]]:
-    return _counts("--checkpointing")
+def checkpointed(counted: dict[bool, dict[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    return counted[True]
 
 
 @pytest.mark.slow
