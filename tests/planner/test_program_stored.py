@@ -1,11 +1,17 @@
-"""Runs of the user's own program are stored and used (issue 33, item 4) and ``planner tune ... -- CMD``.
+"""``planner probe ... -- CMD``: the user's own program run under the plan and its next best, its runs stored and
+used (issue 33, item 4), and ``planner tune ... -- CMD``.
+
+The job describes the program's model (its config.json), the strategies come from the search, the program really
+ran each one (the engine's stage and micro-batch as the program saw them), and each phase's prediction sits beside
+the measurement, close to it (the program builds the model the job names); the program and the hook are tested on
+their own in ``tests/probes/script``.
 
 Each run of ``planner probe ... -- CMD`` is a probe row keyed by the program's fingerprint (command line, the
 script's sha256, library versions): a second call reuses it, a changed script file runs again. Where memplan's
 own probe of the same strategy is stored too, the report shows the program's spread of peak reserved, and
 ``planner recommend --program`` keeps that spread free on top of the measured records' (and says so). ``planner
 calibrate`` gathers the program's rows like any probe; ``planner tune ... -- CMD`` runs the program for its
-candidates and stores those runs.
+candidates and stores those runs. One probe of the plan and its next best serves every test of this module.
 
 The real CLI (``planner.cli.main``, the console script's code, run in this process from the program's folder: no
 test here is about the planner's process; the program runs in processes of its own, as ever), the CPU backend, a
@@ -28,7 +34,6 @@ from planner_helpers import run_main
 from store.measurements import STORED_OUTCOMES, ProbeRequest, ProbeResult, program_id
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "probes" / "script" / "programs"
-STRATEGY = {"zero_stage": 0, "micro_batch": 4, "grad_accum": 1}  # the one strategy probed (its batch is the job's)
 # the plain loop's model, as a config.json the job names (programs/tiny_llama.json: what the programs build)
 TINY_LLAMA = json.loads((PROGRAMS / "tiny_llama.json").read_text())
 
@@ -65,11 +70,13 @@ class Program:
         self.folder = folder
         (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
         shutil.copy(PROGRAMS / "plain_loop.py", folder / "plain_loop.py")
-        (folder / "strategy.json").write_text(json.dumps(STRATEGY))
         self.script = folder / "plain_loop.py"
+        self.strategy_file = folder / "strategy.json"  # one strategy, written once the search's plan has run
 
-    def probe(self, *more: str) -> dict[str, Any]:
-        """``planner probe [job] --strategies strategy.json -- python plain_loop.py``."""
+    def probe(self, *, searched: bool = False) -> dict[str, Any]:
+        """``planner probe [job] --strategies strategy.json -- python plain_loop.py`` (``searched``: no
+        ``--strategies``, the search's plan and its next best)."""
+        strategies = [] if searched else ["--strategies", str(self.strategy_file)]
         return _json(
             _planner(
                 self.folder,
@@ -81,11 +88,9 @@ class Program:
                 "3",
                 "--timeout",
                 "600",
-                "--strategies",
-                str(self.folder / "strategy.json"),
+                *strategies,
                 *_db(self.folder),
                 "--json",
-                *more,
                 "--",
                 sys.executable,
                 str(self.script),
@@ -97,11 +102,13 @@ class Program:
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The program probed twice (the second reuses), memplan's own probe of the same strategy, the program once
-    more (the spread), then recommend with and without ``--program``."""
+    """The program probed under the search's plan and its next best, then under the plan's strategy again (reused),
+    memplan's own probe of that strategy, the program once more (the spread); recommend with and without
+    ``--program`` in the tests."""
     pytest.importorskip("deepspeed")
     program = Program(tmp_path_factory.mktemp("stored"))
-    first = program.probe()
+    first = program.probe(searched=True)
+    program.strategy_file.write_text(json.dumps(first["runs"][0]["strategy"]))
     second = program.probe()
     builtin = _json(
         _planner(
@@ -115,7 +122,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--timeout",
             "600",
             "--strategies",
-            str(program.folder / "strategy.json"),
+            str(program.strategy_file),
             *_db(program.folder),
             "--json",
         )  # fmt: skip
@@ -143,8 +150,9 @@ def test_a_run_is_stored_with_its_fingerprint_and_reused(stored: dict[str, Any])
     assert program is not None and program["script"].endswith("plain_loop.py")
     assert len(program["script_sha256"]) == 64 and program["versions"]["deepspeed"]
     assert record.request.program_id == stored["first"]["program_id"]
-    assert record.request.strategy["zero_stage"] == STRATEGY["zero_stage"]
-    assert record.result.extra["program_run"]["ran_with"]["micro_batch"] == STRATEGY["micro_batch"]
+    strategy = stored["first"]["runs"][0]["strategy"]
+    assert record.request.strategy["zero_stage"] == strategy["zero_stage"]
+    assert record.result.extra["program_run"]["ran_with"]["micro_batch"] == strategy["micro_batch"]
     assert record.result.fingerprint is not None and record.result.fingerprint.device == "cpu"
 
 
@@ -208,6 +216,55 @@ def test_calibrate_gathers_the_programs_rows(stored: dict[str, Any]) -> None:
     assert stored["first"]["runs"][0]["probe_id"] in labels  # the program's run
     assert stored["builtin"]["rows"][0]["probe_id"] in labels  # memplan's own probe beside it
     assert not gathered.skipped
+
+
+def test_the_program_runs_the_plan_and_its_next_best(stored: dict[str, Any]) -> None:
+    runs = stored["first"]["runs"]
+    assert len(runs) == 2
+    assert runs[0]["strategy"] != runs[1]["strategy"]
+    for run in runs:
+        assert run["outcome"] == "ok", run["message"] + run["log_tail"][-1500:]
+        strategy, ran = run["strategy"], run["ran_with"]
+        assert ran["zero_stage"] == strategy["zero_stage"]
+        assert ran["micro_batch"] == strategy["micro_batch"]
+        assert ran["grad_accum"] == strategy["grad_accum"]
+
+
+def test_the_program_is_stopped_after_its_timed_steps(stored: dict[str, Any]) -> None:
+    for run in stored["first"]["runs"]:
+        # the loop would print "finished" after its own 1000 steps
+        assert "finished" not in run["log_tail"]
+        assert run["exit_code"] == 0
+
+
+def test_each_phase_sits_beside_its_prediction(stored: dict[str, Any]) -> None:
+    for run in stored["first"]["runs"]:
+        names = [phase["name"] for phase in run["phases"]]
+        assert {"forward", "backward", "optimizer_step"} <= set(names)
+        for phase in run["phases"]:
+            assert phase["measured_allocated_bytes"] > 0
+            assert phase["predicted_allocated_bytes"] is not None
+            # the program is the user's, not the probes' loop: its optimizer (torch's AdamW here) and loss are
+            # its own, which is the spread this command exists to show (ZeRO-3's optimizer step: about +12%)
+            assert abs(phase["allocated_error"]) <= 0.15, (run["label"], phase)
+        # the step's peak, which decides whether a plan fits: the 10% the built-in CPU probes meet
+        measured = max(phase["measured_allocated_bytes"] for phase in run["phases"])
+        predicted = max(phase["predicted_allocated_bytes"] for phase in run["phases"])
+        assert abs(predicted / measured - 1.0) <= 0.10, (run["label"], measured, predicted)
+        assert run["measured_step_s"] is not None and run["measured_step_s"] > 0
+
+
+def test_the_report_names_the_program(stored: dict[str, Any]) -> None:
+    assert stored["first"]["program"]["script"].endswith("plain_loop.py")
+    assert stored["first"]["device"] == "cpu"
+
+
+def test_no_command_after_the_separator_is_one_line_and_exit_2() -> None:
+    from planner.probing.program import probe_program
+    from store.errors import InputError
+
+    with pytest.raises(InputError, match="after --"):
+        probe_program("opt-125m", [], device="cpu")
 
 
 def test_a_changed_script_is_not_reused(stored: dict[str, Any]) -> None:
