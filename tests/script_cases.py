@@ -10,8 +10,8 @@ unlinks it) and returns the case's result. The child (:func:`report`) prints tha
 ``MEMPLAN_RESULT <json>`` line.
 
 The cases and the probes share one starter (a starter serves one environment): the environment is a probe's, less
-pytest's per-phase ``PYTEST_CURRENT_TEST`` (``probes/one_starter.py``), and the helpers are found in the child's
-working folder, not through a ``PYTHONPATH`` of their own.
+pytest's per-phase ``PYTEST_CURRENT_TEST`` and with what the libraries' imports set (``one_starter.py``), and the
+helpers are found in the child's working folder, not through a ``PYTHONPATH`` of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from one_starter import VARIABLE, settle_environment
+
 from probes.process import preloaded
 from probes.process.isolation import child_env, release_shared_memory
 
@@ -34,8 +36,9 @@ CHILD = "script_case_child"  # in HELPERS
 
 def run_script_case(script: str, name: str, case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Run ``script`` on ``case`` in its own process; the result it reported (assert it did, with its output)."""
+    settle_environment()
     env = child_env("cpu", "default")
-    env.pop("PYTEST_CURRENT_TEST", None)
+    env.pop(VARIABLE, None)
     arguments = [str(Path(script).resolve()), json.dumps(case)]
     with tempfile.TemporaryDirectory(prefix="memplan-case-") as folder:
         log_path = Path(folder) / "case.log"

@@ -1,8 +1,8 @@
 """Integration: ``run_probe`` runs real DeepSpeed engines on tiny models in a fresh process and measures.
 
 Every probe here is a real child process (``python -m probes.step.child``, forked from the one preloaded starter
-the file's probes share: ``one_starter.py``) on the CPU accelerator: tiny Llama / OPT models built from their HF
-configs, engines from the exported configs, the workload's phases measured by the live-tensor tracker. Failures
+the file's probes share: ``tests/one_starter.py``) on the CPU accelerator: tiny Llama / OPT models built from their
+HF configs, engines from the exported configs, the workload's phases measured by the live-tensor tracker. Failures
 are real too: the tracker's memory cap, a model config that transformers rejects, a timeout that kills the child's
 process group; after each one the next probe runs clean. About 2-10 CPU s per probe on 2 cores (once DeepSpeed's
 CPU ops are compiled).
