@@ -208,21 +208,22 @@ def test_tune_on_two_gpus_of_this_node_probes_two_ranks(db: Path) -> None:
         _tune(db, SimulatedDevice(), "opt-125m", device="cpu", gpus=8)
 
 
-def _tune_in_process(db: str, probes_at_most: int) -> int:
-    """One tuning machine (a process of its own) on the shared database; returns how many probes it ran."""
-    device = SimulatedDevice()
-    _tune(db, device, max_probes=probes_at_most)
-    return len(device.ran)
-
-
-def test_two_machines_share_one_study_and_probe_nothing_twice(postgres_url: str) -> None:
+def test_two_machines_share_one_study_and_probe_nothing_twice(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two tuning processes on one PostgreSQL database (Optuna's own writes on a SQLite file can meet
-    "database is locked" when several processes tell trials at once)."""
-    import multiprocessing
+    "database is locked" when several processes tell trials at once), each naming no study: the job's own. They
+    are ``test_tune_shared``'s workers (forked from one process that imported what a tune imports, tuning the CPU
+    backend of opt-125m in fp32), here two of them, with up to four probes each."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # under any import mode
+    from test_tune_shared import run_workers
 
     db = postgres_url
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
-        ran = pool.starmap(_tune_in_process, [(db, 4), (db, 4)])
+    run, lines = run_workers(db, 4, count=2, study="")
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert lines[-1] == {"exit_codes": [0, 0]}, (lines[-1], run.stderr[-3000:])
+    ran = [len(line["ran"]) for line in lines[:-1]]
+    assert len(ran) == 2, run.stdout[-3000:]
     from optuna import load_study
 
     from planner import probes
@@ -230,6 +231,7 @@ def test_two_machines_share_one_study_and_probe_nothing_twice(postgres_url: str)
 
     stored = probes(db=str(db), limit=100)
     assert len({p.key for p in stored}) == len(stored) == sum(ran)  # every probe ran once, on one machine
-    study = load_study(study_name=_tune(db, SimulatedDevice(), max_probes=1).study, storage=optuna_storage_url(str(db)))
+    name = _tune(db, SimulatedDevice(), "opt-125m", max_probes=1, device="cpu", dtype="fp32").study  # the job's own
+    study = load_study(study_name=name, storage=optuna_storage_url(str(db)))
     measured = [t.user_attrs["probe_id"] for t in study.trials if "probe_id" in t.user_attrs]
     assert set(measured) == {p.probe_id for p in stored}  # no trial lost, none without its probe

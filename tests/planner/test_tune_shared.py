@@ -29,6 +29,7 @@ import pytest
 from planner_helpers import REPO, subprocess_env
 
 WORKERS_COUNT = 4
+CPU_TUNE: dict[str, Any] = {"device": "cpu", "dtype": "fp32"}  # the workers' tune (see above), also the killed one
 TIMEOUT_S = 600  # a safety net for a hung worker on a loaded machine; no assertion depends on speed
 
 WORKERS = """
@@ -46,9 +47,10 @@ class Held(SimulatedDevice):
         return super().__call__(request)
 
 
-def work(db, max_probes):
+def work(db, max_probes, study):
     device = Held()
-    report = _tune(db, device, "opt-125m", max_probes=max_probes, study="shared", device="cpu", dtype="fp32")
+    named = {"study": study} if study else {}  # none: the job's own study, as a tune that names none
+    report = _tune(db, device, "opt-125m", max_probes=max_probes, device="cpu", dtype="fp32", **named)
     print(json.dumps({"ran": device.ran, "stop": report.stop_reason}), flush=True)
 
 
@@ -58,7 +60,7 @@ for _ in range(int(sys.argv[3])):
     if pid == 0:  # a worker: its own process, its own connections
         code = 1
         try:
-            work(sys.argv[1], int(sys.argv[2]))
+            work(sys.argv[1], int(sys.argv[2]), sys.argv[4])
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -72,10 +74,13 @@ print(json.dumps({"exit_codes": codes}), flush=True)
 """
 
 
-def _workers(db: str, max_probes: int) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    """Run the four workers; (their forking parent's run, each worker's line: the candidates it ran, its stop)."""
+def run_workers(
+    db: str, max_probes: int, count: int = WORKERS_COUNT, study: str = "shared"
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """Run ``count`` workers (``study`` "": the job's own); (their forking parent's run, each worker's line: the
+    candidates it ran and its stop, then the workers' exit codes)."""
     run = subprocess.run(
-        [sys.executable, "-c", WORKERS, db, str(max_probes), str(WORKERS_COUNT)], cwd=REPO, env=subprocess_env(),
+        [sys.executable, "-c", WORKERS, db, str(max_probes), str(count), study], cwd=REPO, env=subprocess_env(),
         capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )  # fmt: skip
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -89,7 +94,7 @@ def _probe_counts(db: str) -> Counter[str]:
 
 
 def _check_shared(db: str) -> None:
-    run, lines = _workers(db, 1)
+    run, lines = run_workers(db, 1)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0, run.stderr[-3000:]
     assert lines[-1] == {"exit_codes": [0] * WORKERS_COUNT}, (lines[-1], run.stderr[-3000:])  # every worker ended 0
@@ -196,7 +201,7 @@ class KilledOutright(SimulatedDevice):
         return super().__call__(request)
 
 
-_tune(sys.argv[1], KilledOutright(), max_probes=12, study="shared")
+_tune(sys.argv[1], KilledOutright(), "opt-125m", max_probes=12, study="shared", device="cpu", dtype="fp32")
 """
 
 
@@ -213,7 +218,7 @@ def test_a_claim_left_by_a_tune_killed_outright_is_probed_by_the_next(db: Path) 
     orphaned = killed.stdout.strip().splitlines()[-1]
     assert _claims(str(db))  # the killed tune's claim is still there
     device = SimulatedDevice()
-    report = _tune(db, device, max_probes=12, study="shared")
+    report = _tune(db, device, "opt-125m", max_probes=12, study="shared", **CPU_TUNE)
     assert device.ran.count(orphaned) == 1  # probed by the next tune, once
     assert report.plan is not None and "not probed" not in report.stop_reason
     assert not _claims(str(db))  # freed, probed, given back
