@@ -33,8 +33,9 @@ from search.rlhf.job import rlhf_context
 from search.rlhf.predict import rlhf_step
 from search.rlhf.step import reserved_floor, step_halves
 from store.gpus import generic_gpu, get_gpu
-from store.models import get_model
-from store.records import Hardware, Workload
+from store.models import get_model as catalog_model
+from store.models import with_layers
+from store.records import Hardware, ModelSpec, Workload
 
 GiB = 2**30
 C = DEFAULT_COEFFICIENTS
@@ -49,8 +50,13 @@ CASES = {
 }
 
 
-def _job(name: str) -> tuple[Workload, Hardware]:
+def _job(name: str, layers: int | None = None) -> tuple[Workload, Hardware]:
+    """A case's job; with ``layers``, its models cut to that many decoder layers."""
     kind, actor, small, gpu_name, mem, gpus, batch, samples, host = CASES[name]
+
+    def get_model(model: str) -> ModelSpec:
+        return catalog_model(model) if layers is None else with_layers(catalog_model(model), layers)
+
     gpu = get_gpu(gpu_name) if gpu_name else generic_gpu(mem * GiB)
     hardware = Hardware(gpu=gpu, gpu_memory_bytes=gpu.memory_bytes, gpus=gpus, cpu_memory_bytes=host * GiB)
     workload = Workload(
@@ -150,8 +156,9 @@ def test_inner_resolution_equals_trying_every_inner_choice() -> None:
 def test_per_model_pieces_bound_whole_points() -> None:
     """What the bound walk adds up per model is what the step holds: exact time and resident bytes, and a
     memory floor no policy or allocator goes under, in the replay as in the screen (issue 42: the walk prunes a
-    point on it, so it must be a lower bound of the replay's peak reserved, not the screen's)."""
-    workload, hardware = _job("opt-1.3b-ppo-2xRTX-4090")
+    point on it, so it must be a lower bound of the replay's peak reserved, not the screen's). The job's models
+    are cut to two layers: the same points and batch splits, a tenth of the allocator events to replay."""
+    workload, hardware = _job("opt-1.3b-ppo-2xRTX-4090", layers=2)
     ctx = rlhf_context(workload, hardware, C)
     points = list(rlhf_outer_points(workload, hardware))
     replayed = 0
