@@ -17,14 +17,15 @@ and DeepSpeed's buffers dominate), a tiny OPT of opt-125m's vocabulary-to-width 
 as many chunks, and PPO's four models), a tiny Llama (hidden 64, 2 layers, untied:
 the activations are about a third of the step), and tiny Qwen3-MoE and Gemma 3 models, which have no
 formula: their counts are read from transformers and their activations traced on the meta device.
-Sequence length 64, micro batch 2. Each probe takes 10-20 s on 2 cores; two run at a time.
+Sequence length 64, micro batch 2 (PPO: a prompt of 56 tokens and 8 generated). Each probe takes 2-20 CPU s on one
+thread; one runs at a time.
 
 World sizes 2 and 4 (``Hardware(gpus=N)``): the probe runs N ranks on this node (``probes.process.rank_group``) and
 its figure is the worst rank's; the prediction is per rank. They show ZeRO's partitions divided by N (the
 optimizer step of ZeRO-1/2, every state of ZeRO-3) and ZeRO-3's gathering over ranks: with the reuse
 distance of ``search.model.reuse`` the last modules' parameters stay gathered across the forward-backward
 turn (the whole tiny model here), which one rank never shows. One case each of ZeRO-1, ZeRO-2 with optimizer
-offload (DeepSpeedCPUAdam on every rank), ZeRO-3 with checkpointing, and PPO under ZeRO-3 (30-70 s each).
+offload (DeepSpeedCPUAdam on every rank), ZeRO-3 with checkpointing, and PPO under ZeRO-3 (5-60 CPU s each).
 
 Why every phase can be held to 10% here: each phase's peak is one moment whose live tensors the model
 names (ZeRO-1/2's reduce buckets exist only in the backward, the loss's fp32 copies, the tied embedding's
@@ -107,8 +108,17 @@ PHASES = {
 }
 SEQ_LEN = 64
 MICRO_BATCH = 2
-PROMPT_LEN = GEN_LEN = SEQ_LEN // 2  # ppo: prompt + generation make one SEQ_LEN sequence
-PARALLEL = 2  # probes at a time (each child uses the cores it gets)
+# ppo: prompt + generation make one SEQ_LEN sequence. Every generated token is one decoding forward (under ZeRO-3
+# over two ranks it gathers every parameter again: 2.3 s a token here, two thirds of the suite's largest probe);
+# the prompt is one forward of all its tokens. The phases' peaks hold the whole SEQ_LEN sequence either way (the KV
+# cache and logits at the last token, scoring and training over SEQ_LEN), so the generation is kept short.
+GEN_LEN = 8
+PROMPT_LEN = SEQ_LEN - GEN_LEN
+# One probe at a time, each child on one thread (OMP_NUM_THREADS=1, as torch.distributed.run gives each rank of the
+# multi-rank cases): the suite runs two workers on two cores, and a probe's second OpenMP thread, or a second probe,
+# only oversubscribes them (its threads spin waiting for a core: the same probes spent twice the CPU seconds so).
+PARALLEL = 1
+PROBE_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -219,8 +229,8 @@ def _planned(case: Case) -> PlannedProbe:
 
 
 class ProbedCases:
-    """Every selected case probed once, two at a time, in the order the tests ask for them: ``[name]`` waits for
-    that case's probe and gives (planned probe, result). Each test waits for its own probe only, so the CPU
+    """Every selected case probed once, ``PARALLEL`` at a time, in the order the tests ask for them: ``[name]`` waits
+    for that case's probe and gives (planned probe, result). Each test waits for its own probe only, so the CPU
     seconds of the probes are charged to the tests that use them (``tests/cpu_budget.py``), not all to the first."""
 
     def __init__(self, cases: list[Case], pool: ThreadPoolExecutor) -> None:
@@ -235,7 +245,7 @@ class ProbedCases:
 
 @pytest.fixture(scope="module")
 def probed(request: pytest.FixtureRequest) -> Iterator[ProbedCases]:
-    """The selected cases of this module, probed two at a time from the first test on."""
+    """The selected cases of this module, probed one at a time from the first test on."""
     selected = [
         item.callspec.params["case"]
         for item in request.session.items
@@ -243,10 +253,13 @@ def probed(request: pytest.FixtureRequest) -> Iterator[ProbedCases]:
     ]
     cases = list({case.name: case for case in selected}.values())
     pool = ThreadPoolExecutor(PARALLEL)
-    try:
-        yield ProbedCases(cases, pool)
-    finally:  # a run stopped early (-x, Ctrl-C) waits for the probes running, not for those not started
-        pool.shutdown(wait=True, cancel_futures=True)
+    with pytest.MonkeyPatch.context() as patch:  # the children's environment: read when each one starts
+        for name, value in PROBE_ENV.items():
+            patch.setenv(name, value)
+        try:
+            yield ProbedCases(cases, pool)
+        finally:  # a run stopped early (-x, Ctrl-C) waits for the probe running, not for those not started
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _error(predicted: int, measured: int) -> float:
