@@ -14,8 +14,9 @@ One starter serves one environment (:func:`server_key`: all but the per-probe po
 a library reads from the environment at import time is what the child was given; at most ``MAX_SERVERS`` are kept,
 and one is closed to make room only when no child of it runs (else the new child starts plainly: issue 47, a CI run
 whose accuracy probe was killed so, by another thread's eviction). The starter reaps its children and reports each
-one's CPU seconds, which :func:`reaped_cpu_s` adds up (a forked child is the starter's, not this process's, so
-``getrusage(RUSAGE_CHILDREN)`` here counts it only when the starter ends: :func:`close_all`, at exit).
+one's CPU seconds, which :func:`reaped_cpu_s` adds up while the starter runs (a forked child is the starter's, not
+this process's, so ``getrusage(RUSAGE_CHILDREN)`` here counts it only once the starter ends and is reaped; from then
+on it is counted there, and no longer in :func:`reaped_cpu_s`, so that no child's CPU seconds count twice).
 """
 
 from __future__ import annotations
@@ -78,9 +79,13 @@ PER_CHILD_VARIABLES = frozenset(
         "ROLE_RANK",
         "ROLE_WORLD_SIZE",
         "ROLE_NAME",
+        "PYTEST_CURRENT_TEST",  # pytest names the running test and its phase here; no library reads it
     }
 )
-MAX_SERVERS = 2
+# one starter per setting a CPU tune alternates between: one rank or a group (OMP_NUM_THREADS=1, as torchrun sets
+# for several), each with or without what the probe's own environment adds; about 370 MB resident each (torch,
+# DeepSpeed and transformers imported, measured on the 2-core EPYC), so four hold 1.5 GB
+MAX_SERVERS = 4
 READY_TIMEOUT_S = 600.0  # the imports of a cold, busy machine; a starter not ready by then is not used
 SERVER_MODULE = "probes.process.preload_server"
 
@@ -115,6 +120,7 @@ class _Server:
         self.alive = True
         self.send_lock = threading.Lock()
         self.children: set[int] = set()  # forked and not yet reported ended
+        self.reported_cpu_s = 0.0  # the CPU seconds of its ended children, added to :func:`reaped_cpu_s`
         self.claims = 0  # callers that chose this starter and have not yet sent their request (under ``_lock``)
         self.ready = self._wait_ready()
         if self.ready:
@@ -143,6 +149,7 @@ class _Server:
                 if "ended" in reply:
                     self.ended[int(reply["ended"])] = (int(reply["returncode"]), float(reply.get("cpu_s", 0.0)))
                     self.children.discard(int(reply["ended"]))
+                    self.reported_cpu_s += float(reply.get("cpu_s", 0.0))
                     _add_cpu(float(reply.get("cpu_s", 0.0)))
                 else:
                     self.started.append(reply)
@@ -191,7 +198,8 @@ class _Server:
             return None if self.alive else -9
 
     def close(self) -> None:
-        """End the starter (it kills what still runs) and reap it, so its CPU seconds reach this process."""
+        """End the starter (it kills what still runs) and reap it, so its CPU seconds reach this process: its
+        children's with them, which :func:`reaped_cpu_s` then stops counting."""
         with contextlib.suppress(OSError, ValueError):
             self.requests.close()
         try:
@@ -199,6 +207,11 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        with self.changed:  # the reader has seen every reply once the starter's stdout closed
+            if self.ready:
+                self.changed.wait_for(lambda: not self.alive, 5.0)
+            _add_cpu(-self.reported_cpu_s)
+            self.reported_cpu_s = 0.0
 
 
 class ForkedChild:
@@ -229,7 +242,8 @@ def _add_cpu(seconds: float) -> None:
 
 
 def reaped_cpu_s() -> float:
-    """CPU seconds of every preloaded child that has ended so far in this process."""
+    """CPU seconds of every preloaded child that has ended so far in this process and whose starter still runs
+    (those of a starter that ended are in ``getrusage(RUSAGE_CHILDREN)``)."""
     return _cpu[0]
 
 

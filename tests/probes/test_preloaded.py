@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import textwrap
@@ -106,10 +107,25 @@ def test_a_child_ended_by_a_signal_reads_as_popen_says_and_its_cpu_seconds_are_c
     assert sleeper.wait(PATIENCE_S) == -signal.SIGKILL
 
 
+def test_a_closed_starters_children_count_once(program: tuple[Path, dict[str, str]]) -> None:
+    """While the starter runs, its ended children's CPU seconds are in reaped_cpu_s; once it is reaped they are in
+    this process's RUSAGE_CHILDREN, and only there."""
+    folder, env = program
+    before = preloaded.reaped_cpu_s()
+    assert start(folder, env, "0.5", "0", "0").wait(PATIENCE_S) == 0
+    reported = preloaded.reaped_cpu_s() - before
+    assert reported >= 0.5
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    preloaded.close_all()  # the test's own starter
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime >= reported - 0.02
+    assert preloaded.reaped_cpu_s() == pytest.approx(before)
+
+
 def test_one_starter_serves_one_environment_but_each_child_its_own_port(program: tuple[Path, dict[str, str]]) -> None:
     folder, env = program
     first = start(folder, env, "0", "0", "0")
-    second = start(folder, {**env, "MASTER_PORT": "1"}, "0", "0", "0")
+    second = start(folder, {**env, "MASTER_PORT": "1", "PYTEST_CURRENT_TEST": "a.py::b (call)"}, "0", "0", "0")
     other = start(folder, {**env, "MARKER": "other"}, "0", "0", "0")
     assert isinstance(first, ForkedChild) and isinstance(second, ForkedChild) and isinstance(other, ForkedChild)
     assert first.server is second.server and other.server is not first.server
