@@ -39,8 +39,10 @@ PPO = {
     "reward": {"zero_stage": 0, "offload": "none"}, "hybrid_engine": False, "generation_batch": 2,
     "micro_batch": 2, "grad_accum": 1, "empty_cache": "after-inference",
 }  # fmt: skip
+# each probe child on one thread: the suite runs two workers on two cores, where a second OpenMP thread only spins
+PROBE_ENV = {"OMP_NUM_THREADS": "1"}
 JOBS = {
-    "sft": ({"workload": "sft", "batch": 2, "seq_len": 32}, SFT, 3),
+    "sft": ({"workload": "sft", "batch": 2, "seq_len": 32}, SFT, 2),
     "ppo": ({"workload": "ppo", "batch": 2, "prompt_len": 8, "gen_len": 4}, PPO, 2),
 }
 
@@ -56,29 +58,37 @@ class Probed:
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Probed]]:
     """The database and the two probes (sft, ppo) stored in it."""
-    from probes import run_probe
-
     folder = tmp_path_factory.mktemp("stream-probes")
     (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
     db = str(folder / "plans.db")
     found: dict[str, Probed] = {}
-    for name, (job, strategy, steps) in JOBS.items():
-        seen: list[ProbeResult] = []
-
-        def runner(request: ProbeRequest, seen: list[ProbeResult] = seen) -> ProbeResult:
-            seen.append(run_probe(request))
-            return seen[-1]
-
-        strategies = folder / f"{name}.json"
-        strategies.write_text(json.dumps([strategy]))
-        common: dict[str, Any] = {"gpu_mem": "24G", "cpu_mem": "64G", "layers": None, "timeout_s": 900.0}
-        report = probe(
-            str(folder), device="cpu", strategies=str(strategies), steps=steps, db=db, runner=runner, **job, **common
-        )
-        (row,) = report.rows
-        assert row.outcome == "ok", row.message
-        found[name] = Probed(row.probe_id, seen[-1])
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in PROBE_ENV.items():
+            patch.setenv(key, value)
+        for name, (job, strategy, steps) in JOBS.items():
+            found[name] = _probe(folder, db, name, job, strategy, steps)
     return db, found
+
+
+def _probe(folder: Path, db: str, name: str, job: dict[str, Any], strategy: dict[str, Any], steps: int) -> Probed:
+    """One of JOBS probed through ``planner.probe`` and stored in ``db``."""
+    from probes import run_probe
+
+    seen: list[ProbeResult] = []
+
+    def runner(request: ProbeRequest) -> ProbeResult:
+        seen.append(run_probe(request))
+        return seen[-1]
+
+    strategies = folder / f"{name}.json"
+    strategies.write_text(json.dumps([strategy]))
+    common: dict[str, Any] = {"gpu_mem": "24G", "cpu_mem": "64G", "layers": None, "timeout_s": 900.0}
+    report = probe(
+        str(folder), device="cpu", strategies=str(strategies), steps=steps, db=db, runner=runner, **job, **common
+    )
+    (row,) = report.rows
+    assert row.outcome == "ok", row.message
+    return Probed(row.probe_id, seen[-1])
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))

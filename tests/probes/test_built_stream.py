@@ -29,6 +29,7 @@ SMALL_LLAMA = {
 }  # fmt: skip
 JOB = {"workload": "sft", "batch": 2, "seq_len": 256, "gpu_mem": "24G", "cpu_mem": "64G", "dtype": "bf16"}
 STRATEGY = {"zero_stage": 2, "micro_batch": 2, "grad_accum": 1, "empty_cache": "never"}
+PROBE_ENV = {"OMP_NUM_THREADS": "1"}  # one thread: the suite's two workers share two cores, a second only spins
 RESERVED_BOUND = 0.05  # the built stream has fewer short-lived tensors than the recorded one
 ALLOCATED_BOUND = 0.02
 
@@ -40,10 +41,13 @@ def replays(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     (folder / "config.json").write_text(json.dumps(SMALL_LLAMA))
     (folder / "strategies.json").write_text(json.dumps([STRATEGY]))
     db = str(folder / "plans.db")
-    report = probe(
-        str(folder), device="cpu", strategies=str(folder / "strategies.json"), steps=3, layers=None,
-        timeout_s=900.0, db=db, **JOB,
-    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in PROBE_ENV.items():
+            patch.setenv(key, value)
+        report = probe(
+            str(folder), device="cpu", strategies=str(folder / "strategies.json"), steps=3, layers=None,
+            timeout_s=900.0, db=db, **JOB,
+        )  # fmt: skip
     (row,) = report.rows
     assert row.outcome == "ok", row.message
     stream = probe_stream(row.probe_id, db=db)
