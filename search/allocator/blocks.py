@@ -31,7 +31,16 @@ class Block:
         "segment",
     )
 
-    def __init__(self, stream: int, size: int, pool: BlockPool, ptr: int) -> None:
+    def __init__(
+        self,
+        stream: int,
+        size: int,
+        pool: BlockPool,
+        ptr: int,
+        segment: ExpandableSegment | None = None,
+        prev: Block | None = None,
+        after: Block | None = None,
+    ) -> None:
         self.stream = stream
         self.size = size
         self.requested_size = 0
@@ -39,10 +48,10 @@ class Block:
         self.ptr = ptr
         self.allocated = False
         self.mapped = True  # False only for the unmapped ranges of an expandable segment
-        self.prev: Block | None = None
-        self.next: Block | None = None
+        self.prev = prev
+        self.next = after
         self.gc_count_base = 0
-        self.segment: ExpandableSegment | None = None  # the expandable segment, None for a cudaMalloc
+        self.segment = segment  # the expandable segment, None for a cudaMalloc
 
     def is_split(self) -> bool:
         """A block with a neighbour is part of a split segment (``Block::is_split``)."""
@@ -97,10 +106,11 @@ class ExpandableSegment:
         need = (end - begin) * self.page
         if need == 0 or (free_bytes is not None and need > free_bytes):
             return start, 0
-        for index in range(begin, end):
-            if index in self.pages:
-                raise AssertionError(f"page {index} of the segment at {self.ptr:#x} is already mapped")
-            self.pages.add(index)
+        pages = range(begin, end)
+        if not self.pages.isdisjoint(pages):
+            index = min(self.pages.intersection(pages))
+            raise AssertionError(f"page {index} of the segment at {self.ptr:#x} is already mapped")
+        self.pages.update(pages)
         return start, need
 
     def unmap(self, ptr: int, size: int) -> tuple[int, int]:
@@ -109,51 +119,83 @@ class ExpandableSegment:
         end = (ptr + size - self.ptr) // self.page
         if begin >= end:
             return ptr, 0
-        for index in range(begin, end):
-            self.pages.remove(index)
+        pages = range(begin, end)
+        if not self.pages.issuperset(pages):
+            raise KeyError(min(set(pages) - self.pages))  # set.remove's error for the first unmapped page
+        self.pages.difference_update(pages)
         return self.ptr + begin * self.page, (end - begin) * self.page
+
+
+# A cached block's sort key (stream, size, address) packed into one int, compared as the tuple would be:
+# stream * 2**128 + size * 2**64 + address, exact while sizes and addresses stay below 2**64: every address is
+# below ADDRESS_LIMIT and above ADDRESS_BASE (2**32), so every block's size is below 2**64 - 2**32, and a
+# request's size is clamped to 2**64 - 1 (above every block's) before it is compared.
+FIELD_BITS = 64
+FIELD_MASK = (1 << FIELD_BITS) - 1
+STREAM_SHIFT = 2 * FIELD_BITS
+ADDRESS_LIMIT = 1 << FIELD_BITS  # simulated addresses (and so block sizes) stay below it
+
+
+def block_key(stream: int, size: int, ptr: int) -> int:
+    """The packed sort key of a block of ``size`` bytes at ``ptr`` on ``stream`` (see :data:`FIELD_BITS`)."""
+    return (stream << STREAM_SHIFT) + (size << FIELD_BITS) + ptr
 
 
 class BlockPool:
     """The cached free blocks of one size class (``struct BlockPool``).
 
-    ``keys`` is the sorted (stream, size, ptr) list of free mapped blocks and ``by_ptr`` finds a block by
-    its address; ``unmapped_keys``/``unmapped`` do the same for unmapped ranges by (stream, ptr).
+    ``order`` is the sorted list of the free mapped blocks' packed (stream, size, ptr) keys
+    (:func:`block_key`; :attr:`keys` unpacks them) and ``by_ptr`` finds a block by its address;
+    ``unmapped_keys``/``unmapped`` do the same for unmapped ranges by (stream, ptr).
     ``get_free_blocks_call_count`` ages the blocks for garbage collection.
     """
 
-    __slots__ = ("is_small", "keys", "by_ptr", "unmapped_keys", "unmapped", "get_free_blocks_call_count")
+    __slots__ = ("is_small", "order", "by_ptr", "unmapped_keys", "unmapped", "get_free_blocks_call_count")
 
     def __init__(self, is_small: bool) -> None:
         self.is_small = is_small
-        self.keys: list[tuple[int, int, int]] = []
+        self.order: list[int] = []
         self.by_ptr: dict[int, Block] = {}
         self.unmapped_keys: list[tuple[int, int]] = []
         self.unmapped: dict[int, Block] = {}
         self.get_free_blocks_call_count = 0
 
+    @property
+    def keys(self) -> list[tuple[int, int, int]]:
+        """The cached blocks' (stream, size, ptr) in the sort order (unpacked from :attr:`order`)."""
+        return [(key >> STREAM_SHIFT, (key >> FIELD_BITS) & FIELD_MASK, key & FIELD_MASK) for key in self.order]
+
     def insert_into_blocks(self, block: Block) -> None:
         """Cache a free block, restarting its garbage-collection age (``BlockPool::insert_into_blocks``)."""
         block.gc_count_base = self.get_free_blocks_call_count
-        insort(self.keys, (block.stream, block.size, block.ptr))
+        insort(self.order, (block.stream << STREAM_SHIFT) + (block.size << FIELD_BITS) + block.ptr)
         self.by_ptr[block.ptr] = block
 
     def erase(self, block: Block) -> None:
         """Take a free block out of the cache (``blocks.erase``)."""
-        key = (block.stream, block.size, block.ptr)
-        i = bisect_left(self.keys, key)
-        if i == len(self.keys) or self.keys[i] != key:
+        order = self.order
+        key = (block.stream << STREAM_SHIFT) + (block.size << FIELD_BITS) + block.ptr
+        i = bisect_left(order, key)
+        if i == len(order) or order[i] != key:
             raise AssertionError(f"{block!r} is not cached")
-        del self.keys[i]
+        del order[i]
         del self.by_ptr[block.ptr]
 
     def lower_bound(self, stream: int, size: int) -> int:
         """Index of the first cached block not below (stream, size, null pointer) in the sort order."""
-        return bisect_left(self.keys, (stream, size, 0))
+        return bisect_left(self.order, (stream << STREAM_SHIFT) + (min(size, FIELD_MASK) << FIELD_BITS))
 
     def at(self, index: int) -> Block:
         """The cached block at ``index`` of the sort order."""
-        return self.by_ptr[self.keys[index][2]]
+        return self.by_ptr[self.order[index] & FIELD_MASK]
+
+    def stream_at(self, index: int) -> int:
+        """The stream of the cached block at ``index``."""
+        return self.order[index] >> STREAM_SHIFT
+
+    def size_at(self, index: int) -> int:
+        """The size of the cached block at ``index``."""
+        return (self.order[index] >> FIELD_BITS) & FIELD_MASK
 
     def insert_unmapped(self, block: Block) -> None:
         insort(self.unmapped_keys, (block.stream, block.ptr))
@@ -222,6 +264,13 @@ class AllocatorStats:
     num_sync_all_streams: int = 0
     num_device_alloc: int = 0
     num_device_free: int = 0
+
+    def __post_init__(self) -> None:
+        # Every free completes at once here (no record_stream, so no block waits on a stream's events): a block
+        # is active exactly while it is allocated, and torch's active counters move with the allocation ones
+        # (alloc_found_block raises both, free and free_block lower both). One counter each, kept once.
+        self.active = self.allocation
+        self.active_bytes = self.allocated_bytes
 
     def reset_peak(self) -> None:
         """``resetPeakStats``: every peak restarts from its current value."""

@@ -12,10 +12,11 @@ else an out-of-memory error, counted in ``num_ooms``. Addresses are simulated; a
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
+from typing import NamedTuple
 
-from search.allocator.blocks import Block, BlockPool
-from search.allocator.config import AllocatorConfig, allocation_size, round_size
+from search.allocator.blocks import ADDRESS_LIMIT, FIELD_BITS, FIELD_MASK, STREAM_SHIFT, Block, BlockPool
+from search.allocator.config import MIN_BLOCK_SIZE, SMALL_SIZE, AllocatorConfig, allocation_size, round_size
 from search.allocator.core import AllocParams
 from search.allocator.expandable import ExpandableCore
 
@@ -32,6 +33,17 @@ class AllocatorOOM(MemoryError):
         )
 
 
+class Sizing(NamedTuple):
+    """What the allocator's rules make of one request size (each depends on the size alone)."""
+
+    rounded: int  # round_size
+    alloc_size: int  # get_allocation_size: the segment a cudaMalloc gets for it
+    pool: BlockPool  # get_pool
+    probe: int  # the (size, null pointer) part of the packed key get_free_block searches from
+    split_at: int  # should_split: the rest of a block split off when it is at least this
+    too_large: int  # get_free_block: a cached block this large or larger is not taken for it
+
+
 class CachingAllocator(ExpandableCore):
     """One device's caching allocator: ``malloc``/``free`` by handle, ``empty_cache``, ``reset_peak``.
 
@@ -41,41 +53,158 @@ class CachingAllocator(ExpandableCore):
 
     def __init__(self, config: AllocatorConfig = AllocatorConfig(), device_bytes: int | None = None) -> None:  # noqa: B008
         super().__init__(config, device_bytes)
-        self._sizing: dict[int, tuple[int, int]] = {}  # request size -> (rounded size, segment size)
+        self._sizing: dict[int, Sizing] = {}  # request size -> its rules, worked out once per size
+
+    def sizing(self, size: int) -> Sizing:
+        """What the rules make of a request of ``size`` bytes, which depends on the size alone (:class:`Sizing`)."""
+        rounded = round_size(size, self.config)
+        pool = self.get_pool(rounded)
+        max_split = self.max_split
+        if pool.is_small or self.expandable:  # should_split: a rest of kMinBlockSize or more is split off
+            split_at = MIN_BLOCK_SIZE
+        else:  # large pool: a rest of more than kSmallSize, and only for a request below max_split_size
+            split_at = SMALL_SIZE + 1 if rounded < max_split else ADDRESS_LIMIT  # no block reaches 2**64
+        # get_free_block refuses an oversize block for a request below max_split_size, and for an oversize
+        # request a block max_non_split_rounding_size or more larger than it
+        too_large = max_split if rounded < max_split else rounded + self.max_non_split_rounding
+        return Sizing(
+            rounded,
+            allocation_size(rounded, self.config),
+            pool,
+            min(rounded, FIELD_MASK) << FIELD_BITS,
+            split_at,
+            too_large,
+        )
 
     def malloc(self, size: int, stream: int = 0) -> int:
         """Allocate ``size`` bytes on ``stream``; returns the block's handle (``DeviceCachingAllocator::malloc``).
 
         A request of 0 bytes returns the null handle 0 without touching the allocator, as ``allocate`` does.
         Raises :class:`AllocatorOOM` when even the retries after releasing the cache fail.
+
+        The cached-block path runs once per event of a replayed stream, so ``get_free_block``,
+        ``should_split`` and ``alloc_found_block`` are written out here on local names (each part marked),
+        with the size rules worked out once per size (:meth:`sizing`) and the
+        :class:`~search.allocator.blocks.Stat` counters updated in place (``increase_stat``'s arithmetic).
         """
         if size == 0:
             return 0
         sizing = self._sizing.get(size)
-        if sizing is None:  # the rounding rules depend on the size alone: worked out once per size
-            rounded = round_size(size, self.config)
-            sizing = self._sizing[size] = (rounded, allocation_size(rounded, self.config))
-        rounded, alloc_size = sizing
-        p = AllocParams(rounded, stream, self.get_pool(rounded), alloc_size)
-        found = self.get_free_block(p)
-        if not found:
-            if self.gc_armed:
-                self.garbage_collect_cached_blocks()
-            found = (
-                self.alloc_block(p, is_retry=False)
-                or (self.release_available_cached_blocks(p) and self.alloc_block(p, is_retry=False))
-                or (self.release_cached_blocks() and self.alloc_block(p, is_retry=True))
-            )
+        if sizing is None:
+            sizing = self._sizing[size] = self.sizing(size)
+        rounded, alloc_size, pool, probe, split_at, too_large = sizing
+        # get_free_block: the first cached block at or after (stream, size, null pointer) in the sort order,
+        # counted as a search for garbage collection when collection is armed
+        if self.gc_armed:
+            pool.get_free_blocks_call_count += 1
+        order, by_ptr = pool.order, pool.by_ptr
+        i = bisect_left(order, (stream << STREAM_SHIFT) + probe)
+        block = None
+        if i < len(order) and order[i] >> STREAM_SHIFT == stream:
+            block = by_ptr[order[i] & FIELD_MASK]
+            if block.segment is not None:
+                # with expandable segments, a block that can grow into the unmapped range after it is ranked
+                # by that grown size (only expandable blocks exist when they are on)
+                after = block.next
+                grown = block.size + (after.size if after is not None and not after.mapped else 0)
+                j, n = i + 1, len(order)
+                while block.segment is not None and j < n and order[j] >> STREAM_SHIFT == stream:
+                    candidate = by_ptr[order[j] & FIELD_MASK]
+                    after = candidate.next
+                    candidate_grown = candidate.size + (after.size if after is not None and not after.mapped else 0)
+                    if candidate_grown >= grown:
+                        break
+                    block, grown, i = candidate, candidate_grown, j
+                    j += 1
+            if block.size >= too_large:
+                block = None
+            else:  # blocks.erase(block): its key is order[i]
+                del order[i]
+                del by_ptr[block.ptr]
+        if block is None:
+            block = self.new_block(AllocParams(rounded, stream, pool, alloc_size), size)
+        # alloc_found_block: split off the rest as a cached free block when should_split says so;
+        # inactive_split_bytes (never for expandable segments): a new split adds the rest, shrinking an already
+        # split free block takes the request away, reusing a whole split block takes it all
+        stats = self.stats
+        rest = block.size - rounded
+        if rest >= split_at:
+            remaining = block
+            segment, before, ptr = remaining.segment, remaining.prev, remaining.ptr
+            if segment is None:
+                already_split = before is not None or remaining.next is not None
+            block = Block(stream, rounded, pool, ptr, segment, before, remaining)
+            if before is not None:
+                before.next = block
+            remaining.prev = block
+            ptr += rounded
+            remaining.ptr = ptr
+            remaining.size = rest
+            # pool.insert_into_blocks(remaining)
+            remaining.gc_count_base = pool.get_free_blocks_call_count
+            insort(order, (stream << STREAM_SHIFT) + (rest << FIELD_BITS) + ptr)
+            by_ptr[ptr] = remaining
+            if segment is None:
+                stat = stats.inactive_split_bytes
+                if already_split:
+                    stat.current -= rounded
+                else:
+                    stat.current += rest
+                    if stat.current > stat.peak:
+                        stat.peak = stat.current
+                    stat = stats.inactive_split
+                    stat.current += 1
+                    if stat.current > stat.peak:
+                        stat.peak = stat.current
+        elif block.segment is None and (block.prev is not None or block.next is not None):  # already split
+            stats.inactive_split_bytes.current -= block.size
+            stats.inactive_split.current -= 1
+        block.allocated = True
+        block.requested_size = size
+        ptr = block.ptr
+        self.allocated_blocks[ptr] = block
+        held = block.size
+        stat = stats.allocation  # also stats.active (one counter, see AllocatorStats)
+        stat.current += 1
+        if stat.current > stat.peak:
+            stat.peak = stat.current
+        stat = stats.allocated_bytes  # also stats.active_bytes
+        stat.current += held
+        if stat.current > stat.peak:
+            stat.peak = stat.current
+        stat = stats.requested_bytes
+        stat.current += size
+        if stat.current > stat.peak:
+            stat.peak = stat.current
+        if held >= self.max_split:
+            stats.oversize_allocations.increase(1)
+        return ptr
+
+    def new_block(self, p: AllocParams, size: int) -> Block:
+        """The block for a request no cached block serves (``malloc`` after ``get_free_block`` failed): garbage
+        collection when armed, then a new segment; else release cached oversize blocks and retry; else release
+        the whole cache and retry; else raise :class:`AllocatorOOM` (``size``: the request as asked)."""
+        if self.gc_armed:
+            self.garbage_collect_cached_blocks()
+        found = (
+            self.alloc_block(p, is_retry=False)
+            or (self.release_available_cached_blocks(p) and self.alloc_block(p, is_retry=False))
+            or (self.release_cached_blocks() and self.alloc_block(p, is_retry=True))
+        )
         if not found or p.block is None:
-            self.stats.num_ooms += 1
             stats = self.stats
+            stats.num_ooms += 1
             raise AllocatorOOM(
                 size, p.alloc_size, stats.reserved_bytes.current, stats.allocated_bytes.current, self.device_bytes
             )
-        return self.alloc_found_block(p, size, self.should_split(p.block, rounded)).ptr
+        return p.block
 
     def free(self, handle: int) -> None:
-        """Free the block behind ``handle`` (``DeviceCachingAllocator::free``); the null handle is ignored."""
+        """Free the block behind ``handle`` (``DeviceCachingAllocator::free``); the null handle is ignored.
+
+        ``free_block`` is written out here (see :meth:`malloc`): the block goes back to its pool merged with
+        the free neighbours of its segment (``try_merge_blocks``), ``inactive_split`` following the net change.
+        """
         if handle == 0:
             return
         block = self.allocated_blocks.pop(handle, None)
@@ -83,11 +212,51 @@ class CachingAllocator(ExpandableCore):
             raise ValueError(f"invalid device pointer: {handle:#x}")
         block.allocated = False
         stats = self.stats
-        stats.allocation.decrease(1)
-        stats.allocated_bytes.decrease(block.size)
-        if block.size >= self.max_split:
+        held = block.size
+        stats.allocation.current -= 1  # also stats.active
+        stats.allocated_bytes.current -= held  # also stats.active_bytes
+        stats.requested_bytes.current -= block.requested_size
+        if held >= self.max_split:
             stats.oversize_allocations.decrease(1)
-        self.free_block(block)
+        # free_block
+        pool, mapped = block.pool, block.mapped
+        merged_blocks = merged_bytes = 0
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated and before.mapped == mapped:  # try_merge_blocks: [src dst]
+            block.ptr = before.ptr
+            block.prev = before.prev
+            if before.prev is not None:
+                before.prev.next = block
+            block.size += before.size
+            merged_blocks, merged_bytes = 1, before.size
+            pool.erase(before) if mapped else pool.erase_unmapped(before)
+        if after is not None and not after.allocated and after.mapped == mapped:  # try_merge_blocks: [dst src]
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+            block.size += after.size
+            merged_blocks += 1
+            merged_bytes += after.size
+            pool.erase(after) if mapped else pool.erase_unmapped(after)
+        size, ptr = block.size, block.ptr
+        block.gc_count_base = pool.get_free_blocks_call_count  # pool.insert_into_blocks(block)
+        insort(pool.order, (block.stream << STREAM_SHIFT) + (size << FIELD_BITS) + ptr)
+        pool.by_ptr[ptr] = block
+        if block.segment is None:  # expandable segments stay out of inactive_split, as in the source
+            if block.prev is not None or block.next is not None:
+                net_blocks, net_bytes = 1 - merged_blocks, size - merged_bytes
+            else:
+                net_blocks, net_bytes = -merged_blocks, -merged_bytes
+            if net_blocks:
+                stat = stats.inactive_split
+                stat.current += net_blocks
+                if stat.current > stat.peak:
+                    stat.peak = stat.current
+            if net_bytes:
+                stat = stats.inactive_split_bytes
+                stat.current += net_bytes
+                if stat.current > stat.peak:
+                    stat.peak = stat.current
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()`` (``emptyCache`` -> ``release_cached_blocks``)."""
@@ -136,20 +305,20 @@ class CachingAllocator(ExpandableCore):
         pool, stream = p.pool, p.stream
         target = max(p.size, self.max_split)
         i = pool.lower_bound(stream, target)
-        if i < len(pool.keys) and pool.keys[i][0] == stream:
+        if i < len(pool.order) and pool.stream_at(i) == stream:
             self.release_oversize_block(pool, i)
             return True
         if i == 0:
             return False
         released = 0
         i -= 1  # the largest block of the stream, then down
-        while released < target and pool.keys[i][1] >= self.max_split and pool.keys[i][0] == stream:
-            below = pool.keys[i - 1] if i > 0 else None
-            released += pool.keys[i][1]
+        while released < target and pool.size_at(i) >= self.max_split and pool.stream_at(i) == stream:
+            below = pool.order[i - 1] if i > 0 else None
+            released += pool.size_at(i)
             self.release_oversize_block(pool, i)
             if below is None:
                 break
-            i = bisect_left(pool.keys, below)  # an unmap may have cached blocks before it
+            i = bisect_left(pool.order, below)  # an unmap may have cached blocks before it
         return released >= target
 
     def release_oversize_block(self, pool: BlockPool, index: int) -> None:
@@ -172,7 +341,7 @@ class CachingAllocator(ExpandableCore):
         """cudaFree each cached unsplit segment; unmap the whole free pages of expandable segments, dropping
         a segment left with nothing mapped (``release_blocks``)."""
         to_unmap = []
-        for block in [pool.at(i) for i in range(len(pool.keys))]:
+        for block in [pool.at(i) for i in range(len(pool.order))]:
             if block.segment is not None:
                 to_unmap.append(block)
             elif block.prev is None and block.next is None:
@@ -195,7 +364,7 @@ class CachingAllocator(ExpandableCore):
             return
         target = self.total_allocated_memory - threshold
         pool = self.large_blocks
-        ages = [b.gc_count() for b in (pool.at(i) for i in range(len(pool.keys))) if not b.is_split()]
+        ages = [b.gc_count() for b in (pool.at(i) for i in range(len(pool.order))) if not b.is_split()]
         total_age, count = sum(ages), len(ages)
         if count == 0:
             return
@@ -203,7 +372,7 @@ class CachingAllocator(ExpandableCore):
         while reclaimed < target and freed and count > 0:
             age_threshold = total_age / count
             freed = False
-            for block in [pool.at(i) for i in range(len(pool.keys))]:
+            for block in [pool.at(i) for i in range(len(pool.order))]:
                 if not block.is_split() and block.gc_count() >= age_threshold:
                     freed = True
                     reclaimed += block.size

@@ -1,4 +1,4 @@
-"""The allocator's state and its block-level rules: best fit, split, merge, segment release.
+"""The allocator's state and its block-level rules shared by its paths: merge, segment release.
 
 Each method follows the function of ``DeviceCachingAllocator`` (``c10/cuda/CUDACachingAllocator.cpp`` at
 001074d25084fdb87a799823e395a50f5ec044d3) named in its docstring. Not modelled, because an allocation
@@ -8,8 +8,8 @@ every free is completed at once), free-memory callbacks, and the per-pool (small
 
 from __future__ import annotations
 
-from search.allocator.blocks import AllocatorStats, Block, BlockPool
-from search.allocator.config import MIN_BLOCK_SIZE, SMALL_SIZE, AllocatorConfig
+from search.allocator.blocks import ADDRESS_LIMIT, AllocatorStats, Block, BlockPool
+from search.allocator.config import SMALL_SIZE, AllocatorConfig
 
 ADDRESS_BASE = 1 << 32  # simulated device addresses start here; each segment gets a fresh range
 
@@ -37,6 +37,8 @@ class AllocatorCore:
         self.config = config
         self.device_bytes = device_bytes
         self.max_split = config.split_limit
+        self.max_non_split_rounding = config.max_non_split_rounding_size
+        self.expandable = config.expandable_segments
         self.small_blocks = BlockPool(is_small=True)
         self.large_blocks = BlockPool(is_small=False)
         self.stats = AllocatorStats()
@@ -49,8 +51,13 @@ class AllocatorCore:
         self._next_address = ADDRESS_BASE
 
     def new_address_range(self, size: int) -> int:
-        """A fresh simulated device address range of ``size`` bytes (what cudaMalloc would return)."""
+        """A fresh simulated device address range of ``size`` bytes (what cudaMalloc would return).
+
+        Raises AssertionError past :data:`~search.allocator.blocks.ADDRESS_LIMIT` (2**64), where the packed
+        sort keys of the pools would stop ordering as the source's (stream, size, address) tuples do."""
         ptr = self._next_address
+        if ptr + size > ADDRESS_LIMIT:
+            raise AssertionError(f"the simulated address space (2**64 bytes) cannot hold {size} more bytes")
         self._next_address += size
         return ptr
 
@@ -61,125 +68,6 @@ class AllocatorCore:
     def get_pool(self, size: int) -> BlockPool:
         """Small pool for rounded sizes up to 1 MiB, else large (``get_pool``)."""
         return self.small_blocks if size <= SMALL_SIZE else self.large_blocks
-
-    def get_free_block(self, p: AllocParams) -> bool:
-        """Best fit among the cached blocks of the request's stream and pool (``get_free_block``).
-
-        The first block at or after (stream, size) is taken unless: it belongs to another stream; the request
-        is below ``max_split_size`` and the block is not (an oversize block is kept for oversize requests);
-        the request is oversize and the block is ``max_non_split_rounding_size`` (20 MiB) or more larger.
-        With expandable segments, a block that could grow into the unmapped range after it is ranked by that
-        grown size. Counts a search for garbage collection only when collection is armed.
-        """
-        pool = p.pool
-        if self.gc_armed:
-            pool.get_free_blocks_call_count += 1
-        keys = pool.keys
-        i = pool.lower_bound(p.stream, p.size)
-        if i == len(keys) or keys[i][0] != p.stream:
-            return False
-        block = pool.at(i)
-        if block.segment is not None:
-            # rank the expandable block by the size it can grow to (only expandable blocks exist when on)
-            def expandable_size(b: Block) -> int:
-                nxt = b.next
-                return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
-            j = i + 1
-            while block.segment is not None and j < len(keys) and keys[j][0] == p.stream:
-                candidate = pool.at(j)
-                if expandable_size(candidate) >= expandable_size(block):
-                    break
-                block, j = candidate, j + 1
-        if p.size < self.max_split <= block.size:
-            return False
-        if p.size >= self.max_split and block.size >= p.size + self.config.max_non_split_rounding_size:
-            return False
-        pool.erase(block)
-        p.block = block
-        return True
-
-    def should_split(self, block: Block, size: int) -> bool:
-        """Whether the rest of ``block`` after ``size`` bytes becomes a free block of its own (``should_split``).
-
-        Small pool, or expandable segments on: when 512 bytes or more remain. Large pool: when the request is
-        below ``max_split_size`` and more than 1 MiB remains.
-        """
-        remaining = block.size - size
-        if block.pool.is_small or self.config.expandable_segments:
-            return remaining >= MIN_BLOCK_SIZE
-        return size < self.max_split and remaining > SMALL_SIZE
-
-    def alloc_found_block(self, p: AllocParams, orig_size: int, split_remainder: bool) -> Block:
-        """Hand out ``p.block``, first splitting off its remainder as a cached free block (``alloc_found_block``).
-
-        ``inactive_split_bytes`` follows the source: a new split adds the remainder, shrinking an already
-        split free block takes the request away, reusing a whole split block takes it all; never for blocks
-        of expandable segments.
-        """
-        block = p.block
-        assert block is not None
-        size, pool, stats = p.size, p.pool, self.stats
-        already_split = block.is_split()
-        if split_remainder:
-            remaining = block
-            block = Block(p.stream, size, pool, remaining.ptr)
-            block.segment = remaining.segment
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
-            block.next = remaining
-            remaining.prev = block
-            remaining.ptr += size
-            remaining.size -= size
-            pool.insert_into_blocks(remaining)
-            if block.segment is None:
-                if already_split:
-                    stats.inactive_split_bytes.decrease(size)
-                else:
-                    stats.inactive_split_bytes.increase(remaining.size)
-                    stats.inactive_split.increase(1)
-        elif already_split and block.segment is None:
-            stats.inactive_split_bytes.decrease(block.size)
-            stats.inactive_split.decrease(1)
-        block.allocated = True
-        block.requested_size = orig_size
-        self.allocated_blocks[block.ptr] = block
-        stats.allocation.increase(1)
-        stats.allocated_bytes.increase(block.size)
-        stats.active.increase(1)
-        stats.active_bytes.increase(block.size)
-        stats.requested_bytes.increase(orig_size)
-        if block.size >= self.max_split:
-            stats.oversize_allocations.increase(1)
-        return block
-
-    def free_block(self, block: Block) -> None:
-        """Return a block to its pool, merged with free neighbours of its segment (``free_block``)."""
-        pool, stats = block.pool, self.stats
-        original_size, requested = block.size, block.requested_size
-        net_blocks = net_bytes = 0
-        for candidate in (block.prev, block.next):
-            subsumed = self.try_merge_blocks(block, candidate, pool)
-            if subsumed:
-                net_blocks -= 1
-                net_bytes -= subsumed
-        pool.insert_into_blocks(block)
-        if block.is_split():
-            net_blocks += 1
-            net_bytes += block.size
-        if block.segment is None:  # expandable segments stay out of inactive_split, as in the source
-            if net_blocks > 0:
-                stats.inactive_split.increase(net_blocks)
-            elif net_blocks < 0:
-                stats.inactive_split.decrease(-net_blocks)
-            if net_bytes > 0:
-                stats.inactive_split_bytes.increase(net_bytes)
-            elif net_bytes < 0:
-                stats.inactive_split_bytes.decrease(-net_bytes)
-        stats.active.decrease(1)
-        stats.active_bytes.decrease(original_size)
-        stats.requested_bytes.decrease(requested)
 
     @staticmethod
     def try_merge_blocks(dst: Block, src: Block | None, pool: BlockPool) -> int:

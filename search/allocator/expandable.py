@@ -27,21 +27,21 @@ class ExpandableCore(AllocatorCore):
         """The lowest-addressed run of free and unmapped blocks of ``stream`` with room for ``size`` bytes,
         or a new segment's whole unmapped range (``find_expandable_block``)."""
 
-        def room(b: Block | None) -> bool:
-            got = 0
+        keys, unmapped = pool.unmapped_keys, pool.unmapped
+        b: Block | None
+        for i in range(bisect_left(keys, (stream, 0)), len(keys)):  # unmapped.lower_bound(stream, null)
+            key = keys[i]
+            if key[0] != stream:
+                break
+            c = unmapped[key[1]]
+            if c.prev is not None and not c.prev.allocated:
+                c = c.prev  # a free block right before the gap can grow into it
+            # is there room for size bytes in the free and unmapped blocks from c on?
+            got, b = 0, c
             while got < size and b is not None and not b.allocated:
                 got += b.size
                 b = b.next
-            return got >= size
-
-        keys = pool.unmapped_keys
-        for key in keys[bisect_left(keys, (stream, 0)) :]:  # unmapped.lower_bound(stream, null)
-            if key[0] != stream:
-                break
-            c = pool.unmapped[key[1]]
-            if c.prev is not None and not c.prev.allocated:
-                c = c.prev  # a free block right before the gap can grow into it
-            if room(c):
+            if got >= size:
                 return c
         page = SMALL_BUFFER if pool.is_small else self.config.large_segment_size
         memory = self.device_bytes

@@ -120,11 +120,11 @@ def replay(
     phases: list[PhaseReplay] = []
     samples: list[Sample] = []
     window = _PhaseWindow("start", allocator)
-    in_start, start_used = True, False
+    events = stream.events
+    # events before the first PHASE marker (there are some when the stream does not open with one) form "start"
+    in_start, start_used = True, bool(events) and events[0][0] != PHASE
     oom_event: int | None = None
-    for index, (op, key, size, on_stream, _kind) in enumerate(stream.events):
-        if in_start and op != PHASE:
-            start_used = True
+    for index, (op, key, size, on_stream, _kind) in enumerate(events):
         if op == ALLOC:
             try:
                 handles[key] = malloc(size, on_stream)
