@@ -34,6 +34,13 @@ pytest_plugins = ["cpu_budget", "op_builds", "pytester"]
 # __pycache__ folders, which git ignores.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# One OpenMP thread per process (unless the developer set a number): `make test` runs two workers on two cores, each
+# with probe children, and torch's default of one thread per core had their threads spin-wait for a core the other
+# held. Two copies of tests/probes/test_warmup.py + test_qlora_probe.py side by side on the 2-core EPYC spent 72
+# CPU s each, 51 with one thread. Set before torch is imported here (OpenMP reads it when torch loads it); a
+# tree of children inherits it, so single-rank probes and rank groups (torchrun's OMP_NUM_THREADS=1) share a
+# preloaded starter.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
