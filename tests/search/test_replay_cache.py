@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import pytest
 
@@ -30,18 +31,20 @@ def _step(micro_batch: int, seq_len: int) -> Step:
 
 
 def _track_new_streams(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[AllocStream]]:
-    """Weak references to every AllocStream made from now on (however it is made: ``__new__``): what is alive
-    of them is read from these instead of scanning every object of the process (``gc.get_objects``), whose cost
-    grows with everything the other tests of a worker left on the heap. (A list of references, not a WeakSet: a
-    stream is hashed by its fields, which ``__new__`` has not set yet.)"""
+    """Weak references to every AllocStream made from now on (each is made through its dataclass ``__init__``,
+    ``dataclasses.replace`` too): what is alive of them is read from these instead of scanning every object of
+    the process (``gc.get_objects``), whose cost grows with everything the other tests of a worker left on the
+    heap. ``__init__`` is wrapped, not ``__new__``: a ``__new__`` set on the class and then deleted leaves
+    CPython's slot calling ``object.__new__`` with the fields ("takes exactly one argument") for every later test
+    of the worker."""
     made: list[weakref.ref[AllocStream]] = []
+    init = AllocStream.__init__
 
-    def new(cls: type[AllocStream], *args: object, **kwargs: object) -> AllocStream:
-        stream = object.__new__(cls)
+    def tracked_init(stream: AllocStream, *args: Any, **kwargs: Any) -> None:
+        init(stream, *args, **kwargs)
         made.append(weakref.ref(stream))
-        return stream
 
-    monkeypatch.setattr(AllocStream, "__new__", new)
+    monkeypatch.setattr(AllocStream, "__init__", tracked_init)
     return made
 
 
