@@ -103,19 +103,7 @@ class CachingAllocator(ExpandableCore):
         if i < len(order) and order[i] >> STREAM_SHIFT == stream:
             block = by_ptr[order[i] & FIELD_MASK]
             if block.segment is not None:
-                # with expandable segments, a block that can grow into the unmapped range after it is ranked
-                # by that grown size (only expandable blocks exist when they are on)
-                after = block.next
-                grown = block.size + (after.size if after is not None and not after.mapped else 0)
-                j, n = i + 1, len(order)
-                while block.segment is not None and j < n and order[j] >> STREAM_SHIFT == stream:
-                    candidate = by_ptr[order[j] & FIELD_MASK]
-                    after = candidate.next
-                    candidate_grown = candidate.size + (after.size if after is not None and not after.mapped else 0)
-                    if candidate_grown >= grown:
-                        break
-                    block, grown, i = candidate, candidate_grown, j
-                    j += 1
+                block, i = _least_grown(order, by_ptr, i, stream, block)
             if block.size >= too_large:
                 block = None
             else:  # blocks.erase(block): its key is order[i]
@@ -129,33 +117,7 @@ class CachingAllocator(ExpandableCore):
         stats = self.stats
         rest = block.size - rounded
         if rest >= split_at:
-            remaining = block
-            segment, before, ptr = remaining.segment, remaining.prev, remaining.ptr
-            if segment is None:
-                already_split = before is not None or remaining.next is not None
-            block = Block(stream, rounded, pool, ptr, segment, before, remaining)
-            if before is not None:
-                before.next = block
-            remaining.prev = block
-            ptr += rounded
-            remaining.ptr = ptr
-            remaining.size = rest
-            # pool.insert_into_blocks(remaining)
-            remaining.gc_count_base = pool.get_free_blocks_call_count
-            insort(order, (stream << STREAM_SHIFT) + (rest << FIELD_BITS) + ptr)
-            by_ptr[ptr] = remaining
-            if segment is None:
-                stat = stats.inactive_split_bytes
-                if already_split:
-                    stat.current -= rounded
-                else:
-                    stat.current += rest
-                    if stat.current > stat.peak:
-                        stat.peak = stat.current
-                    stat = stats.inactive_split
-                    stat.current += 1
-                    if stat.current > stat.peak:
-                        stat.peak = stat.current
+            block = self._split_off(block, rounded, rest, stream, pool)
         elif block.segment is None and (block.prev is not None or block.next is not None):  # already split
             stats.inactive_split_bytes.current -= block.size
             stats.inactive_split.current -= 1
@@ -179,6 +141,37 @@ class CachingAllocator(ExpandableCore):
         if held >= self.max_split:
             stats.oversize_allocations.increase(1)
         return ptr
+
+    def _split_off(self, remaining: Block, rounded: int, rest: int, stream: int, pool: BlockPool) -> Block:
+        """alloc_found_block's split: a new block of ``rounded`` bytes takes the front of ``remaining``, whose
+        ``rest`` goes back to the pool as a cached free block; returns the new block."""
+        stats = self.stats
+        segment, before, ptr = remaining.segment, remaining.prev, remaining.ptr
+        already_split = segment is None and (before is not None or remaining.next is not None)
+        block = Block(stream, rounded, pool, ptr, segment, before, remaining)
+        if before is not None:
+            before.next = block
+        remaining.prev = block
+        ptr += rounded
+        remaining.ptr = ptr
+        remaining.size = rest
+        # pool.insert_into_blocks(remaining)
+        remaining.gc_count_base = pool.get_free_blocks_call_count
+        insort(pool.order, (stream << STREAM_SHIFT) + (rest << FIELD_BITS) + ptr)
+        pool.by_ptr[ptr] = remaining
+        if segment is None:
+            stat = stats.inactive_split_bytes
+            if already_split:
+                stat.current -= rounded
+            else:
+                stat.current += rest
+                if stat.current > stat.peak:
+                    stat.peak = stat.current
+                stat = stats.inactive_split
+                stat.current += 1
+                if stat.current > stat.peak:
+                    stat.peak = stat.current
+        return block
 
     def new_block(self, p: AllocParams, size: int) -> Block:
         """The block for a request no cached block serves (``malloc`` after ``get_free_block`` failed): garbage
@@ -379,3 +372,21 @@ class CachingAllocator(ExpandableCore):
                     total_age -= block.gc_count()
                     count -= 1
                     self.release_block(block)
+
+
+def _least_grown(order: list[int], by_ptr: dict[int, Block], i: int, stream: int, block: Block) -> tuple[Block, int]:
+    """get_free_block with expandable segments: from ``block`` (at ``order[i]``) on, the first block on ``stream``
+    whose size grown into the unmapped range after it is not below the next one's (only expandable blocks exist
+    when they are on); the block and its index in ``order``."""
+    after = block.next
+    grown = block.size + (after.size if after is not None and not after.mapped else 0)
+    j, n = i + 1, len(order)
+    while block.segment is not None and j < n and order[j] >> STREAM_SHIFT == stream:
+        candidate = by_ptr[order[j] & FIELD_MASK]
+        after = candidate.next
+        candidate_grown = candidate.size + (after.size if after is not None and not after.mapped else 0)
+        if candidate_grown >= grown:
+            break
+        block, grown, i = candidate, candidate_grown, j
+        j += 1
+    return block, i
