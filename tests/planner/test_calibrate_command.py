@@ -166,7 +166,9 @@ def test_the_cpu_backend_is_calibrated_end_to_end(cli: Cli, db: Path, tmp_path: 
     assert errors["after"]["time"]["rms_log"] <= errors["before"]["time"]["rms_log"]
     assert errors["held_out"]["time"]["count"] == errors["before"]["time"]["count"] == 9  # 3 phases x 3 probes
     determined = {p["name"]: p for p in report["parameters"] if p["determined"]}
-    assert "host_s_per_kernel" in determined or "gpu.matmul_efficiency" in determined
+    # the step times determine a time term; which one (the matmul rate, the HBM rate, the kernel issue time) is
+    # this machine's: one OpenMP thread (the suite's setting) makes the element-wise terms the ones that move
+    assert any(p["moves"] == "time" for p in determined.values()), sorted(determined)
     assert "cublas_workspace_bytes" not in determined  # the CPU backend has no cuBLAS workspace
     terms = report["host_terms"]  # this machine's device: its host benchmark ran (probes/measure/host_rates.py)
     assert terms["host_memory_gbps"]["source"] in ("measured", "fitted") and report["host_benchmark"]["measured"]
