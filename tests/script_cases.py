@@ -9,9 +9,9 @@ it; ``MEMPLAN_PRELOAD=0`` starts it plainly). It removes DeepSpeed's shm allredu
 unlinks it) and returns the case's result. The child (:func:`report`) prints that result on one
 ``MEMPLAN_RESULT <json>`` line.
 
-The cases and the probes share one starter (a starter serves one environment): the environment is a probe's, less
-pytest's per-phase ``PYTEST_CURRENT_TEST`` and with what the libraries' imports set (``one_starter.py``), and the
-helpers are found in the child's working folder, not through a ``PYTHONPATH`` of their own.
+The cases and the probes share one starter (a starter serves one environment): the environment is a probe's, with
+what the libraries' imports set (``one_starter.py``), and the helpers are found in the child's working folder, not
+through a ``PYTHONPATH`` of their own.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from one_starter import VARIABLE, settle_environment
+from one_starter import settle_environment
 
 from probes.process import preloaded
 from probes.process.isolation import child_env, release_shared_memory
@@ -38,7 +38,6 @@ def run_script_case(script: str, name: str, case: dict[str, Any], timeout_s: flo
     """Run ``script`` on ``case`` in its own process; the result it reported (assert it did, with its output)."""
     settle_environment()
     env = child_env("cpu", "default")
-    env.pop(VARIABLE, None)
     arguments = [str(Path(script).resolve()), json.dumps(case)]
     with tempfile.TemporaryDirectory(prefix="memplan-case-") as folder:
         log_path = Path(folder) / "case.log"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from cpu_dtype import CPU_DTYPE
-from one_starter import share_one_starter
+from one_starter import settle_environment
 
 import probes.ops.prepare
 import probes.runner
@@ -231,9 +231,9 @@ def test_run_probe_builds_first_and_neither_its_timeout_nor_wall_time_counts_the
 
 
 @pytest.mark.slow
-def test_the_build_child_loads_the_cpu_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_build_child_loads_the_cpu_ops() -> None:
     """cpu_adam and the shared-memory allreduce: built once (about a minute on 2 cores), then loaded."""
-    share_one_starter(monkeypatch)
+    settle_environment()
     outcome = build_in_child("cpu", ("ShareMemCommBuilder", "CPUAdamBuilder"), child_env("cpu", "default"), 1800.0)
     assert outcome.ok, (outcome.message, outcome.log_tail[-2000:])
     assert "CPUAdamBuilder" in outcome.built
@@ -241,9 +241,9 @@ def test_the_build_child_loads_the_cpu_ops(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.slow
-def test_a_real_failing_build_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_real_failing_build_is_one_line() -> None:
     """The CPU accelerator has no inference op: its builder raises, and the run gets one line saying so."""
-    share_one_starter(monkeypatch)
+    settle_environment()
 
     def inference_op(device: str, ops: tuple[str, ...], env: dict[str, str], timeout_s: float) -> BuildOutcome:
         return build_in_child(device, ("InferenceBuilder",), env, timeout_s)

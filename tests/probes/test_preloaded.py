@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from one_starter import share_one_starter
+from one_starter import settle_environment
 from tiny_models import make_hardware, tiny_llama_hf_config
 
 from probes.process import preloaded
@@ -181,7 +181,7 @@ def test_a_probe_forked_from_the_starter_measures_what_a_fresh_process_does(monk
         workload, {"zero_stage": 0, "micro_batch": 2}, make_hardware().to_dict(), device="cpu", steps=2,
         timeout_s=3600.0,
     )  # fmt: skip
-    share_one_starter(monkeypatch)  # the forked run's starter is the one the other probes of the session use
+    settle_environment()  # the forked run's starter is the one the other probes of the session use
     peaks, extras = {}, {}
     for switch in ("0", "1"):
         if switch == "0":

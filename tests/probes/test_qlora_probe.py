@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from one_starter import share_one_starter
+from one_starter import settle_environment
 from tiny_models import tiny_llama_hf_config
 
 from search import DEFAULT_COEFFICIENTS, predict
@@ -29,10 +29,9 @@ def _probe(strategy: dict[str, Any]) -> ProbeResult:
     pytest.importorskip("bitsandbytes", reason="the frameworks extra installs bitsandbytes")
     from probes import run_probe
 
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        share_one_starter(monkeypatch)
-        request = ProbeRequest(WORKLOAD, strategy, HARDWARE, device="cpu", steps=3, timeout_s=1800.0)
-        result = run_probe(request)
+    settle_environment()
+    request = ProbeRequest(WORKLOAD, strategy, HARDWARE, device="cpu", steps=3, timeout_s=1800.0)
+    result = run_probe(request)
     assert result.outcome == "ok", f"{result.message}\n{result.extra.get('traceback', '')}"
     return result
 

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from one_starter import share_one_starter
+from one_starter import settle_environment
 from test_runner import single
 from tiny_models import make_hardware
 
@@ -148,8 +148,8 @@ def test_a_group_that_never_finishes_is_killed_at_the_timeout(program: tuple[str
     assert_gone(pids_of(group.ranks) + [group.pid])
 
 
-def test_a_real_two_rank_probe_that_times_out_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_a_real_two_rank_probe_that_times_out_leaves_no_process() -> None:
+    settle_environment()
     # far more steps than 2 s hold: ranks forked from the preloaded starter finish a few steps within them
     request = single(timeout_s=2.0, steps=100_000, hardware=make_hardware(gpus=2).to_dict())
     request.workload["global_batch"] = 4

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 import pytest
-from one_starter import share_one_starter
+from one_starter import settle_environment
 from tiny_models import make_hardware, tiny_llama_hf_config, tiny_opt_hf_config
 
 from probes import PHASES, run_probe
@@ -98,8 +98,8 @@ def assert_ok(result: ProbeResult, phases: tuple[str, ...], layers: int) -> None
     assert result.wall_s > 0
 
 
-def test_sft_zero0_measures_three_phases(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_sft_zero0_measures_three_phases() -> None:
+    settle_environment()
     result = run_probe(single())
     assert_ok(result, PHASES["sft"], layers=3)
     forward, backward, step = result.phases
@@ -109,8 +109,8 @@ def test_sft_zero0_measures_three_phases(monkeypatch: pytest.MonkeyPatch) -> Non
     assert backward.peak_allocated_bytes > result.extra["resident_bytes"]
 
 
-def test_oom_by_memory_cap_then_zero2_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_oom_by_memory_cap_then_zero2_runs_clean() -> None:
+    settle_environment()
     # ZeRO-2 allocates its reduce buckets in the backward: far over a 64 MiB cap
     strategy = {"zero_stage": 2, "gradient_checkpointing": True}
     oom = run_probe(single(strategy=strategy, memory_cap_bytes=64 * MiB))
@@ -124,15 +124,15 @@ def test_oom_by_memory_cap_then_zero2_runs_clean(monkeypatch: pytest.MonkeyPatch
     assert result.extra["gradient_checkpointing"] is True
 
 
-def test_oom_while_building_engines_names_setup(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_oom_while_building_engines_names_setup() -> None:
+    settle_environment()
     result = run_probe(single(memory_cap_bytes=50_000))  # less than the tiny model's weights
     assert (result.outcome, result.failed_phase) == ("oom", "setup")
     assert result.phases == () and result.layers == 3
 
 
-def test_error_from_a_broken_model_then_ppo_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_error_from_a_broken_model_then_ppo_runs_clean() -> None:
+    settle_environment()
     broken = run_probe(single(config={**LLAMA, "hidden_act": "no_such_activation"}))
     assert broken.outcome == "error"
     assert broken.failed_phase == "setup"
@@ -146,8 +146,8 @@ def test_error_from_a_broken_model_then_ppo_runs_clean(monkeypatch: pytest.Monke
     assert result.extra["empty_cache_calls"] == 2 * 2  # after-inference: generation and scoring, two steps
 
 
-def test_timeout_kills_the_child_then_dpo_runs_clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_timeout_kills_the_child_then_dpo_runs_clean() -> None:
+    settle_environment()
     slow = run_probe(single(timeout_s=2.0, steps=100_000))  # far more steps than 2 s hold, on any machine
     assert slow.outcome == "timeout"
     assert slow.failed_phase in ("startup", "setup", *PHASES["sft"])
@@ -165,8 +165,8 @@ def test_timeout_kills_the_child_then_dpo_runs_clean(monkeypatch: pytest.MonkeyP
     assert result.extra["lora_layers"] == 3 * 7
 
 
-def test_grpo_with_a_llama_actor_runs_without_the_hybrid_engine_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    share_one_starter(monkeypatch)
+def test_grpo_with_a_llama_actor_runs_without_the_hybrid_engine_on_cpu() -> None:
+    settle_environment()
     llama = rlhf("grpo", {"zero_stage": 3, "lora_rank": 2}, None, hybrid_engine=True)
     llama.workload["hf_configs"]["model"] = llama.workload["hf_configs"]["ref_model"] = LLAMA
     result = run_probe(llama)

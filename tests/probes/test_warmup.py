@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from one_starter import share_one_starter
+from one_starter import settle_environment
 
 from probes.step.phases import PhaseClock
 from probes.step.warmup import ZERO3_WARMUP_STEPS, trace_complete, warmup_steps, zero3_roles
@@ -125,13 +125,13 @@ def test_the_clock_reports_the_spread_of_the_measured_steps() -> None:
 
 
 @pytest.mark.slow
-def test_a_zero3_probe_warms_up_until_the_fetch_trace_is_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_zero3_probe_warms_up_until_the_fetch_trace_is_complete() -> None:
     """A real ZeRO-3 engine on the CPU accelerator: 4 steps are 2 warm-up and 2 measured, the coordinator's
     trace is complete when measuring starts, and the result carries the spread of the measured steps. With
     2 steps, after 1 warm-up step, the trace is still being recorded (what the H100 probe measured)."""
     from probes import run_probe
 
-    share_one_starter(monkeypatch)
+    settle_environment()
     workload = {"kind": "sft", "model": "tiny", "seq_len": 16, "global_batch": 2, "dtype": "bf16"}
     workload.update(attn_impl="sdpa", hf_configs={"model": LLAMA})
     hardware = {"gpu": "generic-24G", "gpu_memory_bytes": 24 * 2**30, "gpus": 1, "nodes": 1}
