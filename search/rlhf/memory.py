@@ -8,6 +8,7 @@ share these pieces.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -58,6 +59,22 @@ def kv_cache_bytes(
     return int(sequences * held * model.kv_elements_per_token * DTYPE_BYTES[dtype])
 
 
+# Decoder layers DeepSpeed 0.19.8's hybrid engine replaces with inference containers (module_inject/replace_policy.py
+# replace_policies, each policy's _orig_layer_class in module_inject/containers/): GPT-2, GPT-J, GPT-Neo, GPT-NeoX,
+# BLOOM, Llama. Its populate_all_inference_policies (runtime/hybrid_engine.py) drops the OPT policy when the layer's
+# forward takes ``cache_position`` or ``past_key_values`` (transformers 5's Cache-based OPTDecoderLayer does), and
+# no policy exists for the others (Qwen2, Mistral, Gemma, ...): with no container, create_inference_module leaves
+# ``module.generate`` as transformers' own, so the hybrid engine allocates no workspace and HF's DynamicCache holds
+# the K/V in torch's allocator, as without the hybrid engine.
+INJECTED_MODEL_TYPES = frozenset({"gpt2", "gptj", "gpt_neo", "gpt_neox", "bloom", "llama"})
+
+
+def hybrid_engine_injects(model: ModelSpec) -> bool:
+    """Whether DeepSpeed's hybrid engine generates with its own inference containers (workspace and KV cache
+    outside torch's allocator) for ``model``, rather than through transformers' generate."""
+    return model.model_type in INJECTED_MODEL_TYPES
+
+
 def hybrid_engine_workspace_bytes(model: ModelSpec, sequences: int, tokens: int, dtype: str, coef: Coefficients) -> int:
     """DeepSpeed inference workspace beside the KV cache (``InferenceContext::GenWorkSpace``).
 
@@ -89,8 +106,9 @@ def generation_live(
     The KV cache grows to prompt + generation tokens; only the last token's logits are computed (with the
     fp32 upcast of sampling). Under ZeRO-3 the hybrid engine gathers the actor's whole 16-bit weights for
     the call; without it the actor is gathered module by module, as in any ZeRO-3 forward. With the hybrid
-    engine the KV cache lives in DeepSpeed's own workspace (cudaMalloc) and is released after the call
-    (``release_inference_cache``); without it HF's cache grows through torch's allocator token by token.
+    engine's inference containers (:func:`hybrid_engine_injects`) the KV cache lives in DeepSpeed's own workspace
+    (cudaMalloc) and is released after the call (``release_inference_cache``); without them HF's cache grows
+    through torch's allocator token by token.
 
     Where the actor has traced generation windows (:func:`traced_windows`) the working set and the last-token
     logits are what transformers' generate was traced to hold beside its cache: the prefill, and a decoding
@@ -106,13 +124,14 @@ def generation_live(
         gathered = actor.states.zero3_gathered // 2  # parameters of the live module, no gradients
     else:
         gathered = 0
-    workspace = hybrid_engine_workspace_bytes(model, sequences, seq_len, dtype, coef) if hybrid_engine else 0
+    injected = hybrid_engine and hybrid_engine_injects(model)
+    workspace = hybrid_engine_workspace_bytes(model, sequences, seq_len, dtype, coef) if injected else 0
     _, last_logits = logits_bytes(model, sequences, 1, dtype, coef)
     windows = traced_windows(model, dtype, attn_impl)
     moments = []
     for kv_tokens, run_tokens in ((prompt_len, prompt_len), (seq_len, 1)):
         # HF's own cache (no hybrid engine) keeps sliding-window layers to their window
-        kv = kv_cache_bytes(model, sequences, kv_tokens, dtype, windows=not hybrid_engine, prefill=run_tokens > 1)
+        kv = kv_cache_bytes(model, sequences, kv_tokens, dtype, windows=not injected, prefill=run_tokens > 1)
         working = activations(model, sequences, run_tokens, dtype, attn_impl, False, coef).forward_working
         logits = last_logits
         if windows is not None:  # traced: the prefill over the prompt; the last step over seq_len - 2 cached tokens
@@ -123,7 +142,7 @@ def generation_live(
             )
             working, whole = traced_moment(windows, body, head, sequences, tokens)
             logits = whole - working
-        in_torch = gathered + working + logits + (0 if hybrid_engine else kv)
+        in_torch = gathered + working + logits + (0 if injected else kv)
         moments.append(
             live(
                 zero3_gathered=gathered,
@@ -198,8 +217,22 @@ def training_live(
     return tuple(lives)
 
 
-def training_named(trained: TrainedPlacement, batch: MicroBatchContext) -> tuple[NamedTensors, ...]:
+# Side-stream ids each trained engine takes (search.model.moment_parts.Named.stream): engine k's are k x this + s
+STREAMS_PER_ENGINE = 16
+
+
+def training_named(trained: TrainedPlacement, batch: MicroBatchContext, engine: int = 0) -> tuple[NamedTensors, ...]:
     """The tensors each moment of :func:`training_live` holds by name (DeepSpeed's gradient partition and
-    the optimizer step's copies, :class:`search.model.moment_parts.Named`), in the same order."""
+    the optimizer step's copies, :class:`search.model.moment_parts.Named`), in the same order.
+
+    ``engine`` numbers the trained engines of the step (the actor 0, the critic 1): each DeepSpeedZeroOptimizer
+    makes a reduction stream of its own (``self.reduction_stream = get_accelerator().Stream()``,
+    stage_1_and_2.py l. 599, DeepSpeed 0.19.8), and torch's caching allocator keeps each stream's blocks in a pool
+    apart, so the critic's gradient partition cannot take the blocks the actor's left cached: its side-stream
+    tensors are on streams of their own."""
     moments = micro_step(trained, batch).moments
-    return tuple(named for name in TRAINING_PHASES for named in moments.named_of(name))
+    named = tuple(tensors for name in TRAINING_PHASES for tensors in moments.named_of(name))
+    if not engine:
+        return named
+    side = engine * STREAMS_PER_ENGINE
+    return tuple(tuple(replace(t, stream=t.stream + side) if t.stream else t for t in tensors) for tensors in named)

@@ -116,7 +116,7 @@ def training_half(
     critic = trained_model(ctx, "critic", critic_layout, grad_accum) if critic_layout is not None else None
     time = dict.fromkeys(("training", "communication", "offload", "optimizer", "ema", "overhead"), 0.0)
     role_time = {"actor": 0.0, "critic": 0.0, "shared": 0.0}
-    phases = []
+    phases: list[StepPhase] = []
     for role, p in (("actor", actor), ("critic", critic)):
         if p is None:
             continue
@@ -158,7 +158,7 @@ def training_half(
                 seconds,
                 epochs * grad_accum,
                 sizes=sizes,
-                moment_named=training_named(p, batch),
+                moment_named=training_named(p, batch, engine=len(phases)),
             )
         )
     time["overhead"] = role_time["shared"] = coef.step_overhead_s * epochs * grad_accum * len(phases)

@@ -239,6 +239,8 @@ def _engines_init(
             parts.grow("resident:optimizer_states", masters, resident_sizes.get("optimizer_states", ()))
             continue
         parts.grow("init", init.originals, loaded)
+        if init.empties_cache:
+            parts.out.empty_cache()
         params += parameters
         parts.grow("resident:parameters", params, resident_sizes.get("parameters", ()))
         parts.shrink("init", 0)

@@ -30,7 +30,7 @@ make the 16-bit clone of the partition on the device before the fp32 copy goes t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from search.model.placement import TrainedPlacement
@@ -107,6 +107,9 @@ class EngineInit:
     lazy: int  # Adam's states, made at the first optimizer step (part of the resident optimizer states)
     at_init: int = 0  # Adam's states made at init instead, while the zero fp32 gradient exists
     zero3: Zero3Init | None = None  # ZeRO-3's own sequence (then ``originals`` and ``before_master`` are unused)
+    # ZeRO-1/2: DeepSpeedZeroOptimizer.__init__ runs empty_cache() before it flattens each parameter group
+    # (stage_1_and_2.py l. 449, DeepSpeed 0.19.8): what earlier engines left cached is released first
+    empties_cache: bool = False
 
 
 def zero3_sub_group_size(placed: TrainedPlacement, dtype: str) -> int:
@@ -183,18 +186,25 @@ def engine_init(
     ``device_bytes``, built as ``framework`` builds it, or as the probed program was seen to (``model_build``,
     :func:`zero3_init`)."""
     s = placed.layout
-    d = DTYPE_BYTES[dtype]
     t, n = placed.trainable, placed.world_size
     originals = init_cached_bytes(
         trainable=t, resident=placed.resident, dtype=dtype, zero_stage=s.zero_stage, offload_param=s.offload_param
     )
-    mixed = dtype != "fp32"
     partition = t if s.zero_stage == 0 else t // n
     zero3 = (
         zero3_init(placed, dtype, device_bytes=device_bytes, framework=framework, model_build=model_build)
         if s.zero_stage == 3
         else None
     )
+    init = _engine_init(placed, dtype, originals, partition, zero3)
+    return replace(init, empties_cache=True) if s.zero_stage in (1, 2) else init
+
+
+def _engine_init(
+    placed: TrainedPlacement, dtype: str, originals: int, partition: int, zero3: Zero3Init | None
+) -> EngineInit:
+    """The allocations of :func:`engine_init` by stage, optimizer placement and precision."""
+    s, d, mixed = placed.layout, DTYPE_BYTES[dtype], dtype != "fp32"
     if s.offload_optimizer != "none" or placed.states.optimizer_states == 0:
         # ZeRO-1/2 clone the 16-bit partition on the device before moving the fp32 copy to the host
         clone = d * partition if s.zero_stage in (1, 2) and s.offload_optimizer != "none" else 0

@@ -229,23 +229,8 @@ def test_replayed_empty_cache_effect_within_three_points() -> None:
 # Never under (issue 46): a plan that says it fits must fit, so no record's predicted peak reserved may be more
 # than 3% under what the device reserved. Those not yet there are strict xfails with their causes.
 NEVER_UNDER = -0.03
-_RLHF_INFERENCE = (
-    "opt-1.3b PPO probes (hybrid engine, ZeRO-2 actor with checkpointing, 4 prompts of 256 + 256 generated): "
-    "generation, scoring and the training phases after them 3.5-5.6% under (the after-inference probe's actor "
-    "training within 0.1%), inside PPO's 8% bound; not yet analysed: no allocator history of these probes is in "
-    "the project (the H100 one's ring buffer lost its start, benchmarks/results/cuda_history_gap.md)"
-)
 UNDER_NOT_YET: dict[tuple[str, str], str] = {
     ("opt13_z3ckoff_mb8_s1024", "step"): _H200_ZERO3_OFFLOAD,
-    **{
-        (probe, phase): _RLHF_INFERENCE
-        for probe, phases in (
-            ("9f4038d1fa74", ("generation", "scoring", "critic_training")),
-            ("38187ad8c1ed", ("generation", "scoring", "actor_training", "critic_training")),
-            ("3aa0e728f166", ("generation", "scoring", "actor_training", "critic_training")),
-        )
-        for phase in phases
-    },
 }
 
 
