@@ -27,6 +27,7 @@ replayed unless the point needs a replayed figure (nothing replayed yet while fe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -94,14 +95,14 @@ def resolve(
     *,
     floor: Floor | None = None,
     needed: bool = True,
+    limit: float = math.inf,
 ) -> tuple[Candidate | None, float, int]:
     """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
 
     The variants are replayed in the screen's order (best screened score first; ``variants`` come simplest
-    first, and the earlier wins among equals), those whose replay floor overflows the budget
-    (:func:`near_fit`) only when nothing before them was replayed, until one fits; after it, only those that
-    could still beat it: fewer screened seconds than its replayed seconds. At most
-    :data:`MAX_REPLAYS_PER_POINT` replays.
+    first, and the earlier wins among equals), those whose replay floor overflows the budget (:func:`near_fit`)
+    only when nothing before them was replayed, until one fits; after it, the variants of the steps that could
+    still beat it, in :func:`replay_order`. At most :data:`MAX_REPLAYS_PER_POINT` replays after ``first``'s.
 
     ``first``: the screen's best of them (the search's own choice), replayed first; when it fits, only the
     variants of steps that could be faster are screened (a step's fewest seconds are those of its variant
@@ -109,32 +110,57 @@ def resolve(
 
     ``floor``: a sound lower bound of a variant's replayed peak reserved; a variant it proves cannot fit is
     not replayed once another was, nor at all when ``needed`` is False (the caller has enough fitting plans:
-    a point that does not fit adds nothing to its answer)."""
+    a point that does not fit adds nothing to its answer). ``limit``: the replayed seconds the caller's answer
+    already holds enough fitting plans below; a variant whose screened seconds reach it is not replayed unless
+    ``needed`` (it could not enter the answer)."""
+    if needed:
+        limit = math.inf
     budget: int | None = None  # the point's usable bytes, once a replay has said them
-    if first is not None and (needed or not cannot_fit(first.strategy, first.prediction, floor)):
-        replayed = Candidate(first.strategy, predict(first.strategy))
+    tried: set[int] = set()  # replayed already
+    if first is not None and (
+        needed or (first.prediction.step_time_s < limit and not cannot_fit(first.strategy, first.prediction, floor))
+    ):
+        replayed = _replayed(first.strategy, predict)
         if replayed.prediction.fits:
-            return _beaten(variants, screen, predict, replayed, first.prediction.step_time_s, floor)
+            return _beaten(variants, screen, predict, replayed, first.prediction.step_time_s, floor, limit)
         budget = replayed.prediction.gpu_budget_bytes
+        tried = {i for i, v in enumerate(variants) if v == first.strategy}
     screened = _screened(range(len(variants)), variants, screen)
     screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
-    replays = 0
+    replays = 0  # the cap counts those after ``first``'s
     for _, i, prediction in screened:
         if replays >= MAX_REPLAYS_PER_POINT:
             break
-        if best is not None and best[2].prediction.fits and prediction.step_time_s >= best[2].prediction.step_time_s:
-            continue  # it cannot beat the best replayed (equals keep the screen's preference)
+        if i in tried or prediction.step_time_s >= limit:
+            continue  # replayed first, or it could not enter the caller's answer
         if (best is not None or not needed) and cannot_fit(variants[i], prediction, floor, budget):
             continue  # even its floor overflows: the replay cannot find it fitting
-        candidate = Candidate(variants[i], predict(variants[i]))
+        candidate = _replayed(variants[i], predict)
         budget = candidate.prediction.gpu_budget_bytes
         replays += 1
+        tried.add(i)
+        if candidate.prediction.fits:  # then the variants of the steps that could beat it (replay_order)
+            return _beaten(
+                variants, screen, predict, candidate, prediction.step_time_s, floor, limit, replays=replays, tried=tried
+            )
         if best is None or (candidate.score, i) < best[:2]:
             best = (candidate.score, i, candidate, prediction.step_time_s)
     if best is None:
         return None, 0.0, replays
     return best[2], best[3], replays
+
+
+def _replayed(variant: Strategy | RLHFStrategy, predict: Predict) -> Candidate:
+    """``variant`` replayed, with the ``gpu_memory_utilization`` the replay solved where the variant left it open
+    (a rollout engine's knob variants: :func:`search.choose.optimize.rlhf_variants`): a plan names the value its
+    prediction holds, not an open one an export would leave to the framework's default."""
+    prediction = predict(variant)
+    solved = prediction.rollout.get("gpu_memory_utilization")
+    rollout = variant.rollout if isinstance(variant, RLHFStrategy) else None
+    if isinstance(variant, RLHFStrategy) and rollout is not None and rollout.gpu_memory_utilization is None:
+        variant = variant.with_(rollout=rollout.with_(gpu_memory_utilization=solved))
+    return Candidate(variant, prediction)
 
 
 def _screened(
@@ -158,20 +184,24 @@ def _beaten(
     best: Candidate,
     seconds: float,
     floor: Floor | None = None,
+    limit: float = math.inf,
+    *,
+    replays: int = 1,
+    tried: frozenset[int] | set[int] = frozenset(),
 ) -> tuple[Candidate, float, int]:
     """``best`` (replayed, it fits) against the variants that could be faster: those of the steps whose variant
     without ``empty_cache`` calls has fewer screened seconds than ``best``'s replayed seconds. A step's screened
     seconds without ``empty_cache`` calls are the fewest any of its variants can replay at (the replay adds the
     seconds of its calls and of the cudaMallocs after a rollout engine's turn, which differ from split to split:
     the bound is held against the replayed seconds, never the screened ones). ``seconds``: ``best``'s screened
-    seconds, returned with it when no variant beats it."""
+    seconds, returned with it when no variant beats it. ``limit``: see :func:`resolve`. The faster steps'
+    variants are replayed in :func:`replay_order`. ``replays``: those made so far, ``best``'s among them;
+    ``tried``: the indices of the variants replayed."""
     steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
     for i, strategy in enumerate(variants):
         steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
-    limit = best.prediction.step_time_s  # the best replayed seconds so far
-    # (turn within its step, screened score, index, screened, least seconds): each faster step's best screened
-    # variant is replayed before any step's second, so a step that could win is not left out by the cap
-    faster: list[tuple[int, float, int, Prediction, float]] = []
+    limit = min(limit, best.prediction.step_time_s)  # the best replayed seconds so far
+    faster: list[tuple[float, list[tuple[float, int, Prediction]]]] = []  # (least seconds, screened variants)
     for fewest, members in steps.items():
         own = [i for i in members if variants[i] == fewest]
         fewest_own = _screened(own, variants, screen)
@@ -181,23 +211,49 @@ def _beaten(
         if least >= limit:
             continue  # no variant of this step can replay faster
         rest = _screened([i for i in members if i not in own], variants, screen)
-        kept = sorted(e for e in fewest_own + rest if near_fit(e[2]) and variants[e[1]] != best.strategy)
-        faster += [(turn, *e, least) for turn, e in enumerate(kept)]
-    faster.sort(key=lambda entry: entry[:3])
-    replays, score = 1, best.score
+        others = (e for e in fewest_own + rest if e[1] not in tried and variants[e[1]] != best.strategy)
+        faster.append((least, [e for e in others if near_fit(e[2])]))
+    score = best.score
     index = variants.index(best.strategy) if best.strategy in variants else len(variants)
-    for _, _, i, prediction, least in faster:
+    for least, (_, i, prediction) in replay_order(faster):
         if replays >= MAX_REPLAYS_PER_POINT:
             break
-        if least >= best.prediction.step_time_s:
-            continue  # no faster than the best replayed since
+        if least >= min(limit, best.prediction.step_time_s):
+            continue  # no faster than the best replayed since (or than the caller's answer holds enough below)
         if floor is not None and cannot_fit(variants[i], prediction, floor, best.prediction.gpu_budget_bytes):
             continue  # its stream's floor overflows the point's budget: it cannot fit
-        candidate = Candidate(variants[i], predict(variants[i]))
+        candidate = _replayed(variants[i], predict)
         replays += 1
         if (candidate.score, i) < (score, index):
             best, seconds, score, index = candidate, prediction.step_time_s, candidate.score, i
     return best, seconds, replays
+
+
+def replay_order(
+    steps: Sequence[tuple[float, Sequence[tuple[float, int, Prediction]]]],
+) -> list[tuple[float, tuple[float, int, Prediction]]]:
+    """The order the variants of the steps that could beat a point's best replayed plan are replayed in, from
+    each step's least seconds (its screened seconds without ``empty_cache`` calls) and its variants'
+    ``(screened score, index, screened prediction)``; each entry comes back with its step's least seconds.
+
+    Turn by turn: every step's first variant before any step's second (so that a step that could win is not
+    left out by :data:`MAX_REPLAYS_PER_POINT`); within a turn, the steps by their least seconds, fastest
+    first (the most a replay of them could gain). Within a step, the screen's best first (its score: one its
+    fragments let fit, else the least overflow; the earlier among equals), the most likely to fit; then the
+    others fastest by the screen first (a step whose best fits may fit with fewer ``empty_cache`` calls too:
+    ``ppo-q7b-h100x8-orlhf``'s sleep level 0 with expandable segments fits at 1.497 s after inference, 1.455 s
+    without calls, where ``after-phase``, its second by the screen's score, is 1.606 s). Ordering a turn
+    by the variants' scores instead put every step whose variants the screen's fragments reject after every
+    step they accept, however slow: issue 42's qwen2.5-7b GRPO under --framework trl spent its point's replays
+    on sleep level 2's generation batches (3.76 s) and never replayed sleep level 0 (3.46 s, fits)."""
+    turns: list[tuple[int, float, float, int, float, tuple[float, int, Prediction]]] = []
+    for least, members in steps:
+        ranked = sorted(members, key=lambda e: e[:2])
+        ranked[1:] = sorted(ranked[1:], key=lambda e: (e[2].step_time_s, *e[:2]))
+        for turn, entry in enumerate(ranked):
+            turns.append((turn, least, entry[0], entry[1], least, entry))
+    turns.sort(key=lambda t: t[:4])
+    return [(t[4], t[5]) for t in turns]
 
 
 def confirm(
@@ -217,13 +273,16 @@ def confirm(
     for candidate in result.ranked:
         # the replayed seconds of those that fit: a point's screened seconds are at most its replay's
         fitting = sorted(c.prediction.step_time_s for c, _ in confirmed if c.prediction.fits)
-        if len(fitting) >= wanted and candidate.prediction.step_time_s >= fitting[wanted - 1]:
+        limit = fitting[wanted - 1] if len(fitting) >= wanted else math.inf
+        if candidate.prediction.fits and candidate.prediction.step_time_s >= limit:
             continue  # it cannot beat the last of those wanted (equals keep the screen's order)
         if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):
             continue
-        needed = len(fitting) < wanted
+        # a point the screen rejects is not passed over on its seconds: they are those of its least overflow,
+        # not its fastest variant's (issue 42's GRPO of qwen2.5-7b under --framework openrlhf: its ZeRO-2 point
+        # with checkpointing fits at 3.95 s by the replay, where the screen's closest variant takes 4.74 s)
         exact, seconds, made = resolve(
-            variants(candidate.strategy), screen, predict, candidate, floor=floor, needed=needed
+            variants(candidate.strategy), screen, predict, candidate, floor=floor, needed=limit == math.inf, limit=limit
         )
         replays += made
         if exact is not None and exact.strategy not in seen:

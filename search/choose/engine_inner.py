@@ -32,6 +32,8 @@ from store.records import FrozenModelStrategy, Hardware, RLHFStrategy, TrainedMo
 from store.rollout import RolloutStrategy
 
 MOVING = RolloutStrategy(offload_training=True)  # any engine that offloads the trainer's states for its turn
+# the screen's allocated bytes over the replay's peak reserved, at most (search.choose.confirm.FLOOR_SLACK)
+REPLAY_SLACK = 0.02
 INFEASIBLE_PAIRS = 12  # pairs built for a point none of whose pairs can fit (its score only ranks how close it is)
 
 
@@ -81,13 +83,21 @@ def _engine_part(ctx: RLHFContext, rollout: RolloutStrategy, zero3: bool) -> tup
 
 
 def _combine(
-    ctx: RLHFContext, trainer: tuple[float, int, int, int, int, int], engine: tuple[RolloutStrategy, float, int]
+    ctx: RLHFContext,
+    trainer: tuple[float, int, int, int, int, int],
+    engine: tuple[RolloutStrategy, float, int],
+    replayed: bool = False,
 ) -> tuple[float, int, int]:
+    """(seconds, reserved, host) bounds of a pair. ``replayed``: the reserved bound is one of the allocator
+    replay's peak reserved too (the trainer's resident and live bytes, no fragments: :func:`replay_pairs`),
+    not only of the screen's (the trainer's phases with their least fragments)."""
     halves, floor, resident, live, host, movable = trainer
     rollout, engine_s, engine_floor = engine
     offloaded = movable if (rollout.colocated and rollout.offload_training) else 0
     seconds = (halves + engine_s + offload_states_seconds(offloaded, ctx.hardware, ctx.coef)) * (1 - 1e-9)
-    reserved = floor  # the trainer's phases with their least fragments (what the sleeping engine keeps only adds)
+    # the trainer's phases with their least fragments (what the sleeping engine keeps only adds); for the replay,
+    # their live bytes alone, less the slack by which the screen's allocated bytes may exceed the replay's
+    reserved = int((resident + live) * (1 - REPLAY_SLACK)) if replayed else floor
     if rollout.colocated:
         reserved = max(reserved, resident - offloaded + engine_floor)
         if rollout.sleep_level == 0:
@@ -96,11 +106,14 @@ def _combine(
 
 
 @lru_cache(maxsize=1024)
-def _pairs(ctx: RLHFContext, point: RLHFOuterPoint) -> tuple[tuple[float, int, int], ...]:
+def _pairs(ctx: RLHFContext, point: RLHFOuterPoint, replayed: bool = False) -> tuple[tuple[float, int, int], ...]:
     """(score bound, knob variant, batch split) of every pair of an engine point, least bound first; ``ctx`` is
-    that of the trainer's hardware."""
+    that of the trainer's hardware. ``replayed``: bounds of the allocator replay's scores too (see
+    :func:`replay_pairs`), not only of the screen's."""
     assert point.rollout is not None
-    budget, host_budget = gpu_budget_bytes(ctx.hardware, ctx.coef), ctx.hardware.cpu_memory_bytes
+    # the replay's budget is at most the one without a spread (a replayed plan's measured spread may be smaller)
+    coef = replace(ctx.coef, reserved_spread=0.0) if replayed else ctx.coef
+    budget, host_budget = gpu_budget_bytes(ctx.hardware, coef), ctx.hardware.cpu_memory_bytes
     zero3 = point.actor.zero_stage == 3
     engines = [_engine_part(ctx, variant, zero3) for variant in knob_variants(point.rollout)]
     trainers = [
@@ -110,17 +123,28 @@ def _pairs(ctx: RLHFContext, point: RLHFOuterPoint) -> tuple[tuple[float, int, i
     pairs = []
     for v, engine in enumerate(engines):
         for i, part in enumerate(trainers):
-            seconds, reserved, host = _combine(ctx, part, engine)
+            seconds, reserved, host = _combine(ctx, part, engine, replayed)
             pairs.append((penalized_score(seconds, reserved, budget, host, host_budget), v, i))
     return tuple(sorted(pairs))
 
 
 def engine_bound(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> float:
-    """A lower bound of the score ``best_inner_engine`` finds for ``point``: the least bound of its pairs (a
-    knob variant and a batch split each), tighter than the bound walk's per-model one, which takes each model's
-    least over the splits on its own and the engine's fastest and smallest knobs apart."""
+    """A lower bound of the score ``best_inner_engine`` finds for ``point``, and of the score any of its variants
+    replays at: the least bound of its pairs (a knob variant and a batch split each; :func:`replay_pairs`),
+    tighter than the bound walk's per-model one, which takes each model's least over the splits on its own and
+    the engine's fastest and smallest knobs apart."""
     assert point.rollout is not None
-    return _pairs(rlhf_context(workload, trainer_hardware(hardware, point.rollout), coef), point)[0][0]
+    return replay_pairs(rlhf_context(workload, trainer_hardware(hardware, point.rollout), coef), point)[0][0]
+
+
+def replay_pairs(ctx: RLHFContext, point: RLHFOuterPoint) -> tuple[tuple[float, int, int], ...]:
+    """:func:`_pairs` bounding the allocator replay's scores: memory from the trainer's resident and live bytes
+    (no fragments, nothing the init left cached) against the budget without a spread. The bound walk passes a
+    point over on it once enough points fit (:mod:`search.choose.rlhf_walk`), and the confirmation only replays
+    the points the walk ranked: a bound from the screen's fragments passed over points the replay fits (issue
+    42: qwen2.5-7b GRPO under --framework openrlhf, its ZeRO-2 point with checkpointing bounded 0.32 GiB over
+    the budget, replayed fitting at 3.95 s against the plan's 4.08 s)."""
+    return _pairs(ctx, point, True)
 
 
 def best_inner_engine(point: RLHFOuterPoint, workload: Workload, hardware: Hardware, coef: Coefficients) -> Candidate:

@@ -1,0 +1,64 @@
+"""The order a point's faster steps are replayed in (search.choose.confirm.replay_order): the fastest step first
+in each turn, whatever the screen's fragments say of it (issue 42: qwen2.5-7b GRPO under --framework trl).
+
+A point's replays are capped (``MAX_REPLAYS_PER_POINT``); once one of its variants fits, the variants of the
+steps that could be faster are replayed turn by turn. Ordering a turn by the screen's score put every step the
+screen's fragments reject (they may be too many) after every step they accept, however little faster: the cap
+was spent on those, and the much faster step that the replay fits was never replayed.
+"""
+
+from __future__ import annotations
+
+from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate
+from search.choose.confirm import MAX_REPLAYS_PER_POINT, replay_order, resolve
+from search.prediction import Prediction
+from store.records import Strategy
+
+GiB = 2**30
+
+
+def _prediction(seconds: float, reserved_gib: float, allocated_gib: float = 1.0) -> Prediction:
+    return Prediction(
+        peak_allocated_bytes=int(allocated_gib * GiB), peak_reserved_bytes=int(reserved_gib * GiB),
+        gpu_budget_bytes=10 * GiB, host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={},
+        phases=(), peak_phase="",
+    )  # fmt: skip
+
+
+def _entry(index: int, seconds: float, reserved_gib: float) -> tuple[float, int, Prediction]:
+    prediction = _prediction(seconds, reserved_gib)
+    return Candidate(Strategy(micro_batch=index), prediction).score, index, prediction
+
+
+def test_each_turn_takes_the_fastest_step_first_and_each_step_its_screened_best() -> None:
+    """Step 0 (least 3.74 s) the screen lets fit; step 1 (least 3.43 s) it rejects by its fragments. Turn 0:
+    step 1's least overflow (index 11) before step 0's best (index 1); turn 1: step 1's second, then step 0's
+    faster other (index 4, 3.745 s, which the screen rejects) before its slower one the screen lets fit."""
+    slow = (3.74, [_entry(2, 3.75, 9.0), _entry(1, 3.74, 9.0), _entry(4, 3.745, 10.4)])
+    fast = (3.43, [_entry(10, 3.43, 12.0), _entry(11, 3.44, 10.5)])
+    order = replay_order([slow, fast])
+    assert [entry[1] for _, entry in order] == [11, 1, 10, 4, 2]
+    assert [least for least, _ in order] == [3.43, 3.74, 3.43, 3.74, 3.74]
+    assert order[0][1][0] > INFEASIBLE_PENALTY_S  # the first replayed is one the screen says does not fit
+
+
+def test_a_much_faster_step_the_screen_rejects_is_replayed_within_the_cap() -> None:
+    """The search's choice (mb 1) fits at 4.0 s. Three steps a hair faster (mb 2, 3, 4) the screen lets fit;
+    one much faster (mb 8) it rejects, which the replay fits at 3.45 s: replayed right after the choice, and
+    then nothing slower than it. Ordered by the screen's score, the three took the cap and mb 8 was lost."""
+    assert MAX_REPLAYS_PER_POINT <= 4  # the case needs the cap to bind
+    variants = [Strategy(micro_batch=m) for m in (1, 2, 3, 4, 8)]
+    screened = {1: _prediction(4.0, 9.0), 2: _prediction(3.90, 9.0), 3: _prediction(3.91, 9.0)}
+    screened |= {4: _prediction(3.92, 9.0), 8: _prediction(3.40, 10.5)}
+    replayed = {1: _prediction(4.0, 9.5), 2: _prediction(3.95, 9.5), 3: _prediction(3.96, 9.5)}
+    replayed |= {4: _prediction(3.97, 9.5), 8: _prediction(3.45, 9.8)}
+    asked: list[int] = []
+
+    def replay(s: Strategy) -> Prediction:
+        asked.append(s.micro_batch)
+        return replayed[s.micro_batch]
+
+    first = Candidate(variants[0], screened[1])
+    best, seconds, made = resolve(variants, lambda s: screened[s.micro_batch], replay, first)
+    assert best is not None and best.strategy.micro_batch == 8 and best.prediction.fits
+    assert seconds == 3.40 and asked == [1, 8] and made == 2
