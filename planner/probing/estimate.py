@@ -15,14 +15,14 @@ The step time is the prediction's on the probed device:
 
 - on cuda, the cost model's step time (calibrated to the GPU when a calibration of it is stored);
 - on the CPU backend with a calibration of this CPU, the calibrated step time;
-- on the CPU backend without one, the GPU time model run on this CPU's own rates, measured here in a fraction
-  of a second (:func:`cpu_rates`: a matrix product in the probe's dtype and in fp32, a memory copy). The cost
-  model's times are otherwise a GPU's: a CPU computes two or three orders of magnitude slower, and bf16 on a
-  processor without oneDNN bf16 kernels two more. A dtype's matrix products count at most ``FAST_DTYPE_GAIN``
-  times fp32's: the rest of a bf16 step (element-wise kernels, conversions, the fp32 master weights) does not
-  speed up with AMX's matrix units. Against real CPU probes (OPT-125m sft, 2 layers and 12, batch 4 x 256,
-  ZeRO-0 and ZeRO-3, on a busy 2-core Xeon with AMX) the step time came out within 35% in fp32 and within a
-  factor of 2 in bf16; the GPU model's was 100 to 500 times short.
+- on the CPU backend without one, the GPU time model run on this CPU's own rates, measured in a fraction of a
+  second the first time this host probes and kept (:mod:`planner.probing.cpu_rates`: a matrix product in the
+  probe's dtype and in fp32, a memory copy). The cost model's times are otherwise a GPU's: a CPU computes two or
+  three orders of magnitude slower, and bf16 on a processor without oneDNN bf16 kernels two more. A dtype's
+  matrix products count at most ``FAST_DTYPE_GAIN`` times fp32's: the rest of a bf16 step (element-wise kernels,
+  conversions, the fp32 master weights) does not speed up with AMX's matrix units. Against real CPU probes
+  (OPT-125m sft, 2 layers and 12, batch 4 x 256, ZeRO-0 and ZeRO-3, on a busy 2-core Xeon with AMX) the step time
+  came out within 35% in fp32 and within a factor of 2 in bf16; the GPU model's was 100 to 500 times short.
 
 The estimate is rough (a factor of two either way); it is said, never enforced: :func:`cost_note` is one line
 when the probes would take minutes, or when one would likely run past its timeout, with what to change.
@@ -31,13 +31,12 @@ when the probes would take minutes, or when one would likely run past its timeou
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from planner.job.cut import cut_workload
 from planner.job.inputs import ResolvedJob
+from planner.probing.cpu_rates import cpu_rates
 from planner.probing.device import device_coefficients
 from planner.probing.plan import PlannedProbe, depth_label
 from probes.step.warmup import warmup_steps
@@ -46,7 +45,6 @@ from store.records import Hardware, RLHFStrategy, Strategy, Workload, strategy_l
 
 STARTUP_S = {"cpu": 20.0, "cuda": 30.0}  # process start, imports, process group, model and engines
 WARMUP_EXTRA = 0.5  # a warm-up step costs this much more than a steady one
-FAST_DTYPE_GAIN = 2.0  # a 16-bit dtype's step runs at most this much faster than fp32's on a CPU
 WARN_TOTAL_S = 120.0  # probes that would take longer than this in all are announced
 TIMEOUT_HEADROOM = 1.5  # the --timeout suggested for a probe that would time out: its estimate times this
 
@@ -68,60 +66,6 @@ class ProbeCost:
 def probe_seconds(step_time_s: float, steps: int, warmup: int, device: str) -> float:
     """The start-up allowance plus ``steps`` steps, the ``warmup`` warm-up steps among them counted 1.5 times."""
     return STARTUP_S.get(device, STARTUP_S["cuda"]) + step_time_s * (steps + WARMUP_EXTRA * warmup)
-
-
-def cpu_rates(dtype: str) -> tuple[float, float]:
-    """(matrix-product FLOP/s of a ``dtype`` step, memory copy bytes/s) this CPU reaches with torch's threads:
-    the dtype's rate, at most ``FAST_DTYPE_GAIN`` times fp32's (the module docstring)."""
-    rate = _matmul_rate(dtype)
-    if dtype != "fp32":
-        rate = min(rate, FAST_DTYPE_GAIN * _matmul_rate("fp32"))
-    return rate, _copy_rate()
-
-
-@lru_cache(maxsize=4)
-def _matmul_rate(dtype: str) -> float:
-    """FLOP/s of a square matrix product in ``dtype``, measured now: the fastest of a few products of each size,
-    the size growing from 128 to 1024 while one takes under 20 ms (a dtype torch computes with its reference
-    kernel stays small). The fastest, not the mean: a product the scheduler interrupted says nothing of the CPU."""
-    import torch  # lazy on purpose: only a CPU probe without a calibration of this CPU measures
-
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    flops_per_s = 0.0
-    size = 128
-    while size <= 1024:
-        a = torch.randn(size, size).to(torch_dtype)
-        b = torch.randn(size, size).to(torch_dtype)
-        torch.matmul(a, b)  # the first product pays for oneDNN's set-up
-        fastest, spent = math.inf, 0.0
-        for _ in range(5):
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            seconds = time.perf_counter() - start
-            fastest, spent = min(fastest, seconds), spent + seconds
-            if spent > 0.05:
-                break
-        flops_per_s = 2 * size**3 / fastest
-        if fastest > 0.02:
-            break
-        size *= 2
-    return flops_per_s
-
-
-@lru_cache(maxsize=1)
-def _copy_rate() -> float:
-    """Bytes/s of a 64 MiB memory copy (read and write), measured now: the fastest of a few."""
-    import torch  # lazy on purpose: only a CPU probe without a calibration of this CPU measures
-
-    source = torch.empty(16 * 2**20)  # 64 MiB of fp32
-    target = torch.empty_like(source)
-    target.copy_(source)
-    fastest = math.inf
-    for _ in range(4):
-        start = time.perf_counter()
-        target.copy_(source)
-        fastest = min(fastest, time.perf_counter() - start)
-    return 2 * source.numel() * 4 / fastest
 
 
 def cpu_hardware(hardware: Hardware, dtype: str) -> Hardware:

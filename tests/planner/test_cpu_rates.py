@@ -1,0 +1,108 @@
+"""This CPU's rates for the probe estimate, measured once per host and kept (``planner.probing.cpu_rates``): the
+first call measures and keeps them in the user's cache folder, a later one (a new process too) reads them without
+importing torch, and a new host key, a damaged file or a folder that cannot be written measure again, never fail.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from planner_helpers import REPO, subprocess_env
+
+from planner.probing import cpu_rates as rates_module
+from planner.probing.cpu_rates import cache_path, cpu_rates, host_key
+
+
+@pytest.fixture(autouse=True)
+def cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cache folder of the test's own, and no rates remembered by this process from before."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rates_module._cached_rates.cache_clear()
+    yield tmp_path / "cache"
+    rates_module._cached_rates.cache_clear()
+
+
+class Measured:
+    """A stand-in for the measurement (the real one runs in the first test): counts the calls."""
+
+    def __init__(self, flops: float = 3e10, copy: float = 7e9) -> None:
+        self.calls: list[str] = []
+        self.rates = (flops, copy)
+
+    def __call__(self, dtype: str) -> tuple[float, float]:
+        self.calls.append(dtype)
+        return self.rates
+
+
+def _refuse(dtype: str) -> tuple[float, float]:
+    raise AssertionError(f"measured {dtype} again: the kept rates were not used")
+
+
+def test_the_first_probe_measures_and_keeps_the_rates_a_later_one_reads_them(
+    cache_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flops, copy = cpu_rates("fp32")  # measured now, with torch
+    assert flops > 1e8 and copy > 1e8  # any CPU multiplies and copies faster than 100 M/s
+    kept = json.loads(cache_path().read_text())
+    assert cache_path() == cache_folder / "memplan" / "cpu_rates.json"
+    assert kept[host_key()]["matmul_flops_per_s"] == {"fp32": flops} and kept[host_key()]["copy_bytes_per_s"] == copy
+    rates_module._cached_rates.cache_clear()  # as a new process
+    monkeypatch.setattr(rates_module, "measure", _refuse)
+    assert cpu_rates("fp32") == (flops, copy)
+
+
+def test_a_new_process_reads_the_kept_rates_without_importing_torch(cache_folder: Path) -> None:
+    key = host_key()
+    path = cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({key: {"matmul_flops_per_s": {"bf16": 2.5e10}, "copy_bytes_per_s": 6e9}}))
+    code = (
+        "import sys; from planner.probing.cpu_rates import cpu_rates; print(cpu_rates('bf16'), 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=subprocess_env({"XDG_CACHE_HOME": str(cache_folder)}),
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == ["(25000000000.0,", "6000000000.0)", "False"], done.stdout + done.stderr
+
+
+def test_another_host_key_or_dtype_measures_again_and_keeps_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured = Measured()
+    monkeypatch.setattr(rates_module, "measure", measured)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one_thread = host_key()
+    assert cpu_rates("fp32") == measured.rates
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torch's threads: another rate, another key
+    assert host_key() != one_thread
+    assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32", "fp32"]
+    assert cpu_rates("bf16") == measured.rates and measured.calls == ["fp32", "fp32", "bf16"]
+    kept = json.loads(cache_path().read_text())
+    assert set(kept) == {one_thread, host_key()}
+    assert set(kept[host_key()]["matmul_flops_per_s"]) == {"fp32", "bf16"}  # the dtype added beside the first
+
+
+def test_a_damaged_cache_is_measured_past_and_rewritten(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('{"half a file')
+    measured = Measured()
+    monkeypatch.setattr(rates_module, "measure", measured)
+    assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32"]
+    assert json.loads(path.read_text())[host_key()]["copy_bytes_per_s"] == measured.rates[1]
+    path.write_text(json.dumps({host_key(): {"matmul_flops_per_s": [1e10], "copy_bytes_per_s": "x"}}))
+    rates_module._cached_rates.cache_clear()
+    assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32", "fp32"]  # no rate: measured
+
+
+def test_a_cache_folder_that_cannot_be_written_is_no_error(cache_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache_folder.write_text("a file where the folder would be")
+    measured = Measured()
+    monkeypatch.setattr(rates_module, "measure", measured)
+    assert cpu_rates("fp32") == measured.rates
+    assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32"]  # kept by this process meanwhile
+    assert cache_folder.read_text() == "a file where the folder would be"
