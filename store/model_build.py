@@ -64,6 +64,15 @@ def builds_partitioned(
     return device_bytes > 0 and model_bytes > device_bytes
 
 
+def program_build(framework: str, model_build: str = BY_FRAMEWORK) -> str:
+    """How the program builds a model it trains under ZeRO-3, as a plan assumes it: :data:`SEEN_ZERO_INIT`
+    (partitioned as it is made) or :data:`SEEN_WHOLE` (whole on every GPU, then partitioned by
+    ``deepspeed.initialize``): the probed program's own build (``model_build``) where a probe saw it, else
+    ``framework``'s rule. A model larger than the GPU, or quantized, is the exception the plan's notes state
+    (:func:`builds_partitioned`)."""
+    return SEEN_ZERO_INIT if builds_partitioned(framework, model_build=model_build) else SEEN_WHOLE
+
+
 def build_note(framework: str, partitioned: bool, *, quantized: bool = False, model_build: str = BY_FRAMEWORK) -> str:
     """The line a ZeRO-3 plan says its model build with (what the prediction assumed, and from what)."""
     if quantized:

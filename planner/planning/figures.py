@@ -37,6 +37,7 @@ from store.activation_terms import GENERATION_WINDOWS
 from store.errors import InputError
 from store.framework_packages import packages_setting
 from store.frameworks import ROLLOUT_ENGINES_RUN
+from store.model_build import program_build
 from store.records import Hardware, ModelSpec, RLHFStrategy, Strategy, Workload
 from store.workload_kinds import traits
 
@@ -152,6 +153,7 @@ def prediction_report(
         "readings": list(job.readings),
         "allocator_replay": allocator_replay(job, strategy, coef),
         "calibration": calibration,
+        "model_build": program_build(job.workload.framework, job.workload.model_build),
     }
     if isinstance(strategy, RLHFStrategy):
         rollouts = framework_rollouts(strategy, job.workload, job.hardware, coef)

@@ -21,12 +21,14 @@ and not measured, and a program whose own batch contradicts the plan is measured
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target
+from planner.planning.program_build import program_model_build
 from planner.planning.program_spread import run_spread
 from planner.probing.command import check_command
 from planner.probing.device import cpu_probe_dtype, device_coefficients, device_prediction, probe_gpu
@@ -82,7 +84,9 @@ def run_program_strategy(
     """Run ``command`` under one strategy as ``settings`` say (or reuse the stored run of the same program, job,
     strategy, device and steps: a ``timeout`` only when it had at least ``settings.timeout_s``; ``force`` runs it
     again), store the run as a probe in ``db`` and compare it with the prediction and with memplan's own stored
-    probe of the strategy. ``coef`` are the job's coefficients (the probed device's view is taken here);
+    probe of the strategy; the prediction builds a ZeRO-3 model as the program's runs saw it build
+    (:func:`planner.planning.program_build.program_model_build`), this one's included, where they saw it. ``coef``
+    are the job's coefficients (the probed device's view is taken here);
     ``on_start`` is called just before the program starts (not for a reused run); ``settings.memory_cap_bytes``
     (CPU backend) is the live bytes that count as out of memory in the program, as ``--memory-cap`` of a built-in
     probe. ``runner`` (tests) stands in for ``probes.script.launch.run_script_probe``; ``settings.runner``, a
@@ -90,9 +94,6 @@ def run_program_strategy(
     from probes.measure.fingerprint import versions as software_versions  # lazy on purpose: probes loads torch
 
     device = settings.device
-    prediction = device_prediction(
-        predict(job.workload, strategy, job.hardware, device_coefficients(device, coef)), device
-    )
     request = program_request(job, strategy, program, settings)
     key = request.key(software_versions())
     with open_storage(db) as storage:
@@ -110,6 +111,11 @@ def run_program_strategy(
             ran = True
         stored = list(storage.list_probes(limit=MAX_COMPARED_PROBES, kind=job.workload.kind, device=device))
     spread = run_spread(record, stored)
+    # the prediction beside the measurement builds the model as the program does, where a run of it saw how
+    # (this one or a stored one: planner.planning.program_build), as recommend --program plans it
+    seen = program_model_build(program_id(program), db)
+    workload = job.workload if seen is None else replace(job.workload, model_build=seen[0])
+    prediction = device_prediction(predict(workload, strategy, job.hardware, device_coefficients(device, coef)), device)
     run = program_run(strategy, result, prediction, record.probe_id, not ran, spread)
     return StoredProgramRun(run, record.probe_id, result, ran)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -159,12 +159,16 @@ class PredictionReport(Versioned):
     # strategy it runs instead, solved with the plan's coefficients (planner.planning.figures); what
     # ``launch`` shows and ``planner export`` writes for it. None: no rollout engine, or a plan saved before
     framework_rollouts: dict[str, FrameworkRollout] | None = None
+    # how the plan assumes the program builds a model it trains under ZeRO-3 (store.model_build.program_build):
+    # "zero-init", partitioned as it is made, or "whole", on every GPU before deepspeed.initialize partitions it;
+    # --framework's rule, or with --program what a probe of the program saw. None: a plan saved before it
+    model_build: Literal["zero-init", "whole"] | None = None
 
     @model_serializer(mode="wrap")
     def _one_config_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The document carries ``ds_config`` or ``ds_configs``, never a null one."""
         data: dict[str, Any] = handler(self)
-        for key in ("ds_config", "ds_configs", "allocator_replay", "calibration", "framework_rollouts"):
+        for key in ("ds_config", "ds_configs", "allocator_replay", "calibration", "framework_rollouts", "model_build"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from planner.planning.program_build import program_model_build
+from planner.schema import committed_schema
 from probes.script.program_model import model_build_seen, zero_init
 from store.measurements import ProbeRequest, ProbeResult, program_id
 
@@ -72,3 +74,9 @@ def test_recommend_for_the_program_plans_its_seen_build(tmp_path: Path) -> None:
     assert plan.workload["model_build"] == "whole"
     plain = recommend("opt-125m", db=db, save=False, top=0, **job)
     assert "model_build" not in plain.workload
+    # the plan's document says the build it assumed (the schema bounds it to the two builds), and validates
+    validator = jsonschema.Draft202012Validator(committed_schema("plan"))
+    for document, build in ((plan.model_dump(), "whole"), (plain.model_dump(), "zero-init")):
+        assert document["model_build"] == build  # --framework hf builds under zero.Init; the program was seen whole
+        validator.validate(document)
+        assert not validator.is_valid({**document, "model_build": "half"})
