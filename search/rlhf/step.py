@@ -30,7 +30,7 @@ from search.model.placement import TrainedPlacement
 from search.model.training_time import training_time
 from search.rlhf.build_notes import model_build_notes
 from search.rlhf.job import RLHFContext
-from search.rlhf.memory import generation_live, training_live, training_named
+from search.rlhf.memory import generation_live, hybrid_engine_injects, training_live, training_named
 from search.rlhf.models import (
     Models,
     models_init_cached,
@@ -191,8 +191,13 @@ def step_of(ctx: RLHFContext, s: RLHFStrategy) -> Step:
     time = step_time(inference, training)
     role_time = {role: inference.role_time[role] + training.role_time.get(role, 0.0) for role in inference.role_time}
     notes = []
-    if s.hybrid_engine:
+    if s.hybrid_engine and hybrid_engine_injects(models.actor.model):
         notes.append("the hybrid engine's KV cache and workspace are cudaMalloc'ed outside torch's allocator")
+    elif s.hybrid_engine:
+        notes.append(
+            f"DeepSpeed's hybrid engine has no inference container for {models.actor.model.model_type} layers: it "
+            "generates through transformers' generate, whose KV cache is in torch's allocator"
+        )
     if models.reference is not None and s.actor.lora_rank and ctx.workload.model_for("reference") == ctx.workload.model:
         reference = models.reference.resident / 2**30
         notes.append(

@@ -83,13 +83,16 @@ def test_hybrid_engine_generates_through_transformers_for_opt() -> None:
     (without,) = [p for p in _step("opt-125m", hybrid_engine=False).phases if p.name == "generation"]
     assert with_engine.moments == without.moments
     assert all(m.parts[WORKSPACE] == 0 and m.transient >= m.parts[KV] > 0 for m in with_engine.moments)
+    assert any("no inference container for opt layers" in note for note in _step("opt-125m").notes)
 
 
 def test_hybrid_engine_keeps_its_workspace_and_cache_for_a_model_it_injects() -> None:
     """Llama (LLAMALayerPolicy): the containers' workspace and KV cache are outside torch's allocator."""
     assert hybrid_engine_injects(get_model("smollm2-135m"))
     assert not hybrid_engine_injects(get_model("qwen2.5-0.5b"))  # no DeepSpeed policy for Qwen2's layer
-    (generation,) = [p for p in _step("smollm2-135m").phases if p.name == "generation"]
+    step = _step("smollm2-135m")
+    assert any("outside torch's allocator" in note for note in step.notes)
+    (generation,) = [p for p in step.phases if p.name == "generation"]
     for m in generation.moments:
         assert m.parts[WORKSPACE] > 0
         assert m.transient < m.total - m.parts[WORKSPACE]  # the KV cache is not among torch's bytes
