@@ -7,6 +7,8 @@ as fast as the fastest plan that trying every strategy of the space with the rep
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner.planning.predicting import _job
@@ -16,12 +18,17 @@ from search.choose.candidates import Candidate
 from search.choose.confirm import MAX_REPLAYS_PER_POINT, resolve
 from search.choose.single_space import all_strategies
 from search.prediction import Prediction
+from store.models import with_layers
 from store.records import Hardware, Strategy, Workload
 
 GiB = 2**30
 
-# Jobs where the screen's fastest fitting plan is not the replay's (found by trying every strategy of both).
-DISAGREEING = [("opt-125m", "6G")]  # gpt2 on 6G disagrees too (benchmarks/screen_vs_replay.py)
+# Jobs where the screen's fastest fitting plan is not the replay's (found by trying every strategy of both; the test
+# asserts that they still disagree): (model, GPU memory, decoder layers it is cut to). Each strategy's replay walks
+# every layer's allocations, so trying the 768 strategies of the whole opt-125m (6G disagrees too, as gpt2's does:
+# benchmarks/screen_vs_replay.py) costs 20 CPU s; cut to two layers, as the planner probes it, they disagree on 3G
+# (and on 2G) for a fraction of that.
+DISAGREEING = [("opt-125m", "3G", 2)]
 
 
 def _exhaustive_by_replay(workload: Workload, hardware: Hardware) -> Candidate | None:
@@ -33,10 +40,10 @@ def _exhaustive_by_replay(workload: Workload, hardware: Hardware) -> Candidate |
     return best
 
 
-@pytest.mark.parametrize(("model", "gpu"), DISAGREEING)
-def test_the_confirmed_plan_is_the_fastest_the_replay_lets_fit(model: str, gpu: str) -> None:
+@pytest.mark.parametrize(("model", "gpu", "layers"), DISAGREEING)
+def test_the_confirmed_plan_is_the_fastest_the_replay_lets_fit(model: str, gpu: str, layers: int) -> None:
     job = _job(model, {"gpu_mem": gpu, "workload": "sft", "cpu_mem": "64G"})
-    workload, hardware = job.workload, job.hardware
+    workload, hardware = replace(job.workload, model=with_layers(job.workload.model, layers)), job.hardware
     screened = screen_search(workload, hardware, C)
     confirmed = search(workload, hardware, C)
     expected = _exhaustive_by_replay(workload, hardware)
