@@ -24,7 +24,7 @@ from planner.cli import probe as probe_cmd
 from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from planner.cli import tune as tune_cmd
-from planner.cli.argv_check import argv_error, take_verbose
+from planner.cli.argv_check import argv_error, click_command, take_verbose
 from planner.cli.failing import internal_error, refuse
 from planner.cli.stopping import stop_on_signals
 from planner.job.inputs import shapes_saved_on_success
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(refused, verbose=verbose)
     try:
         with shapes_saved_on_success():  # a refused command writes no traced model shape
-            result = app(args=args, standalone_mode=False, prog_name="planner")
+            result = click_command(app)(args=args, standalone_mode=False, prog_name="planner")
     except InputError as exc:
         return refuse(str(exc), detail=exc.detail, verbose=verbose)
     except click_errors.NoArgsIsHelpError:

@@ -5,6 +5,7 @@ subcommand declares, and returns the one line that refuses them (None: typer goe
 
 from __future__ import annotations
 
+import functools
 import re
 import typing
 from collections.abc import Sequence
@@ -21,11 +22,21 @@ def _is_int(annotation: Any) -> bool:
     return int in typing.get_args(annotation) and float not in typing.get_args(annotation)
 
 
-def _options(app: Any, name: str) -> tuple[set[str], set[str]]:
-    """(options of subcommand ``name`` that take a value, those of them that take a whole number)."""
+@functools.lru_cache(maxsize=4)
+def click_command(app: Any) -> Any:
+    """The click command typer builds from ``app`` (every subcommand's options read from its function's signature),
+    built once per process: typer builds it anew on each ``app(...)``, about 23 ms on a 2-core EPYC, twice per
+    :func:`planner.cli.main` with :func:`argv_error`'s reading, paid by every in-process caller of ``main`` (the
+    suite's thousands of commands) and by nothing else. The command holds no state of a call: click makes a new
+    context for each."""
     import typer
 
-    group = typer.main.get_command(app)
+    return typer.main.get_command(app)
+
+
+def _options(app: Any, name: str) -> tuple[set[str], set[str]]:
+    """(options of subcommand ``name`` that take a value, those of them that take a whole number)."""
+    group = click_command(app)
     sub = getattr(group, "commands", {}).get(name)
     takes_value: set[str] = set()
     whole: set[str] = set()
