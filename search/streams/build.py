@@ -6,7 +6,8 @@ moment, the bytes each live part holds. The stream makes those moments happen in
 1. **Engine init**, engine by engine (:mod:`search.streams.init`): the weights are loaded tensor by tensor;
    DeepSpeed makes its own copies (ZeRO-1/2's flat buffer, the fp32 master through a 16-bit clone, a zero
    fp32 gradient) and frees the originals and the temporaries, so their blocks stay cached, as on the
-   device. Adam's states are made at each engine's first optimizer step.
+   device; ZeRO-1/2 empty the cache before their flat buffer (what earlier engines left cached is released).
+   Adam's states are made at each engine's first optimizer step.
 2. **Each phase run**, moment by moment in step order: a part whose bytes fall frees its newest tensors
    first (last made, first freed, as a backward releases the top layer's activations first); a part whose
    bytes rise requests its pattern of sizes (:mod:`search.streams.sizes`). All frees of a moment come before
