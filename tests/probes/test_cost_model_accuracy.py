@@ -17,7 +17,7 @@ and DeepSpeed's buffers dominate), a tiny OPT of opt-125m's vocabulary-to-width 
 as many chunks, and PPO's four models), a tiny Llama (hidden 64, 2 layers, untied:
 the activations are about a third of the step), and tiny Qwen3-MoE and Gemma 3 models, which have no
 formula: their counts are read from transformers and their activations traced on the meta device.
-Sequence length 64, micro batch 2 (PPO: a prompt of 56 tokens and 8 generated). Each probe takes 2-20 CPU s on one
+Sequence length 64, micro batch 2 (PPO: a prompt of 62 tokens and 2 generated). Each probe takes 2-20 CPU s on one
 thread; one runs at a time.
 
 World sizes 2 and 4 (``Hardware(gpus=N)``): the probe runs N ranks on this node (``probes.process.rank_group``) and
@@ -109,10 +109,11 @@ PHASES = {
 SEQ_LEN = 64
 MICRO_BATCH = 2
 # ppo: prompt + generation make one SEQ_LEN sequence. Every generated token is one decoding forward (under ZeRO-3
-# over two ranks it gathers every parameter again: 2.3 s a token here, two thirds of the suite's largest probe);
-# the prompt is one forward of all its tokens. The phases' peaks hold the whole SEQ_LEN sequence either way (the KV
-# cache and logits at the last token, scoring and training over SEQ_LEN), so the generation is kept short.
-GEN_LEN = 8
+# over two ranks it gathers every parameter again: 2 s a token here, 8 tokens were 16 of the 39 s of that probe's
+# step); the prompt is one forward of all its tokens. The phases' peaks hold the whole SEQ_LEN sequence either way
+# (the KV cache and logits at the last token, scoring and training over SEQ_LEN), so the generation is kept to two
+# tokens: the prompt's forward makes the first, one decoding forward with the KV cache the second.
+GEN_LEN = 2
 PROMPT_LEN = SEQ_LEN - GEN_LEN
 # One probe at a time, each child on one thread (OMP_NUM_THREADS=1, as torch.distributed.run gives each rank of the
 # multi-rank cases): the suite runs two workers on two cores, and a probe's second OpenMP thread, or a second probe,
