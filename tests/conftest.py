@@ -1,9 +1,9 @@
 """Fixtures of every test: no test reads or writes the user's own plan database, and a real PostgreSQL
 server (``tests/pg_server.py`` says where it comes from) with an empty database on it per test.
 
-``PLANNER_DB`` and ``XDG_DATA_HOME`` point at a throwaway folder for the whole session, so a command or API
-call that names no ``db`` (``predict`` looking up a calibration, ``recommend`` saving its plan) meets an
-empty database of its own, never the developer's probes and calibrations.
+``PLANNER_DB``, ``XDG_DATA_HOME`` and ``XDG_CACHE_HOME`` point at a throwaway folder for the whole session, so a
+command or API call that names no ``db`` (``predict`` looking up a calibration, ``recommend`` saving its plan) meets
+an empty database of its own, never the developer's probes and calibrations (nor the host rates they cached).
 
 The tests' helpers in this folder (``tiny_models``, ``script_cases``, ``pg_server``) are importable from every
 test folder under any import mode, and the ``parse`` fixture reads a config with DeepSpeed's own parser.
@@ -55,6 +55,9 @@ def guard_default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         mp.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or str(default_ops_folder("cpu")))
         # built by one ninja, this environment's, as in the probe children (probes.process.op_cache.pin_ninja)
         mp.setenv("PATH", pin_ninja({"PATH": os.environ.get("PATH", os.defpath)})["PATH"])
+        # what memplan keeps per user (the host's CPU rates: planner.probing.cpu_rates) in a throwaway folder too,
+        # set after the op folder above was chosen: measured once per worker, never read from the developer's
+        mp.setenv("XDG_CACHE_HOME", str(home / "cache"))
         yield home / "guard.db"
 
 
