@@ -17,42 +17,31 @@ from typing import Any
 from search.coefficients import Coefficients
 from search.rlhf.job import RLHFContext
 from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_setup import ENGINE_OWN_PROCESS as ENGINE_OWN_PROCESS
+from search.rollout.engine_setup import EngineLimits as EngineLimits
+from search.rollout.engine_setup import EngineSetup
+from search.rollout.engine_setup import engine_limits as engine_limits
 from search.rollout.engine_shape import EngineRefusal, context_bytes, weights_per_gpu
-from search.rollout.sglang_rules import sglang_memory
-from search.rollout.solve import utilization_range
-from search.rollout.vllm_rules import vllm_default_batch, vllm_memory
-from store.frameworks import framework_engine_batch
+from search.rollout.solve import engine_memory, utilization_range
 from store.records import ModelSpec
 from store.rollout import RolloutStrategy
 
-ENGINE_OWN_PROCESS = True  # OpenRLHF's engines are Ray actors: a process (and a CUDA context) of their own
-VLLM_BLOCK_SIZE = 16  # vLLM's default KV block (CacheConfig.block_size); SGLang's page is 1 token
-# SGLang's server arguments the planner leaves at a value its launcher takes on an 80 GB GPU (server_args.py:
-# chunked_prefill_size, cuda_graph_max_bs); the rollout's own batch decides what runs, these size the profile
-SGLANG_CHUNKED_PREFILL = 8192
-SGLANG_GRAPH_MAX_BS = 256
 
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """The batch limits an engine starts with: vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` (the
-    ``vllm.LLM`` defaults for the GPU), SGLang's ``cuda_graph_max_bs`` / ``chunked_prefill_size``; the KV block."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    block: int
-
-
-def engine_limits(engine: str, gpu_memory_bytes: int, gpu_name: str, framework: str = "deepspeed") -> EngineLimits:
-    """The limits of ``engine`` on this GPU (see :class:`EngineLimits`) as ``framework`` starts it: veRL passes its
-    own ``max_num_batched_tokens`` and ``max_num_seqs`` (``store.frameworks.framework_engine_batch``)."""
-    own = framework_engine_batch(framework, engine)
-    if own is not None:
-        return EngineLimits(own[1], own[0], VLLM_BLOCK_SIZE)
-    if engine == "vllm":
-        tokens, seqs = vllm_default_batch(gpu_memory_bytes, gpu_name)
-        return EngineLimits(seqs, tokens, VLLM_BLOCK_SIZE)
-    return EngineLimits(SGLANG_GRAPH_MAX_BS, SGLANG_CHUNKED_PREFILL, 1)
+def engine_setup(
+    rollout: RolloutStrategy, *, model: ModelSpec, dtype: str, gpu_memory_bytes: int, limits: EngineLimits
+) -> EngineSetup:
+    """One replica of ``rollout``'s engine as the planner starts it (a process of its own, the KV cache in the
+    model's dtype)."""
+    return EngineSetup(
+        engine=rollout.engine,
+        model=model,
+        dtype=dtype,
+        tensor_parallel=rollout.tensor_parallel,
+        gpu_memory_bytes=gpu_memory_bytes,
+        limits=limits,
+        enforce_eager=rollout.enforce_eager,
+        own_process=ENGINE_OWN_PROCESS,
+    )
 
 
 def engine_memory_at(
@@ -68,34 +57,10 @@ def engine_memory_at(
     coef: Coefficients,
 ) -> EngineMemory | None:
     """One replica's bytes per GPU at ``utilization``; None where the engine would refuse to start."""
+    setup = engine_setup(rollout, model=model, dtype=dtype, gpu_memory_bytes=gpu_memory_bytes, limits=limits)
     try:
-        if rollout.engine == "vllm":
-            return vllm_memory(
-                model,
-                dtype,
-                rollout.tensor_parallel,
-                gpu_memory_bytes,
-                utilization,
-                enforce_eager=rollout.enforce_eager,
-                max_num_seqs=limits.max_num_seqs,
-                max_num_batched_tokens=limits.max_num_batched_tokens,
-                own_process=ENGINE_OWN_PROCESS,
-                max_model_len=max_model_len,
-                free_bytes_at_start=free_bytes_at_start,
-                coef=coef,
-            )
-        return sglang_memory(
-            model,
-            dtype,
-            rollout.tensor_parallel,
-            gpu_memory_bytes,
-            utilization,
-            free_bytes_at_start=free_bytes_at_start,
-            enforce_eager=rollout.enforce_eager,
-            own_process=ENGINE_OWN_PROCESS,
-            chunked_prefill_size=limits.max_num_batched_tokens,
-            cuda_graph_max_bs=limits.max_num_seqs,
-            coef=coef,
+        return engine_memory(
+            setup, utilization, max_model_len=max_model_len, free_bytes_at_start=free_bytes_at_start, coef=coef
         )
     except EngineRefusal:
         return None
@@ -144,21 +109,13 @@ def utilization_span(
     sequences of prompt + generation tokens at once, ``room_bytes`` beside the trainer, ``free_at_start`` free."""
     w, hw = ctx.workload, ctx.hardware
     limits = engine_limits(rollout.engine, hw.gpu_memory_bytes, hw.gpu.name, w.framework)
+    setup = engine_setup(rollout, model=w.model, dtype=w.dtype, gpu_memory_bytes=hw.gpu_memory_bytes, limits=limits)
     return utilization_range(
-        rollout.engine,
-        w.model,
-        w.dtype,
-        rollout.tensor_parallel,
-        hw.gpu_memory_bytes,
+        setup,
         sequences=running,
         tokens_per_sequence=ctx.job.seq_len,
         room_bytes=room_bytes,
-        enforce_eager=rollout.enforce_eager,
-        own_process=ENGINE_OWN_PROCESS,
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
         free_bytes_at_start=free_at_start,
-        block_size=limits.block,
         coef=ctx.coef,
     )
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_setup import EngineSetup
 from search.rollout.engine_shape import (
     EngineRefusal,
     context_bytes,
@@ -38,7 +39,9 @@ from search.rollout.engine_shape import (
     sampler_peak,
     weights_per_gpu,
 )
-from store.records import ModelSpec
+from store.choices import RolloutEngine
+
+__all__ = ["sglang_capture_sizes", "sglang_memory"]
 
 
 def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
@@ -51,35 +54,38 @@ def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
 
 
 def sglang_memory(
-    model: ModelSpec,
-    dtype: str,
-    tensor_parallel: int,
-    gpu_memory_bytes: int,
+    setup: EngineSetup,
     mem_fraction_static: float,
     *,
     free_bytes_at_start: int,
-    enforce_eager: bool,
-    own_process: bool,
-    chunked_prefill_size: int,
-    cuda_graph_max_bs: int,
-    page_size: int = 1,
-    kv_cache_dtype: str | None = None,
     coef: Coefficients = DEFAULT_COEFFICIENTS,
 ) -> EngineMemory:
     """One SGLang replica's bytes on each of its GPUs at ``mem_fraction_static``.
 
     ``free_bytes_at_start``: the GPU memory free before the engine starts (what the trainer and others leave);
-    the engine's own CUDA context comes off it before SGLang measures. ``enforce_eager`` is SGLang's
-    ``disable_cuda_graph``. The activation peak is a prefill chunk of ``chunked_prefill_size`` tokens and the
-    sampler over ``cuda_graph_max_bs`` rows. Raises :class:`EngineRefusal` where SGLang would refuse to start.
+    the engine's own CUDA context comes off it before SGLang measures. ``setup.enforce_eager`` is SGLang's
+    ``disable_cuda_graph``; ``setup.limits`` holds ``cuda_graph_max_bs`` (``max_num_seqs``),
+    ``chunked_prefill_size`` (``max_num_batched_tokens``) and ``page_size`` (``block``). The activation peak is a
+    prefill chunk of ``chunked_prefill_size`` tokens and the sampler over ``cuda_graph_max_bs`` rows. Raises
+    :class:`EngineRefusal` where SGLang would refuse to start.
     """
+    if setup.engine != RolloutEngine.SGLANG:
+        raise ValueError(f"sglang_memory sizes an SGLang engine, not {setup.engine!r}")
+    model, dtype, tensor_parallel, gpu_memory_bytes = (
+        setup.model,
+        setup.dtype,
+        setup.tensor_parallel,
+        setup.gpu_memory_bytes,
+    )
+    chunked_prefill_size, cuda_graph_max_bs = setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs
+    page_size = setup.limits.block
     if not 0.0 < mem_fraction_static <= 1.0:
         raise ValueError(f"mem_fraction_static must be in (0, 1], not {mem_fraction_static!r}")
     if not 0 <= free_bytes_at_start <= gpu_memory_bytes:
         raise ValueError("free_bytes_at_start must be between 0 and the GPU's memory")
     if min(chunked_prefill_size, cuda_graph_max_bs, page_size, tensor_parallel) < 1:
         raise ValueError("chunked_prefill_size, cuda_graph_max_bs, page_size and tensor_parallel must be >= 1")
-    context = context_bytes(own_process, coef)
+    context = context_bytes(setup.own_process, coef)
     before_load = free_bytes_at_start - context  # B, measured after the engine's CUDA context
     weights = weights_per_gpu(model, dtype, tensor_parallel)
     slack = before_load * (1 - mem_fraction_static)
@@ -88,7 +94,7 @@ def sglang_memory(
         raise EngineRefusal(
             f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mem_fraction_static}"
         )
-    cell = kv_bytes_per_token(model, dtype, tensor_parallel, kv_cache_dtype=kv_cache_dtype)
+    cell = kv_bytes_per_token(model, dtype, tensor_parallel, kv_cache_dtype=setup.kv_cache_dtype)
     tokens = rest // cell // page_size * page_size  # calculate_pool_sizes
     activation = max(
         forward_peak(model, dtype, tensor_parallel, chunked_prefill_size, coef),
@@ -96,7 +102,7 @@ def sglang_memory(
     )
     non_torch = non_torch_bytes(tensor_parallel, coef)
     graphs = 0
-    if not enforce_eager:
+    if not setup.enforce_eager:
         sizes = sglang_capture_sizes(cuda_graph_max_bs)
         graphs = graph_pool(model, dtype, tensor_parallel, sizes[-1], len(sizes), coef)
     static = before_load - int(slack)  # weights + KV pool: the fraction's share of B

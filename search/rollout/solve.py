@@ -14,71 +14,53 @@ from functools import lru_cache
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_setup import EngineSetup
 from search.rollout.engine_shape import EngineRefusal
 from search.rollout.sglang_rules import sglang_memory
 from search.rollout.vllm_rules import vllm_memory
-from store.records import ModelSpec
+from store.choices import RolloutEngine
+
+__all__ = ["STEPS", "engine_memory", "utilization_range"]
 
 STEPS = 100  # utilizations 0.01, 0.02, ... 1.00
 
 
 @lru_cache(maxsize=4096)
 def utilization_range(
-    engine: str,
-    model: ModelSpec,
-    dtype: str,
-    tensor_parallel: int,
-    gpu_memory_bytes: int,
+    setup: EngineSetup,
     *,
     sequences: int,
     tokens_per_sequence: int,
     room_bytes: int,
-    enforce_eager: bool,
-    own_process: bool,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
     free_bytes_at_start: int | None = None,
-    block_size: int | None = None,
-    kv_cache_dtype: str | None = None,
     coef: Coefficients = DEFAULT_COEFFICIENTS,
 ) -> tuple[float, float] | None:
-    """``(least, most)`` utilization, in hundredths, or None when no utilization works.
+    """``(least, most)`` utilization of the engine ``setup``, in hundredths, or None when no utilization works.
 
     least (rounded up): the engine starts and its KV cache holds ``sequences`` sequences of
-    ``tokens_per_sequence`` tokens at once (vLLM's ``max_model_len`` is ``tokens_per_sequence``).
-    most (rounded down): the engine starts and its awake bytes (``EngineMemory.awake``) fit in ``room_bytes``,
-    the GPU bytes left beside the trainer. ``free_bytes_at_start``: free GPU memory before the engine starts
-    (vLLM refuses above it; SGLang sizes its pool from it, so it is required there). ``block_size``: vLLM's
-    block (16 by default) or SGLang's page (1). ``max_num_seqs`` / ``max_num_batched_tokens`` are SGLang's
-    ``cuda_graph_max_bs`` / ``chunked_prefill_size``.
+    ``tokens_per_sequence`` tokens at once (vLLM's ``max_model_len`` is ``tokens_per_sequence``), each in whole
+    blocks of ``setup.limits.block`` tokens. most (rounded down): the engine starts and its awake bytes
+    (``EngineMemory.awake``) fit in ``room_bytes``, the GPU bytes left beside the trainer. ``free_bytes_at_start``:
+    free GPU memory before the engine starts (vLLM refuses above it; SGLang sizes its pool from it, so it is
+    required there).
     """
     if sequences < 1 or tokens_per_sequence < 1:
         raise ValueError("sequences and tokens_per_sequence must be >= 1")
     # Refusals are a prefix (too little budget for any KV cache) and, for vLLM, a suffix (more requested than is
     # free at start-up); KV tokens and the awake bytes grow with the utilization in between. So each end is a
     # binary search over the hundredths, with the start-up check applied apart (vLLM request_memory).
-    vllm_check = engine == "vllm" and free_bytes_at_start is not None
+    vllm_check = setup.engine == RolloutEngine.VLLM and free_bytes_at_start is not None
     memory = _engine_rule(
-        engine,
-        model,
-        dtype,
-        tensor_parallel,
-        gpu_memory_bytes,
-        enforce_eager=enforce_eager,
-        own_process=own_process,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
+        setup,
         max_model_len=tokens_per_sequence,
         free_bytes_at_start=None if vllm_check else free_bytes_at_start,
-        block_size=block_size,
-        kv_cache_dtype=kv_cache_dtype,
         coef=coef,
     )
 
     def starts(m: EngineMemory) -> bool:
         return not vllm_check or free_bytes_at_start - m.context >= m.requested  # type: ignore[operator]
 
-    block = block_size or (16 if engine == "vllm" else 1)
+    block = setup.limits.block
     needed_tokens = sequences * -(-tokens_per_sequence // block) * block  # whole blocks per sequence
     least = _first(lambda k: _holds(memory(k / STEPS), needed_tokens))
     if least is None or not starts(memory(least / STEPS)):  # type: ignore[arg-type]
@@ -130,70 +112,38 @@ def _fits(memory: EngineMemory | None, room_bytes: int) -> bool:
     return memory is not None and memory.awake <= room_bytes
 
 
-def _engine_rule(
-    engine: str,
-    model: ModelSpec,
-    dtype: str,
-    tensor_parallel: int,
-    gpu_memory_bytes: int,
+def engine_memory(
+    setup: EngineSetup,
+    utilization: float,
     *,
-    enforce_eager: bool,
-    own_process: bool,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    max_model_len: int,
+    max_model_len: int | None,
     free_bytes_at_start: int | None,
-    block_size: int | None,
-    kv_cache_dtype: str | None,
-    coef: Coefficients,
+    coef: Coefficients = DEFAULT_COEFFICIENTS,
+) -> EngineMemory:
+    """The bytes of the engine ``setup`` at ``utilization`` by its own rules (vLLM's ``gpu_memory_utilization``,
+    SGLang's ``mem_fraction_static``; SGLang reads no ``max_model_len`` and needs ``free_bytes_at_start``).
+    Raises :class:`EngineRefusal` where the engine would refuse to start."""
+    if setup.engine == RolloutEngine.VLLM:
+        return vllm_memory(
+            setup, utilization, max_model_len=max_model_len, free_bytes_at_start=free_bytes_at_start, coef=coef
+        )
+    if free_bytes_at_start is None:
+        raise ValueError("SGLang sizes its KV pool from the free memory at start: give free_bytes_at_start")
+    return sglang_memory(setup, utilization, free_bytes_at_start=free_bytes_at_start, coef=coef)
+
+
+def _engine_rule(
+    setup: EngineSetup, *, max_model_len: int, free_bytes_at_start: int | None, coef: Coefficients
 ) -> Callable[[float], EngineMemory | None]:
     """The engine's memory at a utilization, or None where the engine refuses to start."""
-
-    def vllm(u: float) -> EngineMemory:
-        return vllm_memory(
-            model,
-            dtype,
-            tensor_parallel,
-            gpu_memory_bytes,
-            u,
-            enforce_eager=enforce_eager,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            own_process=own_process,
-            block_size=block_size or 16,
-            kv_cache_dtype=kv_cache_dtype,
-            max_model_len=max_model_len,
-            free_bytes_at_start=free_bytes_at_start,
-            coef=coef,
-        )
-
-    def sglang(u: float) -> EngineMemory:
-        if free_bytes_at_start is None:
-            raise ValueError("SGLang sizes its KV pool from the free memory at start: give free_bytes_at_start")
-        return sglang_memory(
-            model,
-            dtype,
-            tensor_parallel,
-            gpu_memory_bytes,
-            u,
-            free_bytes_at_start=free_bytes_at_start,
-            enforce_eager=enforce_eager,
-            own_process=own_process,
-            chunked_prefill_size=max_num_batched_tokens,
-            cuda_graph_max_bs=max_num_seqs,
-            page_size=block_size or 1,
-            kv_cache_dtype=kv_cache_dtype,
-            coef=coef,
-        )
-
-    rules = {"vllm": vllm, "sglang": sglang}
-    if engine not in rules:
-        raise ValueError(f"engine must be vllm or sglang, not {engine!r}")
-    rule = rules[engine]
+    if setup.engine == RolloutEngine.SGLANG and free_bytes_at_start is None:
+        raise ValueError("SGLang sizes its KV pool from the free memory at start: give free_bytes_at_start")
 
     def at(u: float) -> EngineMemory | None:
         try:
-            return rule(u)
+            return engine_memory(
+                setup, u, max_model_len=max_model_len, free_bytes_at_start=free_bytes_at_start, coef=coef
+            )
         except EngineRefusal:
             return None
 

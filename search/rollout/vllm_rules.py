@@ -29,7 +29,8 @@ Read from vLLM 0.19.1 (the PyPI wheel; ``vllm/_version.py``: 0.19.1, commit id `
    (``kv_cache_utils._check_enough_kv_cache_memory``; ``FullAttentionSpec.max_memory_usage_bytes``).
 8. Defaults of ``vllm.LLM`` (what OpenRLHF, TRL and veRL construct): 16384 batched tokens and 1024 sequences on
    GPUs of 70 GiB or more other than the A100, else 8192 and 256 (``engine/arg_utils.py``
-   ``EngineArgs.get_batch_defaults``), and ``max_num_batched_tokens <= max_num_seqs x max_model_len``.
+   ``EngineArgs.get_batch_defaults``; :func:`search.rollout.engine_setup.vllm_default_batch`), and
+   ``max_num_batched_tokens <= max_num_seqs x max_model_len``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import math
 
 from search.coefficients import DEFAULT_COEFFICIENTS, Coefficients
 from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_setup import EngineSetup, vllm_default_batch
 from search.rollout.engine_shape import (
     EngineRefusal,
     cache_layers,
@@ -48,17 +50,11 @@ from search.rollout.engine_shape import (
     profile_peak,
     weights_per_gpu,
 )
-from store.records import ModelSpec
+from store.choices import RolloutEngine
 
-BIG_GPU_BYTES = 70 * 2**30  # engine/arg_utils.py: "device_memory >= 70 * GiB_bytes and 'a100' not in device_name"
+__all__ = ["MAX_CAPTURE_SIZE", "vllm_capture_sizes", "vllm_default_batch", "vllm_graph_count", "vllm_memory"]
+
 MAX_CAPTURE_SIZE = 512  # config/vllm.py _set_cudagraph_sizes: min(max_num_seqs * 2, 512)
-
-
-def vllm_default_batch(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
-    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm.LLM`` takes when they are not given."""
-    if gpu_memory_bytes >= BIG_GPU_BYTES and "a100" not in gpu_name.lower():
-        return 16384, 1024
-    return 8192, 256
 
 
 def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
@@ -80,18 +76,9 @@ def vllm_graph_count(max_num_seqs: int, max_num_batched_tokens: int) -> int:
 
 
 def vllm_memory(
-    model: ModelSpec,
-    dtype: str,
-    tensor_parallel: int,
-    gpu_memory_bytes: int,
+    setup: EngineSetup,
     utilization: float,
     *,
-    enforce_eager: bool,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    own_process: bool,
-    block_size: int = 16,
-    kv_cache_dtype: str | None = None,
     max_model_len: int | None = None,
     free_bytes_at_start: int | None = None,
     graphs_in_budget: bool = False,
@@ -99,16 +86,27 @@ def vllm_memory(
 ) -> EngineMemory:
     """One vLLM replica's bytes on each of its GPUs at ``gpu_memory_utilization`` = ``utilization``.
 
-    ``max_model_len`` defaults to the model's context (vLLM reads ``max_position_embeddings``); an RLHF rollout
-    sets it to prompt + generation. ``free_bytes_at_start``, when given, is the GPU memory free before the engine
-    starts (what the trainer and others leave): vLLM refuses below the requested bytes. Raises
+    ``setup`` is the replica as started (``setup.limits``: ``max_num_seqs``, ``max_num_batched_tokens`` and the
+    KV ``block_size``). ``max_model_len`` defaults to the model's context (vLLM reads ``max_position_embeddings``);
+    an RLHF rollout sets it to prompt + generation. ``free_bytes_at_start``, when given, is the GPU memory free
+    before the engine starts (what the trainer and others leave): vLLM refuses below the requested bytes. Raises
     :class:`EngineRefusal` where vLLM would refuse to start (see the module docstring for the rules).
     """
+    if setup.engine != RolloutEngine.VLLM:
+        raise ValueError(f"vllm_memory sizes a vLLM engine, not {setup.engine!r}")
+    model, dtype, tensor_parallel, gpu_memory_bytes = (
+        setup.model,
+        setup.dtype,
+        setup.tensor_parallel,
+        setup.gpu_memory_bytes,
+    )
+    limits = setup.limits
+    max_num_seqs, max_num_batched_tokens, block_size = limits.max_num_seqs, limits.max_num_batched_tokens, limits.block
     if not 0.0 < utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {utilization!r}")
     if min(max_num_seqs, max_num_batched_tokens, block_size, tensor_parallel) < 1:
         raise ValueError("max_num_seqs, max_num_batched_tokens, block_size and tensor_parallel must be >= 1")
-    context = context_bytes(own_process, coef)
+    context = context_bytes(setup.own_process, coef)
     requested = math.ceil(gpu_memory_bytes * utilization)  # request_memory
     if free_bytes_at_start is not None and free_bytes_at_start - context < requested:
         raise EngineRefusal(
@@ -121,7 +119,7 @@ def vllm_memory(
     activation = profile_peak(model, dtype, tensor_parallel, max_num_batched_tokens, rows, coef)
     non_torch = non_torch_bytes(tensor_parallel, coef)
     graphs = 0
-    if not enforce_eager:
+    if not setup.enforce_eager:
         largest = vllm_capture_sizes(max_num_seqs, max_num_batched_tokens)[-1]
         count = vllm_graph_count(max_num_seqs, max_num_batched_tokens)
         graphs = graph_pool(model, dtype, tensor_parallel, largest, count, coef)
@@ -133,7 +131,7 @@ def vllm_memory(
             f"{activation / 2**30:.2f} GiB)"
         )
     layers = cache_layers(model)
-    page = block_size * layer_token_bytes(model, dtype, tensor_parallel, kv_cache_dtype)  # one layer's page
+    page = block_size * layer_token_bytes(model, dtype, tensor_parallel, setup.kv_cache_dtype)  # one layer's page
     model_len = max_model_len if max_model_len is not None else model.max_positions
     needed = -(-model_len // block_size) * page * layers  # max_memory_usage_bytes summed over the layers
     if needed > available:

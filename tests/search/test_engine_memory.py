@@ -16,6 +16,7 @@ import pytest
 from search.coefficients import DEFAULT_COEFFICIENTS
 from search.model.activations import activations
 from search.rollout.engine_memory import EngineMemory
+from search.rollout.engine_setup import EngineLimits, EngineSetup
 from search.rollout.engine_shape import EngineRefusal, kv_bytes_per_token, weights_per_gpu
 from search.rollout.sglang_rules import sglang_capture_sizes, sglang_memory
 from search.rollout.solve import utilization_range
@@ -54,30 +55,24 @@ QWEN7B = ModelSpec(
 LAYER_PAGE = 16 * 2 * 4 * 128 * 2  # one layer's page at tp=1: 2 x block_size x heads x head_size x bf16 bytes
 
 
-def _vllm(u: float, **kw: Any) -> EngineMemory:
-    args: dict[str, Any] = {
-        "enforce_eager": False,
-        "max_num_seqs": 256,
-        "max_num_batched_tokens": 8192,
-        "own_process": True,
-        "max_model_len": 4096,
-        "coef": COEF,
-    }
-    args.update(kw)
-    return vllm_memory(QWEN7B, "bf16", 1, GPU, u, **args)
+def _setup(
+    engine: str, *, block: int, enforce_eager: bool = False, own_process: bool = True, tp: int = 1
+) -> EngineSetup:
+    # vLLM: max_num_seqs 256, max_num_batched_tokens 8192; SGLang: cuda_graph_max_bs 256, chunked_prefill_size 8192
+    limits = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192, block=block)
+    return EngineSetup(engine, QWEN7B, "bf16", tp, GPU, limits, enforce_eager=enforce_eager, own_process=own_process)
 
 
-def _sglang(f: float, free: int, **kw: Any) -> EngineMemory:
-    args: dict[str, Any] = {
-        "free_bytes_at_start": free,
-        "enforce_eager": False,
-        "own_process": True,
-        "chunked_prefill_size": 8192,
-        "cuda_graph_max_bs": 256,
-        "coef": COEF,
-    }
+def _vllm(u: float, *, enforce_eager: bool = False, own_process: bool = True, **kw: Any) -> EngineMemory:
+    args: dict[str, Any] = {"max_model_len": 4096, "coef": COEF}
     args.update(kw)
-    return sglang_memory(QWEN7B, "bf16", 1, GPU, f, **args)
+    setup = _setup("vllm", block=16, enforce_eager=enforce_eager, own_process=own_process)
+    return vllm_memory(setup, u, **args)
+
+
+def _sglang(f: float, free: int, *, enforce_eager: bool = False, page_size: int = 1) -> EngineMemory:
+    setup = _setup("sglang", block=page_size, enforce_eager=enforce_eager)
+    return sglang_memory(setup, f, free_bytes_at_start=free, coef=COEF)
 
 
 def test_kv_bytes_per_token_splits_kv_heads_and_replicates_them_past_their_count() -> None:
@@ -214,8 +209,7 @@ def test_sleep_levels_free_the_pool_allocations_and_back_up_weights_at_level_one
 def test_context_only_for_an_engine_process_of_its_own_and_tp_adds_comm_buffers() -> None:
     shared = _vllm(0.9, own_process=False)
     assert shared.context == 0 and _vllm(0.9).awake - shared.awake == 512 * 2**20
-    tp2 = vllm_memory(QWEN7B, "bf16", 2, GPU, 0.9, enforce_eager=True, max_num_seqs=256,
-                      max_num_batched_tokens=8192, own_process=True, coef=COEF)  # fmt: skip
+    tp2 = vllm_memory(_setup("vllm", block=16, enforce_eager=True, tp=2), 0.9, coef=COEF)
     assert tp2.non_torch == 256 * 2**20 + GIB
     kv_proj = 2 * 28 * 3584 * 4 * 128  # K and V projections, replicated with their heads past 4 ranks
     assert weights_per_gpu(QWEN7B, "bf16", 2) == 2 * 7_615_616_512 // 2
@@ -230,11 +224,10 @@ def test_vllm_llm_class_defaults() -> None:
 
 
 def _solve(engine: str, room: int, free: int | None = None, sequences: int = 300) -> tuple[float, float] | None:
+    setup = _setup(engine, block=16 if engine == "vllm" else 1)
     return utilization_range(
-        engine, QWEN7B, "bf16", 1, GPU, sequences=sequences, tokens_per_sequence=1025, room_bytes=room,
-        enforce_eager=False, own_process=True, max_num_seqs=256, max_num_batched_tokens=8192,
-        free_bytes_at_start=free, coef=COEF,
-    )  # fmt: skip
+        setup, sequences=sequences, tokens_per_sequence=1025, room_bytes=room, free_bytes_at_start=free, coef=COEF
+    )
 
 
 def test_utilization_range_is_exact_at_both_ends() -> None:
@@ -268,3 +261,13 @@ def test_utilization_range_of_sglang_moves_with_the_free_memory() -> None:
     assert low[0] == least / 100
     with pytest.raises(ValueError, match="free_bytes_at_start"):
         _solve("sglang", 70 * GIB)
+
+
+def test_an_engine_setup_names_a_vllm_or_sglang_engine_and_each_rule_reads_its_own() -> None:
+    # store.rollout.INFERENCE_ENGINES: DeepSpeed's hybrid engine has no start-up rule of its own here
+    with pytest.raises(ValueError, match="engine must be vllm or sglang"):
+        _setup("hybrid-engine", block=16)
+    with pytest.raises(ValueError, match="not 'sglang'"):
+        vllm_memory(_setup("sglang", block=1), 0.9, coef=COEF)
+    with pytest.raises(ValueError, match="not 'vllm'"):
+        sglang_memory(_setup("vllm", block=16), 0.8, free_bytes_at_start=60 * GIB, coef=COEF)
