@@ -33,7 +33,7 @@ from search.model.moment_parts import (
     moment,
 )
 from search.model.shapes import largest_trainable_tensor, lora_params, token_embedding_params
-from search.model.states import ModelStates
+from search.model.turn import MicroStepTurn, PlacedModel
 from search.model.zero_buffers import ZeroWorkspace
 from store.records import ModelSpec
 
@@ -134,21 +134,13 @@ def first_flush_layers(model: ModelSpec, lm_head: bool, lora_rank: int, bucket_e
     return max(0, bucket_elements - before) // per_layer
 
 
-def zero0_moments(
-    *,
-    states: ModelStates,
-    work: ZeroWorkspace,
-    logits: LossLogits,
-    base: Moment,
-    gathered_params: int,
-    forward: list[Moment],
-    backward: list[Moment],
-    inflight: int,
-) -> TrainingMoments:
+def zero0_moments(placed: PlacedModel, turn: MicroStepTurn, logits: LossLogits) -> TrainingMoments:
     """No ZeRO, tensor by tensor: the 16-bit ``param.grad`` stay from the backward to step(); the allreduce's
     flattened copy lives at the backward's end; FP16_Optimizer.step() (bf16 too) upcasts each gradient to
     fp32 (a tensor per parameter, the ``fp32_upcasts`` sizes of ``search.streams.sizes.training_sizes``), flattens
     those into one fp32 gradient, then drops the upcasts and the 16-bit gradients before Adam runs."""
+    states, work, base, gathered_params = placed.states, placed.work, turn.base, turn.gathered_params
+    forward, backward, inflight = turn.forward, turn.backward, turn.inflight
     grads = states.gradients
     backward.append(moment(gradients=grads + inflight, logits=logits.held))
     backward.append(moment(gradients=grads + work.allreduce_copy, logits=logits.held))
@@ -173,28 +165,16 @@ def zero0_moments(
     )
 
 
-def zero2_moments(
-    *,
-    model: ModelSpec,
-    lm_head: bool,
-    lora_rank: int,
-    accumulating: bool,
-    states: ModelStates,
-    work: ZeroWorkspace,
-    acts: Activations,
-    logits: LossLogits,
-    base: Moment,
-    gathered_params: int,
-    forward: list[Moment],
-    backward: list[Moment],
-    inflight: int,
-    d: int,
-) -> TrainingMoments:
+def zero2_moments(placed: PlacedModel, turn: MicroStepTurn, acts: Activations, logits: LossLogits) -> TrainingMoments:
     """ZeRO-2 without offload (and ZeRO-1 reducing as its hooks fire), tensor by tensor as stage_1_and_2.py makes
     them: ``grads_in_partition`` from the first bucket flush (:func:`first_flush_layers`) or, accumulating, from
     the first micro-step on, to step() (made at the backward's end, beside a tied embedding's summed gradient
     larger than a bucket: ``extra_large_param_to_reduce`` keeps it until the copy); step() takes each gradient's
     fp64 norm, flattens the partition, upcasts it to fp32 and frees the 16-bit two before Adam runs on the fp32."""
+    model, lm_head, lora_rank = placed.model, placed.lm_head, placed.layout.lora_rank
+    accumulating, states, work = placed.grad_accum > 1, placed.states, placed.work
+    base, gathered_params, forward, backward = turn.base, turn.gathered_params, turn.forward, turn.backward
+    inflight, d = turn.inflight, turn.d
     partition = work.partition_grads
     flush = first_flush_layers(model, lm_head, lora_rank, work.reduce_bucket // d)
     made_early = accumulating or flush is not None

@@ -12,9 +12,6 @@ against CPU probes of tiny models at world sizes 1, 2 and 4 (``tests/probes/test
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 from search.model.activations import Activations, LossLogits, tied_embedding_extra
 from search.model.deepspeed_tensors import (
     offload_epilogue,
@@ -38,10 +35,10 @@ from search.model.moment_parts import (
 )
 from search.model.reuse import zero3_reuse
 from search.model.shapes import token_embedding_params, trainable_params
-from search.model.states import ModelStates
+from search.model.turn import MicroStepTurn, PlacedModel
 from search.model.zero3_step import zero3_offload_grads, zero3_step, zero3_sub_groups
-from search.model.zero_buffers import ZERO3_NORM_CHUNK_ELEMENTS, ZeroWorkspace
-from store.records import DTYPE_BYTES, ModelSpec, TrainedModelStrategy
+from search.model.zero_buffers import ZERO3_NORM_CHUNK_ELEMENTS
+from store.records import DTYPE_BYTES
 
 __all__ = [
     "LIVE_PARTS",
@@ -57,45 +54,6 @@ __all__ = [
 ]
 
 
-class PlacedModel(Protocol):
-    """A trained model placed on the GPUs as its training moments read it (``search.model.placement.TrainedPlacement``
-    is one): the model, whether it has an LM head, its layout (ZeRO stage, LoRA rank, checkpointing), its
-    accumulation and world size, its states and DeepSpeed's working buffers."""
-
-    @property
-    def model(self) -> ModelSpec: ...
-    @property
-    def lm_head(self) -> bool: ...
-    @property
-    def layout(self) -> TrainedModelStrategy: ...
-    @property
-    def grad_accum(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def states(self) -> ModelStates: ...
-    @property
-    def work(self) -> ZeroWorkspace: ...
-
-
-@dataclass(frozen=True)
-class _Turn:
-    """What every ZeRO stage's moments share: the forward and the start of the backward of one micro-batch, and
-    the bytes around them (``d`` bytes per 16-bit element)."""
-
-    d: int
-    base: Moment  # between micro-steps
-    kept: int  # ZeRO-3's gradient partition buffer, live from init on
-    gathered_params: int
-    embedding_grad: int
-    tied: int
-    head_grad: int
-    inflight: int
-    head_weight: int
-    forward: list[Moment]
-    backward: list[Moment]
-
-
 def training_moments(
     placed: PlacedModel, batch: MicroBatchContext, acts: Activations, logits: LossLogits
 ) -> TrainingMoments:
@@ -107,43 +65,18 @@ def training_moments(
     are zero for a model without an LM head (a reward model or a critic).
     """
     turn = _turn(placed, batch.dtype, acts, logits)
-    model, lm_head, states, work = placed.model, placed.lm_head, placed.states, placed.work
-    zero_stage, lora_rank = placed.layout.zero_stage, placed.layout.lora_rank
+    work, zero_stage = placed.work, placed.layout.zero_stage
     accumulating, d = placed.grad_accum > 1, turn.d
     tied_at = 2 if turn.tied else 0
     if zero_stage == 0:
-        moments = zero0_moments(
-            states=states,
-            work=work,
-            logits=logits,
-            base=turn.base,
-            gathered_params=turn.gathered_params,
-            forward=turn.forward,
-            backward=turn.backward,
-            inflight=turn.inflight,
-        )
+        moments = zero0_moments(placed, turn, logits)
         return with_loss_tensors(moments, logits, d, turn.head_weight, tied_at)
     if not work.norm_in_backward and (
         zero_stage == 2 or (zero_stage == 1 and work.comm_overlapped and not accumulating)
     ):
         # ZeRO-1 takes ZeRO-2's path where its gradient hooks reduce as they fire (overlap_comm; every micro-step
         # an accumulation boundary): reduce_ipg_grads copies its partition's gradients into grads_in_partition
-        moments = zero2_moments(
-            model=model,
-            lm_head=lm_head,
-            lora_rank=lora_rank,
-            accumulating=accumulating,
-            states=states,
-            work=work,
-            acts=acts,
-            logits=logits,
-            base=turn.base,
-            gathered_params=turn.gathered_params,
-            forward=turn.forward,
-            backward=turn.backward,
-            inflight=turn.inflight,
-            d=d,
-        )
+        moments = zero2_moments(placed, turn, acts, logits)
         summed_at = len(moments.phases["backward"]) - 2 if turn.tied else 0  # the `end + inflight` moment
         return with_loss_tensors(moments, logits, d, turn.head_weight, summed_at)
     if zero_stage in (1, 2):
@@ -155,7 +88,7 @@ def training_moments(
     return with_loss_tensors(moments, logits, d, turn.head_weight, tied_at)
 
 
-def _turn(placed: PlacedModel, dtype: str, acts: Activations, logits: LossLogits) -> _Turn:
+def _turn(placed: PlacedModel, dtype: str, acts: Activations, logits: LossLogits) -> MicroStepTurn:
     """The forward and the loss's and top layer's backward of one micro-batch, and what they hold."""
     model, lm_head, states, work = placed.model, placed.lm_head, placed.states, placed.work
     layout, world_size = placed.layout, placed.world_size
@@ -204,7 +137,7 @@ def _turn(placed: PlacedModel, dtype: str, acts: Activations, logits: LossLogits
             zero3_gathered=at_layers,
         ),
     ]
-    return _Turn(
+    return MicroStepTurn(
         d=d,
         base=base,
         kept=kept,
@@ -220,7 +153,7 @@ def _turn(placed: PlacedModel, dtype: str, acts: Activations, logits: LossLogits
 
 
 def _zero12_end(
-    placed: PlacedModel, turn: _Turn, logits: LossLogits
+    placed: PlacedModel, turn: MicroStepTurn, logits: LossLogits
 ) -> tuple[list[Moment], dict[str, list[NamedTensors]] | None]:
     """ZeRO-1/2 reducing at the backward's end (appended to ``turn.backward``): the optimizer step's moments and
     the named tensors of the offloaded epilogue."""
@@ -243,7 +176,7 @@ def _zero12_end(
 
 
 def _zero3_end(
-    placed: PlacedModel, turn: _Turn, logits: LossLogits
+    placed: PlacedModel, turn: MicroStepTurn, logits: LossLogits
 ) -> tuple[list[Moment], dict[str, list[NamedTensors]]]:
     """ZeRO-3's last gradient and reduce-scatter (appended to ``turn.backward``), then its optimizer step sub-group
     by sub-group, or each offloaded partition's copies at the backward's end; with the tensors by name."""
