@@ -18,9 +18,9 @@ from planner.planning.saved import save_plan
 from planner.probing.estimate import cost_note, device_step_time, probe_cost
 from planner.probing.runs import ProbeSettings
 from planner.report.results import Plan, TuneReport
-from planner.tuning.claims import Claims, abandoned
+from planner.tuning.claims import abandoned
+from planner.tuning.setup import TuneSetup
 from planner.tuning.study import (
-    ProgramCommand,
     parse_candidate,
     predicted_for,
     probe_candidate,
@@ -186,33 +186,20 @@ def _starting(
 
 
 def run_rounds(
-    job: ResolvedJob,
-    study: Any,
-    space: list[str],
-    *,
-    coef: Coefficients,
-    base: Coefficients,
-    target: str,
-    settings: ProbeSettings,
-    db: str | None,
-    max_probes: int,
-    on_progress: Callable[[str], None] | None,
-    calibration_block: dict[str, Any],
-    on_note: Callable[[str], None] | None = None,
-    program: ProgramCommand | None = None,
-    claims: Claims,
+    setup: TuneSetup, *, on_progress: Callable[[str], None] | None, on_note: Callable[[str], None] | None = None
 ) -> TuneReport:
-    """The tune's rounds (see the module docstring) and its report. ``on_progress`` gets a line as each probe
-    starts; ``on_note`` one before the first, when the probes may take minutes (:mod:`planner.probing.estimate`).
-    With ``program`` each candidate runs in the user's own program (``planner tune ... -- CMD``). ``claims``
-    gives each candidate to one tune of the study (:mod:`planner.tuning.claims`)."""
+    """The tune's rounds (see the module docstring) on ``setup`` and its report. ``on_progress`` gets a line as
+    each probe starts; ``on_note`` one before the first, when the probes may take minutes
+    (:mod:`planner.probing.estimate`)."""
+    job, study, space, coef, base, target = setup.job, setup.study, setup.space, setup.coef, setup.base, setup.target
+    settings, db, max_probes, claims, program = setup.settings, setup.db, setup.max_probes, setup.claims, setup.program
     distribution = _distribution(space)
     state = _Round(coef, job)
     orphans = _fail_abandoned_trials(study)  # a memplan that kept a trial running while it probed, killed
     values: dict[str, float] = {}
     stop = "probe budget spent"
     announced: list[bool] = []  # whether the estimate was said (before the first probe that runs)
-    timed = settings.device == "cpu" and calibration_block.get("id") is not None
+    timed = settings.device == "cpu" and setup.calibration_block.get("id") is not None
     for round_number in range(4 * len(space) + max_probes):
         taken, freed = claims.held()  # candidates other tunes of the study probe now; orphans of dead ones
         orphans |= freed
@@ -261,10 +248,7 @@ def run_rounds(
             state.device_seconds += result.wall_s
             values = refit_values(base, target, db, settings.device)
     stop += _unprobed(job, space, state, orphans)
-    return _report(
-        job, study, space, state, values=values, base=base, target=target, device=settings.device, db=db,
-        stop=stop, calibration_block=calibration_block,
-    )  # fmt: skip
+    return _report(setup, state, values=values, stop=stop)
 
 
 def _distribution(space: list[str]) -> Any:
@@ -312,22 +296,10 @@ def _unprobed(job: ResolvedJob, space: list[str], state: _Round, orphans: set[st
     return f"; not probed: {labels}, which a tune killed while probing it left (run again to probe it)"
 
 
-def _report(
-    job: ResolvedJob,
-    study: Any,
-    space: list[str],
-    state: _Round,
-    *,
-    values: dict[str, float],
-    base: Coefficients,
-    target: str,
-    device: str,
-    db: str | None,
-    stop: str,
-    calibration_block: dict[str, Any],
-) -> TuneReport:
+def _report(setup: TuneSetup, state: _Round, *, values: dict[str, float], stop: str) -> TuneReport:
     """Save the calibration of every probe so far and the confirmed plan; report each measured candidate."""
-
+    job, study, space, base, target = setup.job, setup.study, setup.space, setup.base, setup.target
+    device, db, calibration_block = setup.settings.device, setup.db, setup.calibration_block
     calibration_id = None
     if state.probes_run:
         try:

@@ -28,6 +28,7 @@ from planner.probing.settings import ProbeSettings
 from planner.report.results import TuneReport
 from planner.tuning.claims import open_claims
 from planner.tuning.rounds import run_rounds
+from planner.tuning.setup import TuneSetup
 from planner.tuning.study import (
     MAX_PROBES,
     ProgramCommand,
@@ -105,22 +106,21 @@ def tune(
         prepare_program_ops(singles, resolved.workload, resolved.hardware, device, on_note=on_note)
     claims = open_claims(url, name)  # each candidate to one tune of the study (planner.tuning.claims)
     try:
-        return run_rounds(
-            resolved,
-            the_study,
-            space,
+        setup = TuneSetup(
+            job=resolved,
+            study=the_study,
+            space=space,
             coef=coef,
             base=coefficients,
             target=target,
             settings=settings,
             db=db,
             max_probes=max_probes,
-            on_progress=on_progress,
             calibration_block=calibration_block,
-            on_note=on_note,
-            program=program,
             claims=claims,
+            program=program,
         )
+        return run_rounds(setup, on_progress=on_progress, on_note=on_note)
     finally:
         claims.close()
 
