@@ -8,6 +8,7 @@ moved, by how much, and for which strategies.
     .venv/bin/python benchmarks/prediction_snapshot.py -o /tmp/before.json
     .venv/bin/python benchmarks/prediction_snapshot.py --compare /tmp/before.json
     .venv/bin/python benchmarks/prediction_snapshot.py --compare /tmp/before.json --framework trl
+    .venv/bin/python benchmarks/prediction_snapshot.py --engines --framework verl --only-framework -o /tmp/verl.json
 
 ``--framework NAME`` plans every workload of the matrix that NAME runs for that program (``store.frameworks``;
 the others stay memplan's own loop) under the same keys: compared with a snapshot of the default, it shows
@@ -19,6 +20,9 @@ sampled by a digest of each strategy's JSON (the strategies whose digest is 0 mo
 two trees whose spaces differ still sample the same strategies where the spaces agree. ``--clear-caches``
 empties search's caches after each workload and hardware (for trees whose caches are bounded by entries, not
 bytes: before issue 45 the replay cache kept up to 2048 streams, ~10 GB for this matrix; it moves no figure).
+The default RLHF space is the search's own (DeepSpeed's generation); ``--engines`` walks instead the RLHF
+strategies whose rollout runs on each vLLM or SGLang engine option the framework runs (memplan's loop plans
+them too), sampled the same way: the engine rules of ``search.rollout`` are read only there.
 """
 
 from __future__ import annotations
@@ -77,16 +81,43 @@ def _sampled(strategy_json: str, modulus: int) -> bool:
     return int.from_bytes(digest, "big") % modulus == 0
 
 
-def _strategies(workload: Workload, hardware: Hardware, thin: int = 1) -> list[Any]:
-    """The sampled strategies of the workload's space (``thin`` times fewer: a subset of ``thin=1``'s)."""
+def _strategies(workload: Workload, hardware: Hardware, thin: int = 1, engines: bool = False) -> list[Any]:
+    """The sampled strategies of the workload's space (``thin`` times fewer: a subset of ``thin=1``'s); with
+    ``engines``, the RLHF strategies whose rollout runs on a vLLM or SGLang engine instead (none for the others)."""
     if workload.is_rlhf:
-        from search.choose.rlhf_space import all_rlhf_strategies
-
         modulus = RLHF_MODULUS[workload.kind] * thin
-        return [s for s in all_rlhf_strategies(workload, hardware, (0, 16)) if _sampled(_strategy_json(s), modulus)]
+        space = _engine_strategies(workload, hardware) if engines else _own_generation(workload, hardware)
+        return [s for s in space if _sampled(_strategy_json(s), modulus)]
+    if engines:
+        return []
     from search.choose.single_space import all_strategies
 
     return list(all_strategies(workload, hardware, (0, 16)))[:: STRIDE * thin]
+
+
+def _own_generation(workload: Workload, hardware: Hardware) -> Iterator[Any]:
+    """The RLHF space the search walks by default: DeepSpeed's own generation (hybrid engine or HF generate)."""
+    from search.choose.rlhf_space import all_rlhf_strategies
+
+    return all_rlhf_strategies(workload, hardware, (0, 16))
+
+
+def _engine_strategies(workload: Workload, hardware: Hardware) -> Iterator[Any]:
+    """The RLHF space with each vLLM or SGLang engine option the workload's framework runs
+    (``search.choose.rollout_space.searched_generations``), outer x inner as ``all_rlhf_strategies`` walks it."""
+    from search.choose.rlhf_space import batch_choices, cache_choices, rlhf_outer_points, rlhf_strategy_at
+    from search.choose.rollout_space import searched_generations
+    from store.errors import InputError
+
+    try:
+        generations = tuple(g for g in searched_generations(workload, hardware) if g[1] is not None)
+    except InputError:  # the framework runs no engine for this workload
+        return
+    splits = batch_choices(workload, hardware)
+    for point in rlhf_outer_points(workload, hardware, (0, 16), generations):
+        for batches in splits:
+            for cache in cache_choices(point.rollout):
+                yield rlhf_strategy_at(point, batches, cache)
 
 
 def _clear_caches() -> None:
@@ -104,10 +135,15 @@ def _clear_caches() -> None:
 
 
 def snapshot(
-    framework: str = DEFAULT_FRAMEWORK, only_framework: bool = False, clear: bool = False, thin: int = 1
+    framework: str = DEFAULT_FRAMEWORK,
+    only_framework: bool = False,
+    clear: bool = False,
+    thin: int = 1,
+    engines: bool = False,
 ) -> dict[str, Any]:
     """Every sampled prediction of the matrix, keyed by workload, hardware and strategy (workloads ``framework``
-    runs planned for it; with ``only_framework`` only those; ``thin`` times fewer strategies)."""
+    runs planned for it; with ``only_framework`` only those; ``thin`` times fewer strategies; ``engines``: the
+    RLHF strategies with a vLLM or SGLang rollout engine instead of the default space)."""
     out: dict[str, Any] = {}
     for wname, workload in _workloads():
         if workload.kind in WORKLOADS[framework]:
@@ -115,7 +151,7 @@ def snapshot(
         elif only_framework:
             continue
         for hname, hardware in _hardware():
-            for strategy in _strategies(workload, hardware, thin):
+            for strategy in _strategies(workload, hardware, thin, engines):
                 key = f"{wname}|{hname}|{_strategy_json(strategy)}"
                 out[key] = predict(workload, strategy, hardware, DEFAULT_COEFFICIENTS).to_dict()
             if clear:
@@ -175,8 +211,11 @@ def main() -> int:
     parser.add_argument("--only-framework", action="store_true", help="only the workloads --framework runs")
     parser.add_argument("--clear-caches", action="store_true", help="empty search's caches after each model")
     parser.add_argument("--thin", type=int, default=1, help="N times fewer strategies (a subset of the default's)")
+    parser.add_argument(
+        "--engines", action="store_true", help="RLHF strategies with each vLLM/SGLang engine the framework runs"
+    )
     args = parser.parse_args()
-    current = snapshot(args.framework, args.only_framework, args.clear_caches, args.thin)
+    current = snapshot(args.framework, args.only_framework, args.clear_caches, args.thin, args.engines)
     if args.output:
         fd, tmp = tempfile.mkstemp(dir=args.output.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
