@@ -8,6 +8,7 @@ observation held out in turn), save, report every parameter and the errors befor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from planner.calibration.gather import (
     records_file_entries,
     stored_entries,
 )
+from planner.job.host_cache import cache_path, keep, kept, measured_at
 from planner.job.host_terms import HOST_TERMS, host_terms
 from planner.job.target import detected_target, target_of
 from planner.report.results import CalibrationReport
@@ -26,6 +28,8 @@ from search.calibration import CALIBRATION_VERSION, PARAMETERS, CalibrationFit, 
 from search.calibration import calibrate as fit_calibration
 from store.db import open_storage
 from store.errors import InputError
+
+HOST_BENCHMARK = "host_benchmark"  # the kept section of this host's benchmark (planner.job.host_cache)
 
 
 def calibrate(
@@ -47,8 +51,9 @@ def calibrate(
     on probes the fit did not see. The calibration is saved unless
     ``save`` is False; ``recommend``, ``predict``, ``check`` and ``probe`` then use it for that device.
     ``host_benchmark``: where the device is this machine's, measure its host terms first
-    (``probes/measure/host_rates.py``, about a second): the fit starts from them, and those it does not determine
-    are stored as measured (:mod:`planner.job.host_terms`; each term measured, fitted or assumed).
+    (``probes/measure/host_rates.py``, about a second, once per host: kept by :mod:`planner.job.host_cache`): the
+    fit starts from them, and those it does not determine are stored as measured (:mod:`planner.job.host_terms`;
+    each term measured, fitted or assumed).
     """
 
     gathered, observations, skipped = _observations(records, db, device_fingerprint)
@@ -138,14 +143,25 @@ def _parameters(fit: CalibrationFit) -> list[dict[str, Any]]:
 
 def _host_rates(target: str, run: bool) -> tuple[dict[str, float], dict[str, Any]]:
     """(the host terms measured on this machine, the benchmark's report) where ``target`` is this machine's
-    device and ``run``; else nothing measured and why."""
+    device and ``run``; else nothing measured and why. This host's benchmark is run once and kept
+    (:mod:`planner.job.host_cache`); the report's ``source`` says whether it ran now or where it was kept."""
     if not run:
         return {}, {"why_not": dict.fromkeys(HOST_TERMS, "the host benchmark was not run (host_benchmark=False)")}
     here = detected_target()
     if target != here:
         why = f"not measured: calibrating {target} on another machine ({here}), whose host is not its host"
         return {}, {"why_not": dict.fromkeys(HOST_TERMS, why)}
+    held = kept(HOST_BENCHMARK)
+    rates_held = held.get("measured")
+    if isinstance(rates_held, dict) and rates_held and all(_positive(v) for v in rates_held.values()):
+        where = f"kept in {cache_path()} (measured {measured_at(held)}; delete the file to measure again)"
+        return dict(rates_held), {k: v for k, v in held.items() if k != "measured_at"} | {"source": where}
     from probes.measure.host_rates import measure_host_rates
 
     rates = measure_host_rates()
-    return rates.measured(), rates.to_dict()
+    keep(HOST_BENCHMARK, rates.to_dict())
+    return rates.measured(), rates.to_dict() | {"source": "measured now"}
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0

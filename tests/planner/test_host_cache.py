@@ -1,6 +1,8 @@
-"""This CPU's rates for the probe estimate, measured once per host and kept (``planner.probing.cpu_rates``): the
-first call measures and keeps them in the user's cache folder, a later one (a new process too) reads them without
-importing torch, and a new host key, a damaged file or a folder that cannot be written measure again, never fail.
+"""What memplan measures of this host once and keeps (``planner.job.host_cache``): the probe estimate's CPU rates
+(``planner.probing.cpu_rates``) and the calibration's host benchmark (``planner.calibration.fit``). The first call
+measures and keeps them in the user's cache folder, a later one (a new process too) reads them without importing
+torch or running the benchmark, and a new host key, a damaged file or a folder that cannot be written measure
+again, never fail.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from pathlib import Path
 import pytest
 from planner_helpers import REPO, subprocess_env
 
+from planner.job.host_cache import cache_path, host_key
 from planner.probing import cpu_rates as rates_module
-from planner.probing.cpu_rates import cache_path, cpu_rates, host_key
+from planner.probing.cpu_rates import cpu_rates
 
 
 @pytest.fixture(autouse=True)
@@ -49,8 +52,9 @@ def test_the_first_probe_measures_and_keeps_the_rates_a_later_one_reads_them(
     flops, copy = cpu_rates("fp32")  # measured now, with torch
     assert flops > 1e8 and copy > 1e8  # any CPU multiplies and copies faster than 100 M/s
     kept = json.loads(cache_path().read_text())
-    assert cache_path() == cache_folder / "memplan" / "cpu_rates.json"
-    assert kept[host_key()]["matmul_flops_per_s"] == {"fp32": flops} and kept[host_key()]["copy_bytes_per_s"] == copy
+    assert cache_path() == cache_folder / "memplan" / "host_rates.json"
+    mine = kept[host_key()]["cpu_rates"]
+    assert mine["matmul_flops_per_s"] == {"fp32": flops} and mine["copy_bytes_per_s"] == copy and mine["measured_at"]
     rates_module._cached_rates.cache_clear()  # as a new process
     monkeypatch.setattr(rates_module, "measure", _refuse)
     assert cpu_rates("fp32") == (flops, copy)
@@ -60,7 +64,7 @@ def test_a_new_process_reads_the_kept_rates_without_importing_torch(cache_folder
     key = host_key()
     path = cache_path()
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({key: {"matmul_flops_per_s": {"bf16": 2.5e10}, "copy_bytes_per_s": 6e9}}))
+    path.write_text(json.dumps({key: {"cpu_rates": {"matmul_flops_per_s": {"bf16": 2.5e10}, "copy_bytes_per_s": 6e9}}}))
     code = (
         "import sys; from planner.probing.cpu_rates import cpu_rates; print(cpu_rates('bf16'), 'torch' in sys.modules)"
     )
@@ -83,7 +87,7 @@ def test_another_host_key_or_dtype_measures_again_and_keeps_both(monkeypatch: py
     assert cpu_rates("bf16") == measured.rates and measured.calls == ["fp32", "fp32", "bf16"]
     kept = json.loads(cache_path().read_text())
     assert set(kept) == {one_thread, host_key()}
-    assert set(kept[host_key()]["matmul_flops_per_s"]) == {"fp32", "bf16"}  # the dtype added beside the first
+    assert set(kept[host_key()]["cpu_rates"]["matmul_flops_per_s"]) == {"fp32", "bf16"}  # added beside the first
 
 
 def test_a_damaged_cache_is_measured_past_and_rewritten(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,8 +97,8 @@ def test_a_damaged_cache_is_measured_past_and_rewritten(monkeypatch: pytest.Monk
     measured = Measured()
     monkeypatch.setattr(rates_module, "measure", measured)
     assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32"]
-    assert json.loads(path.read_text())[host_key()]["copy_bytes_per_s"] == measured.rates[1]
-    path.write_text(json.dumps({host_key(): {"matmul_flops_per_s": [1e10], "copy_bytes_per_s": "x"}}))
+    assert json.loads(path.read_text())[host_key()]["cpu_rates"]["copy_bytes_per_s"] == measured.rates[1]
+    path.write_text(json.dumps({host_key(): {"cpu_rates": {"matmul_flops_per_s": [1e10], "copy_bytes_per_s": "x"}}}))
     rates_module._cached_rates.cache_clear()
     assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32", "fp32"]  # no rate: measured
 
@@ -106,3 +110,29 @@ def test_a_cache_folder_that_cannot_be_written_is_no_error(cache_folder: Path, m
     assert cpu_rates("fp32") == measured.rates
     assert cpu_rates("fp32") == measured.rates and measured.calls == ["fp32"]  # kept by this process meanwhile
     assert cache_folder.read_text() == "a file where the folder would be"
+
+
+def test_the_host_benchmark_runs_once_per_host_and_the_report_says_where_its_rates_come_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from planner.calibration.fit import _host_rates
+    from planner.job.target import detected_target
+    from probes.measure import host_rates
+    from probes.measure.host_rates import HostRates
+
+    ran: list[int] = []
+
+    def benchmark() -> HostRates:  # a stand-in: the real benchmark is tests/probes/test_host_rates.py's
+        ran.append(1)
+        return HostRates(12.5, 3.0, None, threads=1, buffer_bytes=2**20, seconds=0.5, why_not={"x": "y"})
+
+    monkeypatch.setattr(host_rates, "measure_host_rates", benchmark)
+    here = detected_target()
+    measured, report = _host_rates(here, run=True)
+    assert measured == {"host_memory_gbps": 12.5, "host_first_touch_gbps": 3.0} and report["source"] == "measured now"
+    again, kept_report = _host_rates(here, run=True)  # as a later tune or calibrate of this host
+    assert ran == [1] and again == measured
+    assert kept_report["source"].startswith(f"kept in {cache_path()} (measured 20")
+    assert kept_report["measured"] == report["measured"] and kept_report["why_not"] == {"x": "y"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # another thread count: another host key, measured again
+    assert _host_rates(here, run=True)[1]["source"] == "measured now" and ran == [1, 1]
