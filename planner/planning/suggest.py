@@ -28,7 +28,9 @@ def what_would_fit(
     ``searched`` holds searches of this very job that the caller already ran, by LoRA ranks (``recommend``'s
     LoRA fallback): they are not run again. The changes are weighed with DeepSpeed's own generation for RLHF
     (a vLLM/SGLang rollout's dozens of knob variants per point would make each of these searches seconds long):
-    a change found this way fits with an engine rollout too where the engine can sleep.
+    a change found this way fits with an engine rollout too where the engine can sleep. Each search is quick
+    (:func:`search.search`): once a plan fits, the points the screen rejects are not replayed; the plan shown
+    fits by the replay, the fastest among the points the screen lets fit.
     """
     workload, hardware = job.workload, job.hardware
     lines: list[str] = []
@@ -36,7 +38,9 @@ def what_would_fit(
     def best_fit(w: Workload = workload, h: Hardware = hardware, ranks: tuple[int, ...] = (0,)) -> Candidate | None:
         try:
             hybrid = ("hybrid-engine",)
-            return run_search(w, h, coef, lora_ranks=ranks, rollouts=hybrid, closest=False, alternatives=0).best
+            return run_search(
+                w, h, coef, lora_ranks=ranks, rollouts=hybrid, closest=False, alternatives=0, quick=True
+            ).best
         except ValueError:  # the batch does not split over the new GPU count
             return None
 

@@ -263,10 +263,14 @@ def confirm(
     screen: Predict,
     predict: Predict,
     floor: Floor | None = None,
+    *,
+    quick: bool = False,
 ) -> SearchResult:
     """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
     ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's: a
-    yardstick of time, whose memory the search does not decide with. ``floor``: see :func:`resolve`."""
+    yardstick of time, whose memory the search does not decide with. ``floor``: see :func:`resolve`.
+    ``quick``: once ``wanted`` plans fit, the points the screen rejects are passed over (for a caller that asks
+    whether a change of the job fits at all: their faster variants seldom fit, and each costs replays)."""
     confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
     replays = 0
     seen: set[Strategy | RLHFStrategy] = set()
@@ -277,6 +281,8 @@ def confirm(
         if candidate.prediction.fits and candidate.prediction.step_time_s >= limit:
             continue  # it cannot beat the last of those wanted (equals keep the screen's order)
         if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):
+            continue
+        if not candidate.prediction.fits and quick and limit < math.inf:
             continue
         # a point the screen rejects is not passed over on its seconds: they are those of its least overflow,
         # not its fastest variant's (issue 42's GRPO of qwen2.5-7b under --framework openrlhf: its ZeRO-2 point

@@ -67,6 +67,7 @@ def search(
     closest: bool = True,
     alternatives: int = RLHF_ALTERNATIVES - 1,
     quantizations: tuple[str, ...] = ("none",),
+    quick: bool = False,
 ) -> SearchResult:
     """Rank the strategies a search evaluated, fastest fitting first (seeded: same inputs, same plan), every
     prediction replayed through the allocator port: the screen's ranking (:func:`screen_search`) confirmed
@@ -77,7 +78,8 @@ def search(
     ranked instead of ranking the closest strategies (for a caller that reads only ``best``). ``alternatives``:
     how many fitting strategies after the best to rank (RLHF: the bound walk ranks that many exactly).
     ``quantizations``: the base weights a single-model search tries ("none": 16-bit; "nf4": QLoRA, with LoRA
-    ranks above 0 only)."""
+    ranks above 0 only). ``quick``: the confirmation passes over the points the screen rejects once enough plans
+    fit (:func:`search.choose.confirm.confirm`): for a caller that asks whether a change of the job fits."""
     screened = screen_search(
         workload,
         hardware,
@@ -98,6 +100,7 @@ def search(
             partial(screen_rlhf, workload, hardware=hardware, coef=coef),
             partial(predict_rlhf, workload, hardware=hardware, coef=coef),
             partial(strategy_floor, workload, hardware, coef),
+            quick=quick,
         )
     return confirm(
         screened,
@@ -106,6 +109,7 @@ def search(
         partial(screen_single_model, workload, hardware=hardware, coef=coef),
         partial(predict_single_model, workload, hardware=hardware, coef=coef),
         partial(strategy_floor, workload, hardware, coef),
+        quick=quick,
     )
 
 

@@ -21,9 +21,15 @@ from store.records import Hardware, RLHFStrategy, Workload
 
 def rlhf_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
     """Validate, then build (from cached pieces) the policy-independent part of a prediction: one Step for
-    every ``empty_cache`` policy and allocator of a strategy."""
+    every ``empty_cache`` policy and allocator of a strategy, built once for all of them (a search screens
+    each of a point's variants: ten cache choices of each batch split share one step)."""
     if strategy.empty_cache != "never" or strategy.allocator != "default":
         strategy = replace(strategy, empty_cache="never", allocator="default")
+    return _policy_free_step(workload, strategy, hardware, coef)
+
+
+@lru_cache(maxsize=4096)
+def _policy_free_step(workload: Workload, strategy: RLHFStrategy, hardware: Hardware, coef: Coefficients) -> Step:
     strategy, notes = frozen_as_run(workload, strategy)
     if isinstance(strategy, RLHFStrategy) and strategy.rollout is not None:
         step = engine_step(workload, strategy, hardware, coef)

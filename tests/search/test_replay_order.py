@@ -9,8 +9,8 @@ was spent on those, and the much faster step that the replay fits was never repl
 
 from __future__ import annotations
 
-from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate
-from search.choose.confirm import MAX_REPLAYS_PER_POINT, replay_order, resolve
+from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult
+from search.choose.confirm import MAX_REPLAYS_PER_POINT, confirm, replay_order, resolve
 from search.prediction import Prediction
 from store.records import Strategy
 
@@ -62,3 +62,23 @@ def test_a_much_faster_step_the_screen_rejects_is_replayed_within_the_cap() -> N
     best, seconds, made = resolve(variants, lambda s: screened[s.micro_batch], replay, first)
     assert best is not None and best.strategy.micro_batch == 8 and best.prediction.fits
     assert seconds == 3.40 and asked == [1, 8] and made == 2
+
+
+def test_a_quick_confirmation_passes_over_the_points_the_screen_rejects_once_a_plan_fits() -> None:
+    """Point A (mb 1) the screen lets fit, replayed fitting at 4.0 s; point B (mb 2), rejected by the screen,
+    replays fitting at 3.0 s. The full confirmation resolves B (the screen's rejection rules nothing out); a
+    quick one (planner's what_would_fit: does a change fit at all?) keeps A and replays B never."""
+    a, b = Strategy(micro_batch=1), Strategy(micro_batch=2)
+    screened = {1: _prediction(4.0, 9.0), 2: _prediction(3.0, 10.5)}
+    replayed = {1: _prediction(4.0, 9.5), 2: _prediction(3.0, 9.8)}
+    result = SearchResult(ranked=(Candidate(a, screened[1]), Candidate(b, screened[2])), trials=2, sampler="grid")
+    for quick, expected in ((False, 2), (True, 1)):
+        asked: list[int] = []
+
+        def replay(s: Strategy, asked: list[int] = asked) -> Prediction:
+            asked.append(s.micro_batch)
+            return replayed[s.micro_batch]
+
+        found = confirm(result, 1, lambda s: [s], lambda s: screened[s.micro_batch], replay, quick=quick)
+        assert found.best is not None and found.best.strategy.micro_batch == expected
+        assert asked == ([1] if quick else [1, 2])
