@@ -12,12 +12,13 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from planner_helpers import REPO, subprocess_env
+from planner_helpers import REPO, CliResult, subprocess_env
 
 import probes.model.shape
 import probes.trace.terms
@@ -169,17 +170,17 @@ def test_a_cached_config_plans_in_a_fresh_interpreter_without_torch_or_transform
     assert model["shape_source"] == "traced" and model["experts"] == {"routed": 8, "per_token": 2}
 
 
-def test_the_cli_plans_a_local_moe_config(moe_dir: Path, tmp_path: Path) -> None:
+def test_the_cli_plans_a_local_moe_config(moe_dir: Path, tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    """``planner recommend --model DIR`` on an empty database traces the config and says so. In this process (the
+    CLI's own ``main``): a fresh interpreter's plan of a local config is the test above's, and ``python -m planner``
+    as a process is test_cli_process's; a process here paid torch's and transformers' imports again."""
     db = tmp_path / "plans.db"
-    done = subprocess.run(
-        [sys.executable, "-m", "planner", "recommend", "--model", str(moe_dir), "--gpu-mem", "80G",
-         "--cpu-mem", "64G", "--workload", "sft", "--db", str(db), "--json"],
-        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    plan = json.loads(done.stdout)
+    done = cli("recommend", "--model", moe_dir, "--gpu-mem", "80G", "--cpu-mem", "64G", "--workload", "sft",
+               "--db", db, "--json")  # fmt: skip
+    assert done.rc == 0, done.err
+    plan = done.json()
     assert plan["fits"] is True and plan["workload"]["shapes"]["actor"]["shape_source"] == "traced"
-    assert "on the meta device" in done.stderr
+    assert "on the meta device" in done.err
 
 
 def test_a_model_whose_class_refuses_sdpa_is_planned_with_the_eager_attention_it_runs() -> None:
