@@ -12,11 +12,12 @@ plan fits is then decided by the replay of its step (:func:`search.step.finish.f
    calls' seconds and the cudaMallocs after a rollout engine's turn, which differ from one batch split to another:
    issue 42's grpo-q1.5b-a100x4-orlhf lost ZeRO-2 at mb 8x2, 1.402 s, to its own mb 16x1, screened faster, replayed
    at 1.484 s) and a lower bound of the replay's peak reserved (:func:`replay_floor`) within the budget (the
-   screen's fragments may be too many).
+   screen's fragments may be too many). Once one fits, the faster steps' variants come in :func:`replay_order`.
 2. The walk takes every point the screen found fitting until ``wanted`` replayed plans fit and no later
    point has fewer screened seconds than the replayed seconds of the last of them; of the points the
-   screen found not fitting it takes those whose floor fits that could beat them, and the first ones when
-   nothing fits (the closest plans, by the replay's overflow).
+   screen found not fitting it takes those whose floor fits, each resolved against the seconds of the last
+   wanted (their screened seconds are their least overflow's, not their fastest variant's), and the first ones
+   when nothing fits (the closest plans, by the replay's overflow).
 
 Every prediction in the answer is replayed; the screen only chooses which points are replayed. Before a
 variant is replayed, a sound floor of its replay (``floor``: :func:`search.choose.live_floor.measured_live_floor`,
