@@ -35,6 +35,7 @@ def _chains(a: CachingAllocator) -> list[list[Block]]:
 def _check(a: CachingAllocator) -> None:
     s = a.stats
     reserved = inactive = 0
+    cached_keys = {id(pool): set(pool.keys) for pool in (a.small_blocks, a.large_blocks)}  # unpacked once a check
     for chain in _chains(a):
         for left, right in zip(chain, chain[1:], strict=False):
             assert left.ptr + left.size == right.ptr and left.stream == right.stream
@@ -44,7 +45,7 @@ def _check(a: CachingAllocator) -> None:
             if b.allocated:
                 assert a.allocated_blocks[b.ptr] is b
             elif b.mapped:
-                assert pool.by_ptr[b.ptr] is b and (b.stream, b.size, b.ptr) in pool.keys
+                assert pool.by_ptr[b.ptr] is b and (b.stream, b.size, b.ptr) in cached_keys[id(pool)]
             else:
                 assert pool.unmapped[b.ptr] is b and b.segment is not None
         segment = chain[0].segment
@@ -64,7 +65,8 @@ def _check(a: CachingAllocator) -> None:
     assert s.requested_bytes.current == sum(b.requested_size for b in live)
     assert s.allocation.current == len(live)
     for pool in (a.small_blocks, a.large_blocks):
-        assert pool.keys == sorted(pool.keys) and len(pool.keys) == len(pool.by_ptr)
+        keys = pool.keys
+        assert keys == sorted(keys) and len(keys) == len(pool.by_ptr)
 
 
 CONFIGS = [
