@@ -18,17 +18,13 @@ today.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from script_cases import report, run_script_case
 
 from probes.trace.zero3_host import COUNTS_PATH, WIDTH
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _called_modules(layers: int) -> tuple[int, int]:
@@ -46,32 +42,27 @@ def _called_modules(layers: int) -> tuple[int, int]:
     return len(called), len(list(model.model.decoder.layers[0].modules()))
 
 
-# One child counts both configurations at both depths, as ``python -m probes.trace.zero3_host --counts-only
-# [--checkpointing] 1 2`` does one of them: one import of torch, DeepSpeed and transformers instead of two.
-_CHILD = """
-import json, os
-from probes.trace.zero3_host import _start, count_case, release_shared_memory
-try:
+CHILD_TIMEOUT_S = 600
+
+
+def count_all(_case: dict[str, Any]) -> dict[str, Any]:
+    """In the child: both configurations at both depths, as ``python -m probes.trace.zero3_host --counts-only
+    [--checkpointing] 1 2`` counts one of them (one process, so its imports are paid once)."""
+    from probes.trace.zero3_host import _start, count_case
+
     _start()
-    for checkpointing in (False, True):
-        for depth in (1, 2):
-            print(json.dumps(count_case(depth, checkpointing, False, timed=False)), flush=True)
-finally:
-    release_shared_memory(os.environ.get("MASTER_PORT", ""))
-"""
+    return {
+        "cases": [
+            count_case(depth, checkpointing, False, timed=False) for checkpointing in (False, True) for depth in (1, 2)
+        ]
+    }
 
 
 @pytest.fixture(scope="module")
 def counted() -> dict[bool, dict[int, dict[str, Any]]]:
-    """The counts by gradient checkpointing, then by depth (1 and 2 layers)."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cases = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    """The counts by gradient checkpointing, then by depth (1 and 2 layers), from one fresh one-rank process
+    (forked from the probes' preloaded starter: ``script_cases.run_script_case``)."""
+    cases = run_script_case(__file__, "zero3-host-counts", {}, CHILD_TIMEOUT_S)["cases"]
     out: dict[bool, dict[int, dict[str, Any]]] = {False: {}, True: {}}
     for case in cases:
         out[case["gradient_checkpointing"]][case["layers"]] = case
@@ -156,3 +147,7 @@ def test_every_case_of_the_committed_counts_completed_its_trace() -> None:
     for kind in ("op_equivalents", "op_equivalents_offload"):
         assert all(data["rates"][kind][name] > 0 for name in hooks)
         assert all(value >= 0 for value in data["rates"][f"fixed_{kind}"].values())
+
+
+if __name__ == "__main__":
+    report(count_all(json.loads(sys.argv[1])))
