@@ -5,6 +5,8 @@ never a file with '?' in its name); through ``open_storage`` and through the ``p
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sqlite3
 import subprocess
@@ -276,6 +278,18 @@ def run_planner(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedP
     )
 
 
+def run_planner_here(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``planner.cli.main(ARGS)`` in this process and the current folder (the test's ``workdir``): what
+    ``python -m planner ARGS`` does there but for the process (which :func:`run_planner` shows once, with a
+    bad ``$PLANNER_DB``), its stdout and stderr captured."""
+    from planner.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        returncode = main(args)
+    return subprocess.CompletedProcess(["planner", *args], returncode, out.getvalue(), err.getvalue())
+
+
 CLI_REFUSED = [
     ("plans", "sqlite:///x.db?foo=bar", "unknown parameter 'foo'"),
     ("plans", "sqlite:///x.db?mode=ro", "no database file"),
@@ -290,7 +304,7 @@ CLI_REFUSED = [
 def test_the_cli_prints_one_line_exits_2_and_creates_nothing(
     workdir: Path, command_name: str, url: str, reason: str
 ) -> None:
-    done = run_planner([command_name, "--db", url], workdir)
+    done = run_planner_here([command_name, "--db", url])
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("planner: error: cannot open database "), done.stderr
@@ -310,7 +324,7 @@ def test_the_cli_names_a_bad_planner_db(workdir: Path) -> None:
 
 @pytest.mark.parametrize("command_name", ["plans", "probes"])
 def test_the_cli_opens_sqlite_colon_memory_as_an_empty_database(workdir: Path, command_name: str) -> None:
-    done = run_planner([command_name, "--db", "sqlite://:memory:"], workdir)
+    done = run_planner_here([command_name, "--db", "sqlite://:memory:"])
     assert (done.returncode, done.stderr) == (0, "")
     assert "no " in done.stdout  # "no plans saved yet" / "no probes stored yet"
     assert everything_under(workdir) == []
