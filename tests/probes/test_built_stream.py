@@ -1,9 +1,10 @@
 """The stream the cost model builds against the stream a real CPU probe records, both replayed through the
 allocator port (issue 10, part 1: "the built stream equals the recorded one for a small model").
 
-One ZeRO-2 sft probe of a small Llama on DeepSpeed's CPU accelerator (about 15 s): its vocabulary makes the
-logits and the LM head large-pool tensors (tens of MiB), its layers small ones, so both pools of the
-allocator are exercised. The recorded stream (``planner.probe_stream``) and the stream built from the
+One ZeRO-2 sft probe of a small Llama on DeepSpeed's CPU accelerator (about 15 s), 2 sequences of 128 tokens: its
+vocabulary makes the logits and the LM head large-pool tensors (8-16 MiB, over the small pool's 1 MiB), its layers'
+activations small ones (128 KiB), so both pools of the allocator are exercised (256 tokens a sequence met the same
+bounds for 1.7x the probe's CPU seconds). The recorded stream (``planner.probe_stream``) and the stream built from the
 cost model's bytes for the same job (``search.replay_memory`` on the CPU backend) are replayed through the
 same rules; each phase of the measured step must reserve and allocate what the recording does.
 
@@ -27,7 +28,7 @@ SMALL_LLAMA = {
     "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 16384, "max_position_embeddings": 512,
     "tie_word_embeddings": False,
 }  # fmt: skip
-JOB = {"workload": "sft", "batch": 2, "seq_len": 256, "gpu_mem": "24G", "cpu_mem": "64G", "dtype": "bf16"}
+JOB = {"workload": "sft", "batch": 2, "seq_len": 128, "gpu_mem": "24G", "cpu_mem": "64G", "dtype": "bf16"}
 STRATEGY = {"zero_stage": 2, "micro_batch": 2, "grad_accum": 1, "empty_cache": "never"}
 PROBE_ENV = {"OMP_NUM_THREADS": "1"}  # one thread: the suite's two workers share two cores, a second only spins
 RESERVED_BOUND = 0.05  # the built stream has fewer short-lived tensors than the recorded one
