@@ -38,6 +38,8 @@ sys.path[:0] = ["tests/planner", "tests"]
 # what every worker would import on its own, imported once before the fork (no connection is open yet)
 import optuna, sqlalchemy, torch
 import planner.calibration.fit, planner.tuning.rounds, planner.tuning.run, probes.measure.host_rates, search
+# and what a tune imports lazily: the API, Optuna's RDB storage and its Alembic migrations, SQLAlchemy's ORM
+import planner.api, alembic.command, alembic.migration, optuna.storages._rdb.storage, sqlalchemy.orm
 from test_tune import SimulatedDevice, _tune
 
 
