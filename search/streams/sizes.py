@@ -161,7 +161,7 @@ def inference_sizes(
 ) -> Sizes:
     """The live parts of a no-grad forward or a generate call (``logit_tokens`` tokens get logits). Cached: the
     RLHF search asks for the same few (model, batch) forwards at every one of its points (a PPO job's exhaustive
-    walk: 83,000 calls for 4,608 points, a third of its time spent building the same tuples)."""
+    walk: 83,000 calls for 4,608 points; cached, the walk takes 13% fewer CPU seconds)."""
     d = DTYPE_BYTES[dtype]
     elements = sequences * logit_tokens * model.vocab_size
     return sizes_of(
