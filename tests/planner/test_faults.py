@@ -30,7 +30,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,12 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_processes import Sampler, compiling, running_module, wait_for
 from planner_helpers import REPO, CliResult, assert_one_error_line, run_main, subprocess_env
 
 from planner.files.file_set import MARK
-from probes.process.parent_watch import PLANNER_PID_VARIABLE
 from probes.process.workdir import OWNER_FILE, PREFIX
-from store.processes import pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +58,6 @@ TINY = {
     "tie_word_embeddings": False,
 }  # fmt: skip
 STAGES = {"probe": "probes.step.child"}  # a stage: a process of this module is running (the op-build one: "compile")
-COMPILERS = (b"ninja", b"c++", b"g++", b"cc1plus")  # what building a DeepSpeed op runs
 
 
 @dataclass
@@ -89,118 +86,11 @@ def report_totals() -> Iterator[None]:
     )
 
 
-# --- processes -------------------------------------------------------------------------------------------
-
-
-def _proc_read(pid: int, name: str) -> bytes:
-    """``/proc/PID/NAME`` (b"" when the process is gone): ``os.read`` on a descriptor, half the CPU of a
-    ``Path.read_bytes`` in a scan that reads one file of every process twenty times a second."""
-    try:
-        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY)
-    except OSError:
-        return b""
-    chunks: list[bytes] = []
-    try:
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
-def _stat_fields(pid: int) -> list[bytes]:
-    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...; [] when gone)."""
-    return _proc_read(pid, "stat").rsplit(b")", 1)[-1].split()
-
-
-def _start_time(pid: int) -> int:
-    """When ``pid`` started (clock ticks since boot; 0 when gone): a pid and this name one process."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if len(fields) > 19 else 0
-
-
-def _pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-
-
-def _marked(pid: int, needle: bytes) -> bool:
-    """Whether ``pid`` runs with ``needle`` (``MEMPLAN_PLANNER_PID=<planner>``) in its environment."""
-    return needle in _proc_read(pid, "environ").split(b"\0") and pid_alive(pid)
-
-
-def _below(top: int, stats: dict[int, list[bytes]]) -> list[int]:
-    """The processes below ``top`` in ``stats`` (each process's stat fields, by pid)."""
-    children: dict[int, list[int]] = {}
-    for pid, fields in stats.items():
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(pid)
-    found, todo = [], [top]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-class Sampler:
-    """Every process seen below the planner while it runs, and every one started with its mark, sampled
-    every 50 ms while it runs: the ones that must all be gone once it has ended (each as pid and start time).
-
-    One sample is one pass over ``/proc``: each process's stat (its parent and start time), and the environment
-    of those started since the planner (only they can carry its mark). ``latest`` is the last sample's pids,
-    which the waits for a stage read instead of scanning again."""
-
-    def __init__(self, planner: int) -> None:
-        self.planner, self.seen, self.done = planner, dict[int, int](), threading.Event()
-        self.since = _start_time(planner)
-        self.needle = f"{PLANNER_PID_VARIABLE}={planner}".encode()
-        self.latest: list[int] = []
-        self.sample()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def sample(self) -> list[int]:
-        stats = {pid: _stat_fields(pid) for pid in _pids()}
-        started = {pid: int(fields[19]) for pid, fields in stats.items() if len(fields) > 19}
-        marked = [pid for pid, start in started.items() if start >= self.since and _marked(pid, self.needle)]
-        pids = _below(self.planner, stats) + marked
-        for pid in pids:
-            self.seen.setdefault(pid, started.get(pid, 0))
-        self.latest = pids
-        return pids
-
-    def _run(self) -> None:
-        while not self.done.wait(0.05) and pid_alive(self.planner):  # what outlives it: running() looks again
-            self.sample()
-
-    def running(self) -> list[int]:
-        """What it saw (and sees now) that still runs."""
-        self.sample()
-        return [pid for pid, start in self.seen.items() if pid_alive(pid) and _start_time(pid) == start]
-
-
-def _running_module(pids: list[int], module: str) -> bool:
-    """Whether one of ``pids`` is a ``python [-u] -m module ...`` (not a launcher that will start one)."""
-    for pid in pids:
-        argv = _proc_read(pid, "cmdline").split(b"\0")
-        if module.encode() in argv[1:4] and argv[argv.index(module.encode()) - 1] == b"-m":
-            return True
-    return False
-
-
-def _compiling(pids: list[int]) -> bool:
-    return any(Path(_proc_read(pid, "cmdline").split(b"\0")[0].decode()).name.encode() in COMPILERS for pid in pids)
+# --- processes (fault_processes: the scan of /proc) ----------------------------------------------------
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float = PATIENCE_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return wait_for(condition, timeout_s)
 
 
 class Planner:
@@ -236,11 +126,11 @@ class Planner:
 def stop_at_random_moment(planner: Planner, stage: str, jitter_s: float, sig: signal.Signals) -> None:
     """Send ``sig`` ``jitter_s`` seconds after ``stage`` began (``start``: after the planner started)."""
     if stage == "compile":
-        reached = _wait(lambda: planner.proc.poll() is not None or _compiling(planner.sampler.latest))
+        reached = _wait(lambda: planner.proc.poll() is not None or compiling(planner.sampler.latest))
         assert reached and planner.proc.poll() is None, f"never compiled; stderr: {planner.err[-2000:]}"
     elif stage != "start":
         module = STAGES[stage]
-        reached = _wait(lambda: planner.proc.poll() is not None or _running_module(planner.sampler.latest, module))
+        reached = _wait(lambda: planner.proc.poll() is not None or running_module(planner.sampler.latest, module))
         assert reached and planner.proc.poll() is None, f"never reached {stage}; stderr: {planner.err[-2000:]}"
     time.sleep(jitter_s)
     planner.proc.send_signal(sig)
