@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -293,9 +294,19 @@ class FitError(ValueError):
 
 def _solve(values: list[int], points: tuple[tuple[int, ...], ...]) -> list[Fraction]:
     """Exact coefficients with values[i] = sum(c_j * term_j) at points[i], over the first len(points) terms
-    of TERM_BASIS: the exact inverse of the points' basis matrix applied to the values."""
+    of TERM_BASIS: the exact inverse of the points' basis matrix applied to the values, in integers over the
+    inverse's common denominator (the same fractions as summing Fraction products, without a Fraction per term:
+    a trace solves thousands of these)."""
+    rows, denominator = _integer_inverse(points)
+    return [Fraction(sum(a * v for a, v in zip(row, values, strict=True)), denominator) for row in rows]
+
+
+@cache
+def _integer_inverse(points: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """:func:`fit_inverse` of ``points`` as integers over one common denominator: (numerators, denominator)."""
     inverse = fit_inverse(points)
-    return [sum((a * v for a, v in zip(row, values, strict=True)), Fraction(0)) for row in inverse]
+    denominator = math.lcm(*(x.denominator for row in inverse for x in row))
+    return tuple(tuple(int(x * denominator) for x in row) for row in inverse), denominator
 
 
 @cache
