@@ -62,6 +62,10 @@ PRELOADED_MODULES = (
     "transformers.models.auto.modeling_auto",
     "transformers.models.llama.modeling_llama",
     "transformers.models.opt.modeling_opt",
+    # DeepSpeed 0.19.8 imports this in every ZeRO engine's set-up (runtime/zero/utils.py is_zero_supported_optimizer,
+    # from engine.py's optimizer check), and its import wraps Muon's update functions in torch.compile, which loads
+    # torch's compiler stack: 1.4-1.9 CPU s a ZeRO child on the 2-core EPYC, once here instead (41 MiB resident)
+    "deepspeed.runtime.zero.muon.muon_optimizer",
 )
 PRELOADABLE_CHILDREN = frozenset({"probes.step.child", "probes.ops.child"})
 # what each child sets on its own, read when its process group forms (after the fork): its port and its place in
