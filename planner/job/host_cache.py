@@ -32,6 +32,9 @@ RATE_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
 )
 CACHE_FILE = "host_rates.json"
+# raised whenever what a host entry holds, or how it is measured (planner.probing.cpu_rates.measure,
+# probes.measure.host_rates), changes: entries of another format are measured again
+KEY_FORMAT = 1
 
 
 def cache_path(env: dict[str, str] | None = None) -> Path:
@@ -51,6 +54,7 @@ def host_key() -> str:
         torch_version = ""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
     parts = {
+        "format": KEY_FORMAT,  # what is measured and how: a new one measures again, never reads an older entry
         "cpu": cpu_name(),
         "logical_cpus": os.cpu_count() or 0,
         "usable_cpus": usable,

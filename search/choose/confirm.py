@@ -122,10 +122,12 @@ def resolve(
         needed or (first.prediction.step_time_s < limit and not cannot_fit(first.strategy, first.prediction, floor))
     ):
         replayed = _replayed(first.strategy, predict)
-        if replayed.prediction.fits:
-            return _beaten(variants, screen, predict, replayed, first.prediction.step_time_s, floor, limit)
-        budget = replayed.prediction.gpu_budget_bytes
+        # by the variant replayed, not the candidate: _replayed may fill in the engine's solved utilization
         tried = {i for i, v in enumerate(variants) if v == first.strategy}
+        if replayed.prediction.fits:
+            seconds, index = first.prediction.step_time_s, min(tried, default=len(variants))
+            return _beaten(variants, screen, predict, replayed, seconds, floor, limit, tried=tried, index=index)
+        budget = replayed.prediction.gpu_budget_bytes
     screened = _screened(range(len(variants)), variants, screen)
     screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
@@ -143,7 +145,16 @@ def resolve(
         tried.add(i)
         if candidate.prediction.fits:  # then the variants of the steps that could beat it (replay_order)
             return _beaten(
-                variants, screen, predict, candidate, prediction.step_time_s, floor, limit, replays=replays, tried=tried
+                variants,
+                screen,
+                predict,
+                candidate,
+                prediction.step_time_s,
+                floor,
+                limit,
+                replays=replays,
+                tried=tried,
+                index=i,
             )
         if best is None or (candidate.score, i) < best[:2]:
             best = (candidate.score, i, candidate, prediction.step_time_s)
@@ -189,6 +200,7 @@ def _beaten(
     *,
     replays: int = 1,
     tried: frozenset[int] | set[int] = frozenset(),
+    index: int,
 ) -> tuple[Candidate, float, int]:
     """``best`` (replayed, it fits) against the variants that could be faster: those of the steps whose variant
     without ``empty_cache`` calls has fewer screened seconds than ``best``'s replayed seconds. A step's screened
@@ -197,7 +209,9 @@ def _beaten(
     the bound is held against the replayed seconds, never the screened ones). ``seconds``: ``best``'s screened
     seconds, returned with it when no variant beats it. ``limit``: see :func:`resolve`. The faster steps'
     variants are replayed in :func:`replay_order`. ``replays``: those made so far, ``best``'s among them;
-    ``tried``: the indices of the variants replayed."""
+    ``tried``: the indices of the variants replayed, ``best``'s variant among them; ``index``: ``best``'s variant's
+    (the number of variants when it is none of them), for ties (a candidate's strategy may carry the engine
+    utilization its replay solved, so it is found by index, not by equality)."""
     steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
     for i, strategy in enumerate(variants):
         steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
@@ -212,10 +226,9 @@ def _beaten(
         if least >= limit:
             continue  # no variant of this step can replay faster
         rest = _screened([i for i in members if i not in own], variants, screen)
-        others = (e for e in fewest_own + rest if e[1] not in tried and variants[e[1]] != best.strategy)
+        others = (e for e in fewest_own + rest if e[1] not in tried)
         faster.append((least, [e for e in others if near_fit(e[2])]))
     score = best.score
-    index = variants.index(best.strategy) if best.strategy in variants else len(variants)
     for least, (_, i, prediction) in replay_order(faster):
         if replays >= MAX_REPLAYS_PER_POINT:
             break

@@ -12,8 +12,9 @@
   allowed), else ``ENOSPC`` injected into the export's writes (the database case then skips).
 - A read-only database, file and folder: one clear line, exit 2, no traceback, no probe started.
 
-Each stop comes in one of the states a run passes through (the planner starting, the op-build child running or
-compiling, the probe child or a group of ranks running: ``planner.probing.session``), chosen so that every state
+Each stop comes in one of the states a run passes through (the planner starting, the op-build child compiling,
+the probe child or a group of ranks running: ``planner.probing.session``; an op-build child that only loads built
+ops lasts milliseconds, too short to be sure to stop), chosen so that every state
 is hit once rather than by chance over many trials, at a seeded random moment after the event that opens it
 (a slow machine shifts when they come, not what they hit). Every wait is generous; totals are printed at the end
 of the module (``-s`` shows them).

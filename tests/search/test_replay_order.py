@@ -9,10 +9,13 @@ was spent on those, and the much faster step that the replay fits was never repl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult
 from search.choose.confirm import MAX_REPLAYS_PER_POINT, confirm, replay_order, resolve
 from search.prediction import Prediction
-from store.records import Strategy
+from store.records import RLHFStrategy, Strategy
+from store.rollout import RolloutStrategy
 
 GiB = 2**30
 
@@ -82,3 +85,36 @@ def test_a_quick_confirmation_passes_over_the_points_the_screen_rejects_once_a_p
         found = confirm(result, 1, lambda s: [s], lambda s: screened[s.micro_batch], replay, quick=quick)
         assert found.best is not None and found.best.strategy.micro_batch == expected
         assert asked == ([1] if quick else [1, 2])
+
+
+def test_the_search_choice_is_not_replayed_again_when_its_replay_solved_the_engine_utilization() -> None:
+    """A rollout engine's knob variant leaves ``gpu_memory_utilization`` open and its replay solves it, so the
+    replayed candidate no longer equals its variant. The choice (mb 4) fits; the variants that could be faster
+    are its own step's (screened 3.0 s against 3.2 replayed: itself, and mb 4 with empty_cache) and mb 8's. The
+    choice is replayed once, and the cap is spent on the others, not on it again."""
+    engine = RolloutStrategy(engine="vllm", sleep_level=0, offload_training=False)
+    base = RLHFStrategy(hybrid_engine=False, critic=None, generation_batch=8, empty_cache="never", rollout=engine)
+    variants = [
+        replace(base, micro_batch=4),
+        replace(base, micro_batch=4, empty_cache="after-inference"),
+        replace(base, micro_batch=8),
+    ]
+
+    def prediction(seconds: float, utilization: float | None = None) -> Prediction:
+        found = _prediction(seconds, 9.0)
+        return replace(found, rollout={"gpu_memory_utilization": utilization}) if utilization else found
+
+    screened = {0: prediction(3.0), 1: prediction(3.05), 2: prediction(3.1)}
+    replayed = {0: prediction(3.2, 0.3), 1: prediction(3.25, 0.3), 2: prediction(3.3, 0.3)}
+    asked: list[int] = []
+
+    def replay(s: RLHFStrategy) -> Prediction:
+        index = variants.index(replace(s, rollout=engine))
+        asked.append(index)
+        return replayed[index]
+
+    first = Candidate(variants[0], screened[0])
+    best, _, made = resolve(variants, lambda s: screened[variants.index(s)], replay, first)
+    assert best is not None and best.strategy.rollout is not None
+    assert best.strategy.rollout.gpu_memory_utilization == 0.3  # the value its replay solved, kept in the plan
+    assert asked.count(0) == 1 and sorted(asked) == [0, 1, 2] and made == 3
