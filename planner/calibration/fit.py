@@ -8,7 +8,6 @@ observation held out in turn), save, report every parameter and the errors befor
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from planner.calibration.gather import (
     records_file_entries,
     stored_entries,
 )
-from planner.job.host_cache import cache_path, keep, kept, measured_at
+from planner.job.host_cache import cache_path, keep, kept, kept_rate, measured_at
 from planner.job.host_terms import HOST_TERMS, host_terms
 from planner.job.target import detected_target, target_of
 from planner.report.results import CalibrationReport
@@ -153,7 +152,7 @@ def _host_rates(target: str, run: bool) -> tuple[dict[str, float], dict[str, Any
         return {}, {"why_not": dict.fromkeys(HOST_TERMS, why)}
     held = kept(HOST_BENCHMARK)
     rates_held = held.get("measured")
-    if isinstance(rates_held, dict) and rates_held and all(_positive(v) for v in rates_held.values()):
+    if isinstance(rates_held, dict) and rates_held and all(kept_rate(v) is not None for v in rates_held.values()):
         where = f"kept in {cache_path()} (measured {measured_at(held)}; delete the file to measure again)"
         return dict(rates_held), {k: v for k, v in held.items() if k != "measured_at"} | {"source": where}
     from probes.measure.host_rates import measure_host_rates
@@ -161,7 +160,3 @@ def _host_rates(target: str, run: bool) -> tuple[dict[str, float], dict[str, Any
     rates = measure_host_rates()
     keep(HOST_BENCHMARK, rates.to_dict())
     return rates.measured(), rates.to_dict() | {"source": "measured now"}
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RATE_VARIABLES", "cache_path", "host_key", "keep", "kept", "measured_at"]
+__all__ = ["RATE_VARIABLES", "cache_path", "host_key", "keep", "kept", "kept_rate", "measured_at"]
 
 # what torch's thread count, oneDNN's kernels and the CUDA devices are read from (each changes the rates)
 RATE_VARIABLES = (
@@ -109,3 +110,10 @@ def _write(path: Path, everything: dict[str, Any]) -> None:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
+
+
+def kept_rate(value: Any) -> float | None:
+    """``value`` read from a kept entry as a rate: a finite positive number, else None (measure again)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None

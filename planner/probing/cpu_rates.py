@@ -13,9 +13,8 @@ from __future__ import annotations
 import math
 import time
 from functools import lru_cache
-from typing import Any
 
-from planner.job.host_cache import host_key, keep, kept
+from planner.job.host_cache import host_key, keep, kept, kept_rate
 
 __all__ = ["FAST_DTYPE_GAIN", "cpu_rates", "measure"]
 
@@ -36,19 +35,12 @@ def _cached_rates(key: str, dtype: str) -> tuple[float, float]:
     entry = kept(SECTION)
     matmuls = entry.get("matmul_flops_per_s")
     matmuls = matmuls if isinstance(matmuls, dict) else {}
-    kept_matmul, kept_copy = _rate(matmuls.get(dtype)), _rate(entry.get("copy_bytes_per_s"))
+    kept_matmul, kept_copy = kept_rate(matmuls.get(dtype)), kept_rate(entry.get("copy_bytes_per_s"))
     if kept_matmul is not None and kept_copy is not None:
         return kept_matmul, kept_copy
     matmul, copy = measure(dtype)
     keep(SECTION, {"matmul_flops_per_s": {**matmuls, dtype: matmul}, "copy_bytes_per_s": copy})
     return matmul, copy
-
-
-def _rate(value: Any) -> float | None:
-    """``value`` as a kept rate: a finite positive number (None when it is none)."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    return None
 
 
 def measure(dtype: str) -> tuple[float, float]:
