@@ -34,14 +34,14 @@ def _proc_read(pid: int, name: str) -> bytes:
     return b"".join(chunks)
 
 
-def _stat_fields(pid: int) -> list[bytes]:
+def stat_fields(pid: int) -> list[bytes]:
     """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...; [] when gone)."""
     return _proc_read(pid, "stat").rsplit(b")", 1)[-1].split()
 
 
 def start_time(pid: int) -> int:
     """When ``pid`` started (clock ticks since boot; 0 when gone): a pid and this name one process."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if len(fields) > 19 else 0
 
 
@@ -86,7 +86,7 @@ class Sampler:
         self.thread.start()
 
     def sample(self) -> list[int]:
-        stats = {pid: _stat_fields(pid) for pid in _pids()}
+        stats = {pid: stat_fields(pid) for pid in _pids()}
         started = {pid: int(fields[19]) for pid, fields in stats.items() if len(fields) > 19}
         marked = [pid for pid, start in started.items() if start >= self.since and _marked(pid, self.needle)]
         pids = _below(self.planner, stats) + marked

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_processes import stat_fields
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from planner_helpers import REPO, subprocess_env
@@ -139,24 +140,12 @@ def _tree(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def _children() -> list[int]:
-    """Processes whose parent is this one (Linux: read from /proc). Each stat is read with ``os.read`` on a
-    descriptor, half the CPU of ``Path.read_text``: two scans of every process a case, before and after."""
+    """Processes whose parent is this one (Linux: read from /proc, fault_processes.stat_fields): two scans of every
+    process a case, before and after."""
     me = str(os.getpid()).encode()
     found: list[int] = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            stat = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        fields = stat.rsplit(b")", 1)[-1].split()
+        fields = stat_fields(int(entry)) if entry.isdigit() else []
         if len(fields) > 1 and fields[1] == me and fields[0] != b"Z":
             found.append(int(entry))
     return found
