@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import time
 from functools import lru_cache
+from typing import Any
 
-from planner.job.host_cache import host_key, keep, kept, kept_rate
+from planner.job.host_cache import host_key, kept, kept_rate, update
 
 __all__ = ["FAST_DTYPE_GAIN", "cpu_rates", "measure"]
 
@@ -39,7 +40,15 @@ def _cached_rates(key: str, dtype: str) -> tuple[float, float]:
     if kept_matmul is not None and kept_copy is not None:
         return kept_matmul, kept_copy
     matmul, copy = measure(dtype)
-    keep(SECTION, {"matmul_flops_per_s": {**matmuls, dtype: matmul}, "copy_bytes_per_s": copy})
+
+    def beside(held: dict[str, Any]) -> dict[str, Any]:  # the dtypes kept meanwhile (another probe) kept too
+        theirs = held.get("matmul_flops_per_s")
+        return {
+            "matmul_flops_per_s": {**(theirs if isinstance(theirs, dict) else {}), dtype: matmul},
+            "copy_bytes_per_s": copy,
+        }
+
+    update(SECTION, beside)
     return matmul, copy
 
 

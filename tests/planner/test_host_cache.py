@@ -7,16 +7,19 @@ again, never fail.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from planner_helpers import REPO, subprocess_env
 
-from planner.job.host_cache import cache_path, host_key
+from planner.job.host_cache import MAX_AGE, cache_path, host_key, keep, kept, update
 from planner.probing import cpu_rates as rates_module
 from planner.probing.cpu_rates import cpu_rates
 
@@ -42,6 +45,10 @@ class Measured:
         return self.rates
 
 
+def _just_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def _refuse(dtype: str) -> tuple[float, float]:
     raise AssertionError(f"measured {dtype} again: the kept rates were not used")
 
@@ -64,7 +71,8 @@ def test_a_new_process_reads_the_kept_rates_without_importing_torch(cache_folder
     key = host_key()
     path = cache_path()
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({key: {"cpu_rates": {"matmul_flops_per_s": {"bf16": 2.5e10}, "copy_bytes_per_s": 6e9}}}))
+    rates = {"matmul_flops_per_s": {"bf16": 2.5e10}, "copy_bytes_per_s": 6e9, "measured_at": _just_now()}
+    path.write_text(json.dumps({key: {"cpu_rates": rates}}))
     code = (
         "import sys; from planner.probing.cpu_rates import cpu_rates; print(cpu_rates('bf16'), 'torch' in sys.modules)"
     )
@@ -136,3 +144,61 @@ def test_the_host_benchmark_runs_once_per_host_and_the_report_says_where_its_rat
     assert kept_report["measured"] == report["measured"] and kept_report["why_not"] == {"x": "y"}
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # another thread count: another host key, measured again
     assert _host_rates(here, run=True)[1]["source"] == "measured now" and ran == [1, 1]
+
+
+MEASURED = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)  # an injected clock: no test waits for an entry to age
+
+
+def test_an_entry_is_used_until_max_age_then_measured_again() -> None:
+    keep("cpu_rates", {"copy_bytes_per_s": 6e9}, now=MEASURED)
+    assert kept("cpu_rates", now=MEASURED + MAX_AGE)["copy_bytes_per_s"] == 6e9
+    assert kept("cpu_rates", now=MEASURED + MAX_AGE + timedelta(seconds=1)) == {}
+    assert kept("cpu_rates", now=MEASURED - timedelta(seconds=1)) == {}  # a clock set back: its age is unknown
+    assert kept("host_benchmark", now=MEASURED) == {}
+
+
+def test_an_old_or_undated_entry_is_measured_again_by_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cache_path()
+    path.parent.mkdir(parents=True)
+    measured = Measured()
+    monkeypatch.setattr(rates_module, "measure", measured)
+    old = {"matmul_flops_per_s": {"fp32": 1e10}, "copy_bytes_per_s": 1e9, "measured_at": "2020-01-01T00:00:00+00:00"}
+    undated = {"matmul_flops_per_s": {"fp32": 1e10}, "copy_bytes_per_s": 1e9}
+    for entry in (old, undated):
+        path.write_text(json.dumps({host_key(): {"cpu_rates": entry}}))
+        rates_module._cached_rates.cache_clear()  # as a new process
+        assert cpu_rates("fp32") == measured.rates
+    assert measured.calls == ["fp32", "fp32"]
+    assert json.loads(path.read_text())[host_key()]["cpu_rates"]["measured_at"] > "2026"
+
+
+def test_a_dtype_another_process_kept_while_this_one_measured_stays_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cache_path()
+    theirs = {"matmul_flops_per_s": {"bf16": 5e10}, "copy_bytes_per_s": 8e9, "measured_at": _just_now()}
+
+    def measured_beside_another(dtype: str) -> tuple[float, float]:  # another probe keeps bf16 meanwhile
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({host_key(): {"cpu_rates": theirs}}))
+        return 3e10, 7e9
+
+    monkeypatch.setattr(rates_module, "measure", measured_beside_another)
+    assert cpu_rates("fp32") == (3e10, 7e9)
+    assert json.loads(path.read_text())[host_key()]["cpu_rates"]["matmul_flops_per_s"] == {"bf16": 5e10, "fp32": 3e10}
+
+
+def test_a_writer_reads_and_writes_under_the_lock_another_writer_waits_on() -> None:
+    lock_path = cache_path().with_name(cache_path().name + ".lock")
+    seen: list[dict[str, Any]] = []
+
+    def change(held: dict[str, Any]) -> dict[str, Any]:
+        with open(lock_path, "a") as other, pytest.raises(BlockingIOError):  # another writer's own open of it
+            fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        seen.append(held)
+        return {**held, "n": held.get("n", 0) + 1}
+
+    update("counter", change, now=MEASURED)
+    update("counter", change, now=MEASURED)
+    assert seen == [{}, {"n": 1}]  # the second read what the first wrote, without its measured_at
+    assert kept("counter", now=MEASURED) == {"n": 2, "measured_at": MEASURED.isoformat(timespec="seconds")}
+    with open(lock_path, "a") as after:  # released
+        fcntl.flock(after.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
