@@ -25,8 +25,8 @@ from pg_server import NoPostgres, PostgresFailed, PostgresServer, get_server, re
 from probes.process.op_cache import default_ops_folder, pin_ninja
 
 # every test phase within a CPU-seconds budget (tests/cpu_budget.py), DeepSpeed's ops built before the first test
-# (tests/op_builds.py); pytester runs those checks on themselves
-pytest_plugins = ["cpu_budget", "op_builds", "pytester"]
+# (tests/op_builds.py), the heaviest modules first (tests/schedule.py); pytester runs those checks on themselves
+pytest_plugins = ["cpu_budget", "op_builds", "schedule", "pytester"]
 
 # Bytecode caches are written even where PYTHONDONTWRITEBYTECODE is set: without them each pytest-xdist worker
 # rewrites every test module's asserts anew (about 10 of its 30 CPU s of collection on a 2-core EPYC), and each

@@ -17,7 +17,9 @@ same limit. DeepSpeed's op builds are outside it: ``tests/op_builds.py`` builds 
 fails a test that builds one. The suite's total speed is held by ``benchmarks/suite_cpu.py``, not by this check.
 ``MEMPLAN_TEST_CPU_BUDGET_S`` sets an absolute budget (not scaled); ``MEMPLAN_TEST_CPU_BUDGET_S=0`` turns it off.
 The summary at the end names the phases that spent the most; ``MEMPLAN_TEST_CPU_REPORT=FILE`` also writes
-every phase's CPU seconds to FILE (tab-separated), to see where a suite's time goes.
+every phase to FILE, one tab-separated line each: its CPU seconds, node id, phase, the pytest-xdist worker that ran
+it (``main`` without xdist) and its start and end wall time (seconds since the epoch), to see where a suite's time
+goes and how its workers shared it (``benchmarks/suite_cpu.py`` reads it).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ FACTOR_VARIABLE = "MEMPLAN_TEST_CPU_FACTOR"
 TOP = 8
 CPU_SECONDS = "cpu_seconds"  # the user property a phase's report carries its CPU seconds in
 _spent_key = pytest.StashKey[dict[str, float]]()
+_wall_key = pytest.StashKey[dict[str, tuple[float, float]]]()  # a phase's start and end, seconds since the epoch
 _largest: list[tuple[float, str]] = []
 _session: dict[str, Any] = {}
+_wall_clock = time.time  # held here: a test that patches time.time does not move the report's times
 
 
 _REFERENCE_SOURCE = "\n".join(
@@ -93,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _session["factor"] = factor
     _session["budget"] = budget_s(factor)
     _session["report"] = os.environ.get("MEMPLAN_TEST_CPU_REPORT") or None
+    _session["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")  # set by pytest-xdist in each worker
 
 
 def cpu_seconds() -> float:
@@ -115,10 +120,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _measured(item: pytest.Item, phase: str) -> Generator[None, Any, None]:
     start = cpu_seconds()
+    started_at = _wall_clock()
     try:
         yield
     finally:
         item.stash.setdefault(_spent_key, {})[phase] = cpu_seconds() - start
+        item.stash.setdefault(_wall_key, {})[phase] = (started_at, _wall_clock())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -146,8 +153,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.user_properties.append((CPU_SECONDS, spent))  # what the summary reads, in this process or xdist's
     report_file = _session.get("report")
     if report_file:
+        started_at, ended_at = item.stash.get(_wall_key, {}).get(call.when, (0.0, 0.0))
+        worker = _session.get("worker", "main")
         with open(report_file, "a", encoding="utf-8") as out:
-            out.write(f"{spent:.2f}\t{item.nodeid}\t{call.when}\n")
+            out.write(f"{spent:.2f}\t{item.nodeid}\t{call.when}\t{worker}\t{started_at:.3f}\t{ended_at:.3f}\n")
     limit = _session.get("budget", DEFAULT_BUDGET_S)
     if limit > 0 and spent > limit and report.outcome == "passed":
         report.outcome = "failed"
