@@ -28,8 +28,8 @@ from typing import Any
 from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, resolve
 from planner.job.target import device_target
-from planner.planning.program_build import program_model_build
-from planner.planning.program_spread import run_spread
+from planner.planning.program_build import seen_model_build
+from planner.planning.program_spread import run_spread, stored_probes
 from planner.probing.command import check_command
 from planner.probing.device import cpu_probe_dtype, device_coefficients, device_prediction, probe_gpu
 from planner.probing.limits import check_device_present, check_run
@@ -46,7 +46,7 @@ from planner.probing.program_runs import (
 )
 from planner.probing.runs import reusable
 from planner.probing.settings import ProbeSettings
-from search import DEFAULT_COEFFICIENTS, Coefficients, predict
+from search import DEFAULT_COEFFICIENTS, Coefficients, Prediction, predict
 from store.db import open_storage
 from store.errors import InputError
 from store.measurements import program_id
@@ -84,8 +84,9 @@ def run_program_strategy(
     """Run ``command`` under one strategy as ``settings`` say (or reuse the stored run of the same program, job,
     strategy, device and steps: a ``timeout`` only when it had at least ``settings.timeout_s``; ``force`` runs it
     again), store the run as a probe in ``db`` and compare it with the prediction and with memplan's own stored
-    probe of the strategy; the prediction builds a ZeRO-3 model as the program's runs saw it build
-    (:func:`planner.planning.program_build.program_model_build`), this one's included, where they saw it. ``coef``
+    probe of the strategy. The prediction is made before the program runs, so nothing the run measures feeds it:
+    it builds a ZeRO-3 model as the program's earlier stored runs saw it build
+    (:func:`planner.planning.program_build.seen_model_build`), where they saw it. ``coef``
     are the job's coefficients (the probed device's view is taken here);
     ``on_start`` is called just before the program starts (not for a reused run); ``settings.memory_cap_bytes``
     (CPU backend) is the live bytes that count as out of memory in the program, as ``--memory-cap`` of a built-in
@@ -94,6 +95,7 @@ def run_program_strategy(
     from probes.measure.fingerprint import versions as software_versions  # lazy on purpose: probes loads torch
 
     device = settings.device
+    prediction = _predicted(job, strategy, program, device, coef, db)
     request = program_request(job, strategy, program, settings)
     key = request.key(software_versions())
     with open_storage(db) as storage:
@@ -111,13 +113,21 @@ def run_program_strategy(
             ran = True
         stored = list(storage.list_probes(limit=MAX_COMPARED_PROBES, kind=job.workload.kind, device=device))
     spread = run_spread(record, stored)
-    # the prediction beside the measurement builds the model as the program does, where a run of it saw how
-    # (this one or a stored one: planner.planning.program_build), as recommend --program plans it
-    seen = program_model_build(program_id(program), db)
-    workload = job.workload if seen is None else replace(job.workload, model_build=seen[0])
-    prediction = device_prediction(predict(workload, strategy, job.hardware, device_coefficients(device, coef)), device)
     run = program_run(strategy, result, prediction, record.probe_id, not ran, spread)
     return StoredProgramRun(run, record.probe_id, result, ran)
+
+
+def _predicted(
+    job: ResolvedJob, strategy: Strategy, program: dict[str, Any], device: str, coef: Coefficients, db: str | None
+) -> Prediction:
+    """The prediction put beside the program's run, made before it runs: on ``device``, with the model built as
+    the program's stored runs saw it build (:mod:`planner.planning.program_build`), as ``recommend --program``
+    plans it; by ``--framework``'s rule where none saw it."""
+    ident = program_id(program)
+    earlier = [record for record in stored_probes(db) if record.request.program_id == ident]  # none: a first run
+    seen = seen_model_build(ident, earlier)
+    workload = job.workload if seen is None else replace(job.workload, model_build=seen[0])
+    return device_prediction(predict(workload, strategy, job.hardware, device_coefficients(device, coef)), device)
 
 
 def _script_settings(job: ResolvedJob, strategy: Strategy, settings: ProbeSettings) -> Any:
