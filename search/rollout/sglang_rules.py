@@ -71,40 +71,33 @@ def sglang_memory(
     """
     if setup.engine != RolloutEngine.SGLANG:
         raise ValueError(f"sglang_memory sizes an SGLang engine, not {setup.engine!r}")
-    model, dtype, tensor_parallel, gpu_memory_bytes = (
-        setup.model,
-        setup.dtype,
-        setup.tensor_parallel,
-        setup.gpu_memory_bytes,
-    )
-    chunked_prefill_size, cuda_graph_max_bs = setup.limits.max_num_batched_tokens, setup.limits.max_num_seqs
-    page_size = setup.limits.block
+    limits = setup.limits  # chunked_prefill_size, cuda_graph_max_bs, page_size: see the docstring
     if not 0.0 < mem_fraction_static <= 1.0:
         raise ValueError(f"mem_fraction_static must be in (0, 1], not {mem_fraction_static!r}")
-    if not 0 <= free_bytes_at_start <= gpu_memory_bytes:
+    if not 0 <= free_bytes_at_start <= setup.gpu_memory_bytes:
         raise ValueError("free_bytes_at_start must be between 0 and the GPU's memory")
-    if min(chunked_prefill_size, cuda_graph_max_bs, page_size, tensor_parallel) < 1:
+    if min(limits.max_num_batched_tokens, limits.max_num_seqs, limits.block, setup.tensor_parallel) < 1:
         raise ValueError("chunked_prefill_size, cuda_graph_max_bs, page_size and tensor_parallel must be >= 1")
     context = context_bytes(setup.own_process, coef)
     before_load = free_bytes_at_start - context  # B, measured after the engine's CUDA context
-    weights = weights_per_gpu(model, dtype, tensor_parallel)
+    weights = weights_per_gpu(setup.model, setup.dtype, setup.tensor_parallel)
     slack = before_load * (1 - mem_fraction_static)
     rest = int((before_load - weights) - slack)  # _profile_available_bytes
     if rest <= 0:
         raise EngineRefusal(
             f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mem_fraction_static}"
         )
-    cell = kv_bytes_per_token(model, dtype, tensor_parallel, kv_cache_dtype=setup.kv_cache_dtype)
-    tokens = rest // cell // page_size * page_size  # calculate_pool_sizes
+    cell = kv_bytes_per_token(setup.model, setup.dtype, setup.tensor_parallel, kv_cache_dtype=setup.kv_cache_dtype)
+    tokens = rest // cell // limits.block * limits.block  # calculate_pool_sizes
     activation = max(
-        forward_peak(model, dtype, tensor_parallel, chunked_prefill_size, coef),
-        sampler_peak(model, dtype, chunked_prefill_size, cuda_graph_max_bs, coef),
+        forward_peak(setup.model, setup.dtype, setup.tensor_parallel, limits.max_num_batched_tokens, coef),
+        sampler_peak(setup.model, setup.dtype, limits.max_num_batched_tokens, limits.max_num_seqs, coef),
     )
-    non_torch = non_torch_bytes(tensor_parallel, coef)
+    non_torch = non_torch_bytes(setup.tensor_parallel, coef)
     graphs = 0
     if not setup.enforce_eager:
-        sizes = sglang_capture_sizes(cuda_graph_max_bs)
-        graphs = graph_pool(model, dtype, tensor_parallel, sizes[-1], len(sizes), coef)
+        sizes = sglang_capture_sizes(limits.max_num_seqs)
+        graphs = graph_pool(setup.model, setup.dtype, setup.tensor_parallel, sizes[-1], len(sizes), coef)
     static = before_load - int(slack)  # weights + KV pool: the fraction's share of B
     return EngineMemory(
         engine="sglang",

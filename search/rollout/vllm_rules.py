@@ -94,35 +94,31 @@ def vllm_memory(
     """
     if setup.engine != RolloutEngine.VLLM:
         raise ValueError(f"vllm_memory sizes a vLLM engine, not {setup.engine!r}")
-    model, dtype, tensor_parallel, gpu_memory_bytes = (
-        setup.model,
-        setup.dtype,
-        setup.tensor_parallel,
-        setup.gpu_memory_bytes,
-    )
     limits = setup.limits
-    max_num_seqs, max_num_batched_tokens, block_size = limits.max_num_seqs, limits.max_num_batched_tokens, limits.block
     if not 0.0 < utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {utilization!r}")
-    if min(max_num_seqs, max_num_batched_tokens, block_size, tensor_parallel) < 1:
+    if min(limits.max_num_seqs, limits.max_num_batched_tokens, limits.block, setup.tensor_parallel) < 1:
         raise ValueError("max_num_seqs, max_num_batched_tokens, block_size and tensor_parallel must be >= 1")
     context = context_bytes(setup.own_process, coef)
-    requested = math.ceil(gpu_memory_bytes * utilization)  # request_memory
+    requested = math.ceil(setup.gpu_memory_bytes * utilization)  # request_memory
     if free_bytes_at_start is not None and free_bytes_at_start - context < requested:
         raise EngineRefusal(
-            f"Free memory on device ({(free_bytes_at_start - context) / 2**30:.2f}/{gpu_memory_bytes / 2**30:.2f} "
-            f"GiB) on startup is less than desired GPU memory utilization ({utilization}, "
-            f"{requested / 2**30:.2f} GiB)"
+            f"Free memory on device ({(free_bytes_at_start - context) / 2**30:.2f}/"
+            f"{setup.gpu_memory_bytes / 2**30:.2f} GiB) on startup is less than desired GPU memory utilization "
+            f"({utilization}, {requested / 2**30:.2f} GiB)"
         )
-    weights = weights_per_gpu(model, dtype, tensor_parallel)
-    rows = min(max_num_seqs, max_num_batched_tokens)  # _dummy_run: num_reqs = min(num_tokens, max_num_reqs)
-    activation = profile_peak(model, dtype, tensor_parallel, max_num_batched_tokens, rows, coef)
-    non_torch = non_torch_bytes(tensor_parallel, coef)
+    weights = weights_per_gpu(setup.model, setup.dtype, setup.tensor_parallel)
+    # _dummy_run: num_reqs = min(num_tokens, max_num_reqs)
+    rows = min(limits.max_num_seqs, limits.max_num_batched_tokens)
+    activation = profile_peak(
+        setup.model, setup.dtype, setup.tensor_parallel, limits.max_num_batched_tokens, rows, coef
+    )
+    non_torch = non_torch_bytes(setup.tensor_parallel, coef)
     graphs = 0
     if not setup.enforce_eager:
-        largest = vllm_capture_sizes(max_num_seqs, max_num_batched_tokens)[-1]
-        count = vllm_graph_count(max_num_seqs, max_num_batched_tokens)
-        graphs = graph_pool(model, dtype, tensor_parallel, largest, count, coef)
+        largest = vllm_capture_sizes(limits.max_num_seqs, limits.max_num_batched_tokens)[-1]
+        count = vllm_graph_count(limits.max_num_seqs, limits.max_num_batched_tokens)
+        graphs = graph_pool(setup.model, setup.dtype, setup.tensor_parallel, largest, count, coef)
     available = requested - (weights + activation + non_torch) - (graphs if graphs_in_budget else 0)
     if available <= 0:
         raise EngineRefusal(
@@ -130,10 +126,11 @@ def vllm_memory(
             f"the engine (budget {requested / 2**30:.2f} GiB, weights {weights / 2**30:.2f} GiB, activation peak "
             f"{activation / 2**30:.2f} GiB)"
         )
-    layers = cache_layers(model)
-    page = block_size * layer_token_bytes(model, dtype, tensor_parallel, setup.kv_cache_dtype)  # one layer's page
-    model_len = max_model_len if max_model_len is not None else model.max_positions
-    needed = -(-model_len // block_size) * page * layers  # max_memory_usage_bytes summed over the layers
+    layers = cache_layers(setup.model)
+    # one layer's page
+    page = limits.block * layer_token_bytes(setup.model, setup.dtype, setup.tensor_parallel, setup.kv_cache_dtype)
+    model_len = max_model_len if max_model_len is not None else setup.model.max_positions
+    needed = -(-model_len // limits.block) * page * layers  # max_memory_usage_bytes summed over the layers
     if needed > available:
         raise EngineRefusal(
             f"To serve at least one request with the models's max seq len ({model_len}), "
@@ -149,7 +146,7 @@ def vllm_memory(
         activation_peak=activation,
         non_torch=non_torch,
         kv_cache=blocks * page * layers,
-        kv_tokens=blocks * block_size,
+        kv_tokens=blocks * limits.block,
         cuda_graphs=graphs,
         context=context,
         outside=context + (0 if graphs_in_budget else graphs),
