@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cli_here import run_planner_here
 
 # DeepSpeed picks its accelerator when first imported: the CPU one, on any machine that runs these tests.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -53,13 +53,10 @@ class CliResult:
 
 
 def run_main(args: list[str]) -> CliResult:
-    """``planner.cli.main(args)`` in this process, stdout and stderr captured (for session fixtures)."""
-    from planner.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([str(a) for a in args])
-    return CliResult(rc, out.getvalue(), err.getvalue())
+    """``planner.cli.main(args)`` in this process, stdout and stderr captured (for session fixtures):
+    ``cli_here.run_planner_here`` as a :class:`CliResult`."""
+    done = run_planner_here(args)
+    return CliResult(done.returncode, done.stdout, done.stderr)
 
 
 def assert_one_error_line(result: CliResult, *fragments: str) -> str:

@@ -10,9 +10,7 @@ where there is none.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import socket
 import subprocess
 import sys
@@ -24,6 +22,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from cli_here import run_planner_here
 from pg_server import PostgresServer
 from sqlalchemy import create_engine, inspect, make_url, text
 
@@ -250,21 +249,14 @@ def test_a_probe_message_with_a_nul_is_still_saved(postgres_url: str) -> None:
 def test_the_cli_saves_and_lists_plans_on_postgresql(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``planner recommend --db URL`` saves its plan there and ``planner plans`` with ``$PLANNER_DB`` lists it
     (the CLI run in this process: ``planner.cli.main``)."""
-    from planner.cli import main
-
     monkeypatch.delenv("PLANNER_DB", raising=False)
-
-    def planner(*args: str) -> subprocess.CompletedProcess[str]:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            returncode = main(list(args))
-        return subprocess.CompletedProcess(["planner", *args], returncode, out.getvalue(), err.getvalue())
-
-    made = planner("recommend", "--model", "opt-125m", "--gpu-mem", "24G", "--workload", "sft", "--db", postgres_url)
+    made = run_planner_here(
+        ["recommend", "--model", "opt-125m", "--gpu-mem", "24G", "--workload", "sft", "--db", postgres_url]
+    )
     assert made.returncode == 0, made.stderr
     with open_storage(postgres_url) as storage:
         plan = storage.latest_plan()
     assert plan is not None and plan.model == "opt-125m"
     monkeypatch.setenv("PLANNER_DB", postgres_url)
-    shown = planner("plans")
+    shown = run_planner_here(["plans"])
     assert shown.returncode == 0 and plan.plan_id in shown.stdout, shown.stderr

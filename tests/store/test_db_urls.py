@@ -5,8 +5,6 @@ never a file with '?' in its name); through ``open_storage`` and through the ``p
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import sqlite3
 import subprocess
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from alembic import command
+from cli_here import run_planner_here
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
@@ -276,18 +275,6 @@ def run_planner(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedP
     return subprocess.run(
         [sys.executable, "-m", "planner", *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=120
     )
-
-
-def run_planner_here(args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``planner.cli.main(ARGS)`` in this process and the current folder (the test's ``workdir``): what
-    ``python -m planner ARGS`` does there but for the process (which :func:`run_planner` shows once, with a
-    bad ``$PLANNER_DB``), its stdout and stderr captured."""
-    from planner.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        returncode = main(args)
-    return subprocess.CompletedProcess(["planner", *args], returncode, out.getvalue(), err.getvalue())
 
 
 CLI_REFUSED = [
