@@ -7,22 +7,36 @@ elastic launcher starts every rank as a session leader), so killing the child's 
 every pid it was told about, each with its process group, and waits until those groups are gone;
 :func:`descendants` is the walk it uses. Linux only (elsewhere no process is found under another, and only
 the groups named are killed). Pure Python: no torch here.
+
+A pid read from ``/proc`` may be reused by an unrelated process before the signal (the process exits, its parent
+reaps it, a new process gets the number). :func:`kill_tree` names each process it found by (pid, start time)
+from the same read of ``/proc/PID/stat``, takes a pidfd of it (``os.pidfd_open``, Linux 5.3) and reads the start
+time again: the same one means the pidfd is that process, and ``signal.pidfd_send_signal`` reaches that process or
+none, never a successor. Where pidfds are not had (an older kernel), the start time is read again just before
+``os.kill``, which leaves a window of that read only. A process group has no such handle: its number is not
+reused while a member lives, so each group is killed before its members, while the member that named it was just
+seen alive; a pid only announced (a rank that reported it, no longer under the tree) is killed as a process group
+only, never by its pid, whose process may be anyone's by now.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "GROUP_GONE_S",
+    "Seen",
     "descendants",
     "end_descendants",
     "kill_group",
     "kill_tree",
+    "seen_under",
     "signal_group",
     "wait_group_gone",
 ]
@@ -48,31 +62,90 @@ def wait_group_gone(pgid: int) -> None:
         time.sleep(0.02)
 
 
-def _children_by_parent() -> dict[int, list[int]]:
-    found: dict[int, list[int]] = {}
+@dataclass(frozen=True)
+class Seen:
+    """One process as a read of its ``/proc/PID/stat`` showed it: (``pid``, ``start``) names it for good, a pid
+    alone only until it is reused."""
+
+    pid: int
+    parent: int
+    group: int
+    start: int  # starttime, clock ticks after boot (proc(5) field 22)
+
+
+def _stat(pid: int) -> Seen | None:
+    """Process ``pid`` as ``/proc/PID/stat`` shows it now; None when it is gone or cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces and parentheses
+    # fields[0] is field 3 (state): ppid 4, pgrp 5, starttime 22
+    if len(fields) < 20 or not (fields[1].isdigit() and fields[2].isdigit() and fields[19].isdigit()):
+        return None
+    return Seen(pid, int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def _all_processes() -> list[Seen]:
+    found: list[Seen] = []
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[-1].split()
-            if len(fields) > 1 and fields[1].isdigit():
-                found.setdefault(int(fields[1]), []).append(int(entry))
+            if entry.isdigit() and (seen := _stat(int(entry))) is not None:
+                found.append(seen)
+    return found
+
+
+def seen_under(pid: int) -> list[Seen]:
+    """Every live process under ``pid``, each as one read of ``/proc`` showed it (elsewhere than Linux: none)."""
+    children: dict[int, list[Seen]] = {}
+    for seen in _all_processes():
+        children.setdefault(seen.parent, []).append(seen)
+    found: list[Seen] = []
+    pids: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child.pid not in pids:
+                pids.add(child.pid)
+                found.append(child)
+                todo.append(child.pid)
     return found
 
 
 def descendants(pid: int) -> list[int]:
     """Every live process under ``pid`` (Linux ``/proc``; elsewhere none)."""
-    children, seen, todo = _children_by_parent(), [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in seen:
-                seen.append(child)
-                todo.append(child)
-    return seen
+    return [seen.pid for seen in seen_under(pid)]
+
+
+def _pin(seen: Seen) -> int | None:
+    """A pidfd of the process ``seen`` names, if it is still that process (the same start time read after the
+    pidfd was taken); -1 where pidfds are not had here; None when it is gone (or its pid is another's now)."""
+    try:
+        handle = os.pidfd_open(seen.pid)
+    except (AttributeError, NotImplementedError):
+        return -1
+    except OSError as error:
+        return -1 if error.errno == errno.ENOSYS else None
+    now = _stat(seen.pid)
+    if now is None or now.start != seen.start:
+        os.close(handle)
+        return None
+    return handle
+
+
+def _kill_seen(seen: Seen, handle: int) -> bool:
+    """SIGKILL the process ``seen`` names through its pidfd ``handle``, or (-1: no pidfds here) by its pid once
+    the start time read again says it is still that process; whether the signal was sent."""
+    try:
+        if handle >= 0:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        elif (now := _stat(seen.pid)) is not None and now.start == seen.start:
+            os.kill(seen.pid, signal.SIGKILL)
+        else:
+            return False
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -82,24 +155,31 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def kill_tree(top: int, announced: list[int]) -> None:
-    """SIGKILL ``top`` (a group leader), every process under it and every announced pid, each with its process
-    group; return once none of those groups is left but ``top``'s own (its leader, the caller's child, is a zombie
-    until the caller reaps it: then :func:`wait_group_gone` of ``top``).
+    """SIGKILL ``top`` (a group leader), every process under it and every announced pid's process group, and each
+    found process's group; return once none of those groups is left but ``top``'s own (its leader, the caller's
+    child, is a zombie until the caller reaps it: then :func:`wait_group_gone` of ``top``). A found process is
+    signalled through a pidfd (the module docstring: never a process that took its pid since).
 
     The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
     still names the group its helpers were left in, though it is no longer under the launcher."""
     signal_group(top, signal.SIGSTOP)
-    pids = descendants(top) + [p for p in announced if p > 1]
-    groups: list[int] = [p for p in announced if p > 1]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            group = os.getpgid(pid)
-            if group not in groups and group > 1 and group != os.getpgrp():
-                groups.append(group)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for group in groups:
-        signal_group(group, signal.SIGKILL)
+    pinned: list[tuple[Seen, int]] = []
+    for seen in seen_under(top):
+        handle = _pin(seen)
+        if handle is not None:
+            pinned.append((seen, handle))
+    mine = os.getpgrp()
+    named = [p for p in announced if p > 1] + [seen.group for seen, _ in pinned if seen.group > 1]
+    groups = [group for group in dict.fromkeys(named) if group != mine]
+    try:
+        for group in groups:  # first, while the members that named them were just seen alive
+            signal_group(group, signal.SIGKILL)
+        for seen, handle in pinned:  # those in no group of their own (this process's group) too
+            _kill_seen(seen, handle)
+    finally:
+        for _, handle in pinned:
+            if handle >= 0:
+                os.close(handle)
     signal_group(top, signal.SIGKILL)
     signal_group(top, signal.SIGCONT)
     for group in groups:
@@ -111,16 +191,21 @@ def end_descendants(deadline_s: float = GROUP_GONE_S) -> int:
     """SIGKILL every process under this one and reap those that become its children, until none is left (or
     ``deadline_s`` passed); returns how many were killed. Under ``PR_SET_CHILD_SUBREAPER`` (see
     :func:`probes.process.parent_watch.set_child_subreaper`) a daemon's parents exit and it becomes this
-    process's child, so the walk is repeated until nothing new shows up (a killed process starts nothing)."""
+    process's child, so the walk is repeated until nothing new shows up (a killed process starts nothing). Each
+    is signalled as :func:`kill_tree` signals a found process (through a pidfd)."""
     me = os.getpid()
     killed: set[int] = set()
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        found = descendants(me)
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
+        found = seen_under(me)
+        for seen in found:
+            handle = _pin(seen)
+            if handle is None:
+                continue
+            if _kill_seen(seen, handle):
+                killed.add(seen.pid)
+            if handle >= 0:
+                os.close(handle)
         _reap_children()
         if not found:
             break
