@@ -30,11 +30,12 @@ from store.processes import pid_alive
 PATIENCE_S = 120.0  # the most a small program may take to start and end on a busy 2-core machine
 
 PROGRAM = """
-import json, os, sys, time
+import gc, json, os, sys, time
 out = {
     "name": __name__, "argv": sys.argv[1:], "cwd": os.getcwd(), "marker": os.environ.get("MARKER"),
     "port": os.environ.get("MASTER_PORT"), "own_group": os.getpgid(0) == os.getpid(),
     "own_session": os.getsid(0) == os.getpid(), "ppid": os.getppid(), "stdin": sys.stdin.read(),
+    "frozen": gc.get_freeze_count(),
 }
 with open("seen.json", "w") as handle:
     json.dump(out, handle)
@@ -86,6 +87,8 @@ def test_a_forked_child_is_the_module_run_as_main_in_its_folder_session_and_envi
     assert Path(seen["cwd"]) == folder.resolve() and seen["marker"] == "forked" and seen["port"] == env["MASTER_PORT"]
     assert seen["own_group"] and seen["own_session"] and seen["stdin"] == ""
     assert seen["ppid"] != os.getpid()  # the starter's child, not ours
+    # what the starter imported is out of the collector's reach: a child's gc.collect() walks only its own objects
+    assert seen["frozen"] > 0
     log = (folder / "child.log").read_text(encoding="utf-8")
     assert "to stdout" in log and "to stderr" in log
 
