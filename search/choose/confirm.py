@@ -48,6 +48,9 @@ FLOOR_SLACK = 0.02
 
 Predict = Callable[[Strategy | RLHFStrategy], Prediction]
 Floor = Callable[[Strategy | RLHFStrategy], int]
+# a lower bound of a variant's screened seconds without ``empty_cache`` calls, cheaper than its screen
+# (:func:`search.choose.engine_inner.fewest_seconds`)
+Least = Callable[[Strategy | RLHFStrategy], float]
 
 
 def replay_floor(prediction: Prediction) -> int:
@@ -97,6 +100,7 @@ def resolve(
     floor: Floor | None = None,
     needed: bool = True,
     limit: float = math.inf,
+    least_seconds: Least | None = None,
 ) -> tuple[Candidate | None, float, int]:
     """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
 
@@ -113,7 +117,7 @@ def resolve(
     not replayed once another was, nor at all when ``needed`` is False (the caller has enough fitting plans:
     a point that does not fit adds nothing to its answer). ``limit``: the replayed seconds the caller's answer
     already holds enough fitting plans below; a variant whose screened seconds reach it is not replayed unless
-    ``needed`` (it could not enter the answer)."""
+    ``needed`` (it could not enter the answer). ``least_seconds``: see :func:`_beaten`."""
     if needed:
         limit = math.inf
     budget: int | None = None  # the point's usable bytes, once a replay has said them
@@ -126,7 +130,18 @@ def resolve(
         tried = {i for i, v in enumerate(variants) if v == first.strategy}
         if replayed.prediction.fits:
             seconds, index = first.prediction.step_time_s, min(tried, default=len(variants))
-            return _beaten(variants, screen, predict, replayed, seconds, floor, limit, tried=tried, index=index)
+            return _beaten(
+                variants,
+                screen,
+                predict,
+                replayed,
+                seconds,
+                floor,
+                limit,
+                tried=tried,
+                index=index,
+                least_seconds=least_seconds,
+            )
         budget = replayed.prediction.gpu_budget_bytes
     screened = _screened(range(len(variants)), variants, screen)
     screened.sort(key=lambda entry: entry[:2])
@@ -155,6 +170,7 @@ def resolve(
                 replays=replays,
                 tried=tried,
                 index=i,
+                least_seconds=least_seconds,
             )
         if best is None or (candidate.score, i) < best[:2]:
             best = (candidate.score, i, candidate, prediction.step_time_s)
@@ -201,6 +217,7 @@ def _beaten(
     replays: int = 1,
     tried: frozenset[int] | set[int] = frozenset(),
     index: int,
+    least_seconds: Least | None = None,
 ) -> tuple[Candidate, float, int]:
     """``best`` (replayed, it fits) against the variants that could be faster: those of the steps whose variant
     without ``empty_cache`` calls has fewer screened seconds than ``best``'s replayed seconds. A step's screened
@@ -211,7 +228,10 @@ def _beaten(
     variants are replayed in :func:`replay_order`. ``replays``: those made so far, ``best``'s among them;
     ``tried``: the indices of the variants replayed, ``best``'s variant among them; ``index``: ``best``'s variant's
     (the number of variants when it is none of them), for ties (a candidate's strategy may carry the engine
-    utilization its replay solved, so it is found by index, not by equality)."""
+    utilization its replay solved, so it is found by index, not by equality). ``least_seconds``: a lower bound of
+    a step's screened seconds without ``empty_cache`` calls; a step it puts at or above the best replayed seconds
+    is passed over unscreened (its screen would put it there too: most of a point's steps, each a step to build,
+    issue 42's recommend latency)."""
     steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
     for i, strategy in enumerate(variants):
         steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
@@ -219,6 +239,8 @@ def _beaten(
     faster: list[tuple[float, list[tuple[float, int, Prediction]]]] = []  # (least seconds, screened variants)
     for fewest, members in steps.items():
         own = [i for i in members if variants[i] == fewest]
+        if own and least_seconds is not None and least_seconds(fewest) >= limit:
+            continue  # no variant of this step can replay faster, by a bound cheaper than its screen
         fewest_own = _screened(own, variants, screen)
         if own and not fewest_own:
             continue  # a batch split this workload cannot run
@@ -279,12 +301,15 @@ def confirm(
     floor: Floor | None = None,
     *,
     quick: bool = False,
+    least_seconds: Least | None = None,
 ) -> SearchResult:
     """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
     ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's: a
     yardstick of time, whose memory the search does not decide with. ``floor``: see :func:`resolve`.
     ``quick``: once ``wanted`` plans fit, the points the screen rejects are passed over (for a caller that asks
-    whether a change of the job fits at all: their faster variants seldom fit, and each costs replays)."""
+    whether a change of the job fits at all: their faster variants seldom fit, and each costs replays).
+    ``least_seconds``: a lower bound of a variant's screened seconds without ``empty_cache`` calls (see
+    :func:`_beaten`); it changes no answer, only how many steps are built."""
     confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
     replays = 0
     seen: set[Strategy | RLHFStrategy] = set()
@@ -302,7 +327,14 @@ def confirm(
         # not its fastest variant's (issue 42's GRPO of qwen2.5-7b under --framework openrlhf: its ZeRO-2 point
         # with checkpointing fits at 3.95 s by the replay, where the screen's closest variant takes 4.74 s)
         exact, seconds, made = resolve(
-            variants(candidate.strategy), screen, predict, candidate, floor=floor, needed=limit == math.inf, limit=limit
+            variants(candidate.strategy),
+            screen,
+            predict,
+            candidate,
+            floor=floor,
+            needed=limit == math.inf,
+            limit=limit,
+            least_seconds=least_seconds,
         )
         replays += made
         if exact is not None and exact.strategy not in seen:

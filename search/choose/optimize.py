@@ -9,6 +9,7 @@ from functools import partial
 
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.confirm import confirm
+from search.choose.engine_inner import fewest_seconds
 from search.choose.live_floor import strategy_floor
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
 from search.choose.rlhf_space import batch_choices, cache_choices
@@ -101,6 +102,7 @@ def search(
             partial(predict_rlhf, workload, hardware=hardware, coef=coef),
             partial(strategy_floor, workload, hardware, coef),
             quick=quick,
+            least_seconds=partial(fewest_seconds, workload, hardware, coef),
         )
     return confirm(
         screened,

@@ -1,0 +1,98 @@
+"""The confirmation passes over a point's steps that a cheap bound puts at or above its best replayed seconds.
+
+Once a variant of a point fits, ``search.choose.confirm._beaten`` screens each step's variant without
+``empty_cache`` calls to learn whether the step could be faster: most of them cannot (issue 42: 1,717 of the
+1,753 steps of the demo's searches), and each screen builds a step. ``least_seconds`` (for a rollout engine's
+steps :func:`search.choose.engine_inner.fewest_seconds`, its trainer's share cached per point and batch split)
+is a lower bound of that screen's seconds: a step it puts at or above the limit is passed over unscreened, and
+the answer is the same.
+"""
+
+from __future__ import annotations
+
+from search import DEFAULT_COEFFICIENTS as C
+from search import screen_rlhf
+from search.choose.candidates import Candidate
+from search.choose.confirm import resolve
+from search.choose.engine_inner import best_inner_engine, fewest_seconds
+from search.choose.optimize import rlhf_variants
+from search.choose.rlhf_space import rlhf_outer_points
+from search.choose.rollout_space import searched_generations
+from search.prediction import Prediction
+from store.gpus import get_gpu
+from store.models import get_model
+from store.records import Hardware, RLHFStrategy, Strategy, Workload
+
+GiB = 2**30
+
+
+def _prediction(seconds: float, reserved_gib: float) -> Prediction:
+    return Prediction(
+        peak_allocated_bytes=GiB, peak_reserved_bytes=int(reserved_gib * GiB), gpu_budget_bytes=10 * GiB,
+        host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={}, phases=(), peak_phase="",
+    )  # fmt: skip
+
+
+def test_a_step_the_bound_puts_above_the_best_replayed_is_never_screened_and_the_answer_is_the_same() -> None:
+    """mb 1 (the search's choice) replays fitting at 2.0 s. mb 2 is faster (1.5 s) and fits; mb 4 and mb 8
+    screen at 2.5 s and 3.0 s, which their bounds (2.4 s, 2.0 s) already put at or above 2.0 s."""
+    variants = [Strategy(micro_batch=m, empty_cache=p) for m in (1, 2, 4, 8) for p in ("never", "every-step")]
+    seconds = {1: 2.0, 2: 1.5, 4: 2.5, 8: 3.0}
+    bounds = {1: 1.9, 2: 1.4, 4: 2.4, 8: 2.0}  # each below its screen, mb 8's exactly at the best replayed
+    screened: list[tuple[int, str]] = []
+
+    def screen(s: Strategy | RLHFStrategy) -> Prediction:
+        assert isinstance(s, Strategy)
+        screened.append((s.micro_batch, s.empty_cache))
+        return _prediction(seconds[s.micro_batch] + (0.1 if s.empty_cache != "never" else 0.0), 9.0)
+
+    def replay(s: Strategy | RLHFStrategy) -> Prediction:
+        assert isinstance(s, Strategy)
+        return _prediction(seconds[s.micro_batch] + (0.1 if s.empty_cache != "never" else 0.0), 9.5)
+
+    def least(s: Strategy | RLHFStrategy) -> float:
+        assert isinstance(s, Strategy) and s.empty_cache == "never"
+        return bounds[s.micro_batch]
+
+    first = Candidate(variants[0], _prediction(2.0, 9.0))
+    without = resolve(variants, screen, replay, first)
+    screened_without, screened[:] = list(screened), []
+    found, at, made = resolve(variants, screen, replay, first, least_seconds=least)
+    assert found is not None and without[0] is not None
+    assert (found.strategy, at, made) == (without[0].strategy, without[1], without[2])
+    assert found.strategy.micro_batch == 2
+    assert {(4, "never"), (8, "never")} <= set(screened_without)  # the case means something: both were screened
+    assert not {m for m, _ in screened} & {4, 8}
+
+
+def _grpo() -> tuple[Workload, Hardware]:
+    spec = get_gpu("L4")
+    hardware = Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=2, cpu_memory_bytes=256 * GiB)
+    workload = Workload(
+        kind="grpo", model=get_model("opt-125m"), seq_len=512, global_batch=8, prompt_len=256, gen_len=256,
+        samples_per_prompt=4,
+    )  # fmt: skip
+    return workload, hardware
+
+
+def test_the_bound_is_below_the_screen_of_every_step_the_confirmation_meets() -> None:
+    """For the variants a confirmation meets (each knob variant, its utilization solved or open, at every
+    batch split): the bound is at most the screened seconds of the step's variant without ``empty_cache``
+    calls; 0.0 (no bound) for DeepSpeed's own generation."""
+    workload, hardware = _grpo()
+    points = list(rlhf_outer_points(workload, hardware, (0,), searched_generations(workload, hardware)))
+    engines = [p for p in points if p.rollout is not None]
+    assert engines
+    checked = 0
+    for point in engines[:: max(1, len(engines) // 3)]:
+        chosen = best_inner_engine(point, workload, hardware, C).strategy
+        for variant in rlhf_variants(workload, hardware, chosen):
+            if (variant.empty_cache, variant.allocator) != ("never", "default"):
+                continue
+            screened = screen_rlhf(workload, variant, hardware, C).step_time_s
+            assert 0.0 < fewest_seconds(workload, hardware, C, variant) <= screened, variant.describe()
+            checked += 1
+    assert checked > 10
+    he = rlhf_variants(workload, hardware, best_inner_engine(engines[0], workload, hardware, C).strategy)[0]
+    assert fewest_seconds(workload, hardware, C, he.with_(rollout=None)) == 0.0
+    assert fewest_seconds(workload, hardware, C, Strategy()) == 0.0
