@@ -17,6 +17,17 @@ the probes functions they call take and return ``Any`` for transformers' objects
 packages can depend on those types. Following them cost half of mypy's time (transformers' ``TYPE_CHECKING`` imports
 pull in its ~2,400 model modules): mypy --timing-stats, 2026-11-29, 117 CPU s with them, 61 CPU s without, the same
 findings. torch, SQLAlchemy, Optuna and pydantic, which the public packages do import, are still followed.
+
+Where its minute goes (mypy 2.4.1 ``--timing-stats``, 2026-11-29: mypy 57 CPU s, the wheel and its install 5):
+reading the modules memplan's dependencies pull in by their own imports. Optuna, which search/ and planner/tuning
+use, imports torch for its types (``if TYPE_CHECKING: import torch`` in optuna/samplers/_gp/sampler.py and
+optuna/_gp/*.py): about 40% of mypy's time, 1,384 torch modules; Optuna's storage and Alembic's ``ddl`` import every
+SQLAlchemy dialect (oracle, mssql, mysql, postgresql): about 30% with the rest of SQLAlchemy; optuna.visualization
+brings matplotlib and PIL, pydantic rich. memplan's own packages are under 10%. memplan's own torch imports
+(planner.runtime, planner.job.target, planner.probing.cpu_rates, probes.measure.fingerprint, all inside functions)
+add nothing: hidden from mypy in an experiment, the same 1,384 torch modules were read through Optuna, in about the
+same time (59 CPU s). The user's script alone (``-m ci_check`` without the ``-p`` packages) costs 53 CPU s: the
+minute is what a user's strict mypy of any script importing memplan costs, not this test's doing.
 """
 
 from __future__ import annotations
