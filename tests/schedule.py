@@ -66,8 +66,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The collected items, heaviest module first (:func:`order_by_weight` over ``tests/module_weights.json``)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The collected items, heaviest module first (:func:`order_by_weight` over ``tests/module_weights.json``),
+    unless the command line asked for pytest's own order of last failures (``--ff``) or new files (``--nf``)."""
+    if config.getoption("failedfirst", False) or config.getoption("newfirst", False):
+        return
     weights = load_weights()
     if weights:
         items[:] = order_by_weight(items, weights, lambda item: module_of(item.nodeid))

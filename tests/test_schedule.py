@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from schedule import WEIGHTS_FILE, load_weights, module_of, order_by_weight
+from schedule import pytest_collection_modifyitems as schedule_items
 from schedule import pytest_configure as schedule_configure
 
 from benchmarks.suite_cpu import read_report, weights_document, worker_lines
@@ -68,6 +69,21 @@ def test_the_checked_in_weights_are_read(tmp_path: Path) -> None:
     assert weights and all(name.startswith("tests/") and name.endswith(".py") for name in weights)
     assert all(seconds >= 0.0 for seconds in weights.values())
     assert load_weights(tmp_path / "none.json") == {}
+
+
+def test_the_hook_orders_by_the_checked_in_table_unless_failures_go_first() -> None:
+    weights = load_weights()
+    light, heavy = min(weights, key=weights.__getitem__), max(weights, key=weights.__getitem__)
+    collected = [SimpleNamespace(nodeid=f"{light}::test_a"), SimpleNamespace(nodeid=f"{heavy}::test_b")]
+    options = {"failedfirst": False, "newfirst": False}
+    config: Any = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default))
+    items: list[Any] = list(collected)
+    schedule_items(config, items)
+    assert [item.nodeid for item in items] == [f"{heavy}::test_b", f"{light}::test_a"]
+    options["failedfirst"] = True  # --ff: pytest's cache plugin put the last failures first; that order stands
+    items = list(collected)
+    schedule_items(config, items)
+    assert items == collected
 
 
 REPORT = """\
