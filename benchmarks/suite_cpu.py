@@ -12,10 +12,13 @@ summary gives each worker's busy time and when it ran its last test, the schedul
 worker to finish then waited for the last (tests/schedule.py orders the modules to keep it short).
 
 `--write-weights FILE` writes each module's CPU seconds in the report as the schedule's weight table
-(tests/module_weights.json); `--from-report FILE.tsv` summarizes a kept report instead of running the suite.
+(tests/module_weights.json); `--from-report FILE.tsv` summarizes a kept report instead of running the suite;
+`--replay WEIGHTS.json` replays the report's phases through xdist's hand-out in its own order and in the weights'
+(benchmarks/suite_replay.py), to judge a weight table without a run.
 
 Usage: .venv/bin/python benchmarks/suite_cpu.py [--workers 2] [--no-bf16] [--cold-ops] [--out FILE.md]
-       [--report FILE.tsv] [--write-weights FILE.json] [--from-report FILE.tsv] [-- pytest args]
+       [--report FILE.tsv] [--write-weights FILE.json] [--from-report FILE.tsv] [--replay WEIGHTS.json]
+       [-- pytest args]
 Prints a Markdown summary (and appends it to --out); exit 0 when the run passed within both targets, 1 otherwise
 (with --from-report: 0).
 """
@@ -40,6 +43,9 @@ TARGET_WALL_S = 20 * 60
 TARGET_CPU_S = 2400.0
 TOP = 10
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.suite_replay import replay_lines  # noqa: E402
 
 
 def _children_cpu_s() -> float:
@@ -169,9 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="keep every phase's CPU seconds here (tab-separated)")
     parser.add_argument("--write-weights", type=Path, help="write the modules' CPU seconds as a schedule's weights")
     parser.add_argument("--from-report", type=Path, help="summarize this kept report; do not run the suite")
+    parser.add_argument("--replay", type=Path, help="replay the phases in xdist's order and these weights' order")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = parser.parse_args(argv)
 
+    replay_weights = None
+    if args.replay is not None:  # read before a run of many minutes, not after it
+        try:
+            document = json.loads(args.replay.read_text(encoding="utf-8"))
+            replay_weights = {str(name): float(value) for name, value in document["modules"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(f"suite_cpu.py: cannot read the weights {args.replay}: {exc}", file=sys.stderr)
+            return 2
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.from_report is not None:
         try:
@@ -219,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *worker_lines(phases, run_start),
     ]
+    if replay_weights is not None:
+        lines += replay_lines(phases, replay_weights, max(args.workers, 1))
     text = "\n".join(lines)
     print(text)
     if args.out is not None:

@@ -112,3 +112,21 @@ def test_an_older_report_without_workers_still_reads_and_weighs() -> None:
 @pytest.mark.parametrize("nodeid", ["tests/x/test_y.py::test_z[a::b]", "tests/x/test_y.py::K::test_z"])
 def test_a_node_ids_module_is_its_path(nodeid: str) -> None:
     assert module_of(nodeid) == "tests/x/test_y.py"
+
+
+def test_the_replay_hands_out_units_as_xdist_does() -> None:
+    """Three light modules of four 1-s tests and a heavy one of one 12-s test, worked out by hand. xdist's order
+    (by test count) queues the heavy one last: the first worker to be down to two pending tests (gw1 at 2 s, after
+    gw0 took light2) takes it, and ends at 16 while gw0 ends at 8. Weighted, the heavy module goes first, but a
+    worker holding one test is under xdist's watermark of two and takes the next unit at once: gw0 runs the heavy
+    test and then light1 (16), gw1 light0 and light2 (8). The watermark, not the queue, decides such a case."""
+    from benchmarks.suite_replay import replay, replay_lines, work_units
+
+    lines = [f"1.00\ttests/test_light{m}.py::test_{i}\tcall" for m in range(3) for i in range(4)]
+    lines.append("12.00\ttests/test_heavy.py::test_slow\tcall")
+    phases = read_report("\n".join(lines))
+    seconds = {p.nodeid: p.cpu_s for p in phases}
+    assert replay(work_units([p.nodeid for p in phases], by_test_count=True), seconds) == [8.0, 16.0]
+    table = "\n".join(replay_lines(phases, {"tests/test_heavy.py": 12.0, "tests/test_light0.py": 4.0}))
+    assert "| xdist's (by test count) | 8, 16 | 8 |" in table
+    assert "| the weights' (heaviest module first) | 16, 8 | 8 |" in table
