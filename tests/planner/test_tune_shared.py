@@ -10,7 +10,9 @@ They name their dtype (fp32, ``--dtype fp32``): a CPU tune without one asks Deep
 this processor runs fast (``planner.probing.device.cpu_probe_dtype``), seconds of imports in every worker.
 The four are forked from one process that imported what a tune imports (torch among them: the calibration that
 ends a tune asks torch for this machine's device) and nothing more: four processes of their own, each opening its
-own connections after the fork, without paying the same imports four times (about 4 CPU s each).
+own connections after the fork, without paying the same imports four times (about 4 CPU s each). That process
+serves the module (``Forks``): the SQLite and the PostgreSQL workers and the tune killed outright are forked from
+it in turn, its imports (about 5 CPU s) paid once.
 
 A tune killed outright (SIGKILL) leaves its claim behind; the next tune on the host frees it and probes the
 candidate before it may stop, or says in its report that it did not (issue 43, item 7).
@@ -19,23 +21,28 @@ candidate before it may stop, or says in its report that it did not (issue 43, i
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from planner_helpers import REPO, subprocess_env
 
+from probes.process.preloaded import _add_cpu
+
 WORKERS_COUNT = 4
 CPU_TUNE: dict[str, Any] = {"device": "cpu", "dtype": "fp32"}  # the workers' tune (see above), also the killed one
 TIMEOUT_S = 600  # a safety net for a hung worker on a loaded machine; no assertion depends on speed
 
-WORKERS = """
-import json, os, sys, time, traceback
+FORKS = """
+import json, os, resource, signal, sys, time, traceback
 sys.path[:0] = ["tests/planner", "tests"]
-# what every worker would import on its own, imported once before the fork (no connection is open yet)
+# what every worker would import on its own, imported once before the forks (no connection is open yet)
 import optuna, sqlalchemy, torch
 import planner.calibration.fit, planner.tuning.rounds, planner.tuning.run, probes.measure.host_rates, search
 # and what a tune imports lazily: the API, Optuna's RDB storage and its Alembic migrations, SQLAlchemy's ORM
@@ -49,6 +56,14 @@ class Held(SimulatedDevice):
         return super().__call__(request)
 
 
+class KilledOutright(SimulatedDevice):
+    def __call__(self, request):
+        if len(self.ran) == 1:  # the second probe: the tune is killed while it runs (SIGKILL: no handler runs)
+            print(json.dumps(request.strategy, sort_keys=True), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(request)
+
+
 def work(db, max_probes, study):
     device = Held()
     named = {"study": study} if study else {}  # none: the job's own study, as a tune that names none
@@ -56,37 +71,117 @@ def work(db, max_probes, study):
     print(json.dumps({"ran": device.ran, "stop": report.stop_reason}), flush=True)
 
 
-pids = []
-for _ in range(int(sys.argv[3])):
-    pid = os.fork()
-    if pid == 0:  # a worker: its own process, its own connections
-        code = 1
-        try:
-            work(sys.argv[1], int(sys.argv[2]), sys.argv[4])
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    pids.append(pid)
-codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-print(json.dumps({"exit_codes": codes}), flush=True)
+def killed(db):
+    _tune(db, KilledOutright(), "opt-125m", max_probes=12, study="shared", device="cpu", dtype="fp32")
+
+
+spent = 0.0
+for line in sys.stdin:  # one request a line: fork its processes, wait for them, say so
+    request = json.loads(line)
+    pids = []
+    for _ in range(request["count"]):
+        pid = os.fork()
+        if pid == 0:  # a worker: its own process, its own connections, its output in the request's files
+            code = 1
+            try:
+                for fd, name in ((1, "out"), (2, "err")):
+                    os.dup2(os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
+                if request["kind"] == "killed":
+                    killed(request["db"])
+                else:
+                    work(request["db"], request["max_probes"], request["study"])
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    codes, cpu_s = [], 0.0
+    for pid in pids:
+        _, status, usage = os.wait4(pid, 0)
+        codes.append(os.waitstatus_to_exitcode(status))
+        cpu_s += usage.ru_utime + usage.ru_stime
+    own = resource.getrusage(resource.RUSAGE_SELF)  # the imports, charged to the first request
+    cpu_s += own.ru_utime + own.ru_stime - spent
+    spent = own.ru_utime + own.ru_stime
+    print(json.dumps({"exit_codes": codes, "cpu_s": cpu_s}), flush=True)
 """
 
 
+class Forks:
+    """One process that imported what a tune imports (``FORKS``) and forks tunes on request: the workers of a
+    shared study, or a tune killed outright. Its imports (about 5 CPU s) are paid once for the module's tests."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.requests, self.reported_cpu_s = folder, 0, 0.0
+        with (folder / "forks.err").open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", FORKS], cwd=REPO, env=subprocess_env(), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, text=True,
+            )  # fmt: skip
+
+    def run(self, kind: str, count: int, **request: Any) -> tuple[subprocess.CompletedProcess[str], list[int]]:
+        """Fork ``count`` processes of ``kind`` ("workers" or "killed"); (their output as one process's run, each
+        one's exit code). The run's returncode is 0 when the forking process answered."""
+        self.requests += 1
+        out, err = self.folder / f"{self.requests}.out", self.folder / f"{self.requests}.err"
+        line = json.dumps({"kind": kind, "count": count, "out": str(out), "err": str(err), **request})
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT_S)
+        answer = self.proc.stdout.readline() if ready else ""
+        if not answer:
+            self.proc.kill()
+            raise AssertionError(f"the forking process did not answer: {self.errors()[-3000:]}")
+        reply = json.loads(answer)
+        codes: list[int] = reply["exit_codes"]
+        # the CPU seconds of the request (the workers', and the imports at the first): counted for the test now, as
+        # the probes' preloaded starter reports its children (tests/cpu_budget.py), not when this process ends
+        _add_cpu(reply["cpu_s"])
+        self.reported_cpu_s += reply["cpu_s"]
+        read = [path.read_text() if path.exists() else "" for path in (out, err)]
+        return subprocess.CompletedProcess(kind, 0, read[0], read[1]), codes
+
+    def errors(self) -> str:
+        return (self.folder / "forks.err").read_text(errors="replace")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=TIMEOUT_S)
+        _add_cpu(-self.reported_cpu_s)  # reaped: getrusage(RUSAGE_CHILDREN) counts them from now on
+        self.reported_cpu_s = 0.0
+        assert "Traceback" not in self.errors(), self.errors()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    """The module's forking process, ended with the module."""
+    forks = Forks(tmp_path_factory.mktemp("forks"))
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
 def run_workers(
-    db: str, max_probes: int, count: int = WORKERS_COUNT, study: str = "shared"
+    db: str, max_probes: int, count: int = WORKERS_COUNT, study: str = "shared", forks: Forks | None = None
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    """Run ``count`` workers (``study`` "": the job's own); (their forking parent's run, each worker's line: the
-    candidates it ran and its stop, then the workers' exit codes)."""
-    run = subprocess.run(
-        [sys.executable, "-c", WORKERS, db, str(max_probes), str(count), study], cwd=REPO, env=subprocess_env(),
-        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
+    """Run ``count`` workers (``study`` "": the job's own) forked by ``forks`` (None: a forking process of their
+    own); (the workers' run, each worker's line: the candidates it ran and its stop, then their exit codes)."""
+    if forks is None:
+        with tempfile.TemporaryDirectory(prefix="memplan-forks-") as folder:
+            own = Forks(Path(folder))
+            try:
+                return run_workers(db, max_probes, count, study, own)
+            finally:
+                own.close()
+    run, codes = forks.run("workers", count, db=db, max_probes=max_probes, study=study)
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return run, lines
+    return run, [*lines, {"exit_codes": codes}]
 
 
 def _probe_counts(db: str) -> Counter[str]:
@@ -95,8 +190,8 @@ def _probe_counts(db: str) -> Counter[str]:
     return Counter(json.dumps(p.request.strategy, sort_keys=True) for p in probes(db=db, limit=1000))
 
 
-def _check_shared(db: str) -> None:
-    run, lines = run_workers(db, 1)
+def _check_shared(db: str, forks: Forks) -> None:
+    run, lines = run_workers(db, 1, forks=forks)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0, run.stderr[-3000:]
     assert lines[-1] == {"exit_codes": [0] * WORKERS_COUNT}, (lines[-1], run.stderr[-3000:])  # every worker ended 0
@@ -131,12 +226,12 @@ def _claims(db: str) -> list[str]:
     return [key for key in attrs if key.startswith("memplan_claim:")]
 
 
-def test_four_tunes_share_one_sqlite_study_and_probe_each_candidate_once(tmp_path: Path) -> None:
-    _check_shared(str(tmp_path / "plans.db"))
+def test_four_tunes_share_one_sqlite_study_and_probe_each_candidate_once(tmp_path: Path, forks: Forks) -> None:
+    _check_shared(str(tmp_path / "plans.db"), forks)
 
 
-def test_four_tunes_share_one_postgresql_study_and_probe_each_candidate_once(postgres_url: str) -> None:
-    _check_shared(postgres_url)
+def test_four_tunes_share_one_postgresql_study_and_probe_each_candidate_once(postgres_url: str, forks: Forks) -> None:
+    _check_shared(postgres_url, forks)
 
 
 def _dead_pid() -> int:
@@ -189,34 +284,13 @@ def test_an_orphaned_candidate_is_probed_before_the_tune_may_stop(db: Path) -> N
     assert not [t for t in study.trials if t.state.name == "RUNNING"]
 
 
-KILLED_WHILE_PROBING = """
-import json, os, signal, sys
-sys.path[:0] = ["tests/planner", "tests"]
-from test_tune import SimulatedDevice, _tune
-
-
-class KilledOutright(SimulatedDevice):
-    def __call__(self, request):
-        if len(self.ran) == 1:  # the second probe: the tune is killed while it runs (SIGKILL: no handler runs)
-            print(json.dumps(request.strategy, sort_keys=True), flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return super().__call__(request)
-
-
-_tune(sys.argv[1], KilledOutright(), "opt-125m", max_probes=12, study="shared", device="cpu", dtype="fp32")
-"""
-
-
-def test_a_claim_left_by_a_tune_killed_outright_is_probed_by_the_next(db: Path) -> None:
+def test_a_claim_left_by_a_tune_killed_outright_is_probed_by_the_next(db: Path, forks: Forks) -> None:
     """A tune killed with SIGKILL cannot give its claim back; the next run on this host sees its owner is gone,
     frees the claim and probes the candidate before it stops (not another machine's probe, never done)."""
     from test_tune import SimulatedDevice, _tune
 
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_WHILE_PROBING, str(db)], cwd=REPO, env=subprocess_env(), capture_output=True,
-        text=True, check=False,
-    )  # fmt: skip
-    assert killed.returncode == -9, killed.stderr[-2000:]
+    killed, (code,) = forks.run("killed", 1, db=str(db))  # FORKS' KilledOutright: a tune killed by SIGKILL
+    assert code == -9, killed.stderr[-2000:]
     orphaned = killed.stdout.strip().splitlines()[-1]
     assert _claims(str(db))  # the killed tune's claim is still there
     device = SimulatedDevice()
