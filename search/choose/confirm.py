@@ -107,7 +107,10 @@ def resolve(
     The variants are replayed in the screen's order (best screened score first; ``variants`` come simplest
     first, and the earlier wins among equals), those whose replay floor overflows the budget (:func:`near_fit`)
     only when nothing before them was replayed, until one fits; after it, the variants of the steps that could
-    still beat it, in :func:`replay_order`. At most :data:`MAX_REPLAYS_PER_POINT` replays after ``first``'s.
+    still beat it, in :func:`replay_order`. At most :data:`MAX_REPLAYS_PER_POINT` replays, ``first``'s among them
+    when it fits (:func:`_beaten` then goes on from it); a ``first`` that does not fit is not charged to the cap.
+    The count returned is every replay made, ``first``'s included on both paths (it left out a ``first`` that did
+    not fit, where it counted one that fits).
 
     ``first``: the screen's best of them (the search's own choice), replayed first; when it fits, only the
     variants of steps that could be faster are screened (a step's fewest seconds are those of its variant
@@ -122,10 +125,13 @@ def resolve(
         limit = math.inf
     budget: int | None = None  # the point's usable bytes, once a replay has said them
     tried: set[int] = set()  # replayed already
+    replays = 0  # every replay of the point, first's among them: what the caller counts
+    cap = MAX_REPLAYS_PER_POINT  # of ``replays``
     if first is not None and (
         needed or (first.prediction.step_time_s < limit and not cannot_fit(first.strategy, first.prediction, floor))
     ):
         replayed = _replayed(first.strategy, predict)
+        replays += 1
         # by the variant replayed, not the candidate: _replayed may fill in the engine's solved utilization
         tried = {i for i, v in enumerate(variants) if v == first.strategy}
         if replayed.prediction.fits:
@@ -138,17 +144,18 @@ def resolve(
                 seconds,
                 floor,
                 limit,
+                replays=replays,
                 tried=tried,
                 index=index,
                 least_seconds=least_seconds,
             )
         budget = replayed.prediction.gpu_budget_bytes
+        cap += 1  # the search's choice did not fit: its replay is not charged to the cap
     screened = _screened(range(len(variants)), variants, screen)
     screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
-    replays = 0  # the cap counts those after ``first``'s
     for _, i, prediction in screened:
-        if replays >= MAX_REPLAYS_PER_POINT:
+        if replays >= cap:
             break
         if i in tried or prediction.step_time_s >= limit:
             continue  # replayed first, or it could not enter the caller's answer
@@ -168,6 +175,7 @@ def resolve(
                 floor,
                 limit,
                 replays=replays,
+                cap=cap,
                 tried=tried,
                 index=i,
                 least_seconds=least_seconds,
@@ -214,7 +222,8 @@ def _beaten(
     floor: Floor | None = None,
     limit: float = math.inf,
     *,
-    replays: int = 1,
+    replays: int,
+    cap: int = MAX_REPLAYS_PER_POINT,
     tried: frozenset[int] | set[int] = frozenset(),
     index: int,
     least_seconds: Least | None = None,
@@ -224,14 +233,14 @@ def _beaten(
     seconds without ``empty_cache`` calls are the fewest any of its variants can replay at (the replay adds the
     seconds of its calls and of the cudaMallocs after a rollout engine's turn, which differ from split to split:
     the bound is held against the replayed seconds, never the screened ones). ``seconds``: ``best``'s screened
-    seconds, returned with it when no variant beats it. ``limit``: see :func:`resolve`. The faster steps'
-    variants are replayed in :func:`replay_order`. ``replays``: those made so far, ``best``'s among them;
-    ``tried``: the indices of the variants replayed, ``best``'s variant among them; ``index``: ``best``'s variant's
-    (the number of variants when it is none of them), for ties (a candidate's strategy may carry the engine
-    utilization its replay solved, so it is found by index, not by equality). ``least_seconds``: a lower bound of
-    a step's screened seconds without ``empty_cache`` calls; a step it puts at or above the best replayed seconds
-    is passed over unscreened (its screen would put it there too: most of a point's steps, each a step to build,
-    issue 42's recommend latency)."""
+    seconds, returned with it when no variant beats it. ``limit``: see :func:`resolve`. The faster steps' variants
+    are replayed in :func:`replay_order`. ``replays``: every replay of the point so far (``first``'s and ``best``'s
+    among them), at most ``cap`` (see :func:`resolve`); ``tried``: the indices of the variants replayed, ``best``'s
+    variant among them; ``index``: ``best``'s variant's (the number of variants when it is none of them), for ties
+    (a candidate's strategy may carry the engine utilization its replay solved, so it is found by index, not by
+    equality). ``least_seconds``: a lower bound of a step's screened seconds without ``empty_cache`` calls; a step
+    it puts at or above the best replayed seconds is passed over unscreened (its screen would put it there too:
+    most of a point's steps, each a step to build, issue 42's recommend latency)."""
     steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
     for i, strategy in enumerate(variants):
         steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
@@ -252,7 +261,7 @@ def _beaten(
         faster.append((least, [e for e in others if near_fit(e[2])]))
     score = best.score
     for least, (_, i, prediction) in replay_order(faster):
-        if replays >= MAX_REPLAYS_PER_POINT:
+        if replays >= cap:
             break
         if least >= min(limit, best.prediction.step_time_s):
             continue  # no faster than the best replayed since (or than the caller's answer holds enough below)
