@@ -50,6 +50,9 @@ LAYER_FORWARD_TENSORS = "layer_forward_tensors"
 # Under LAYER_FORWARD_TENSORS (where traced): the tensors the decoder makes before its first layer and frees after
 # its last, before the LM head (OPT's token and position embedding outputs), fitted sizes in the order made.
 HELD_OVER_LAYERS = "held_over_layers"
+# The tensors a decoder layer's backward makes (not the weights' gradients), in order, with when each is freed
+# (``probes.trace.layer_backward``): fitted sizes and, for each, the index of the tensor after which it is freed.
+LAYER_BACKWARD_TENSORS = "layer_backward_tensors"
 GENERATION_WINDOWS = ("prefill", "prefill_head", "decode_step", "decode_head", "scoring_forward", "scoring_head")
 
 
@@ -108,6 +111,17 @@ def layer_forward_tensors(terms: dict[str, Any], sequences: int, tokens: int) ->
     """Each tensor a decoder layer's forward makes at ``sequences`` x ``tokens``, in order: (bytes, index of
     the last tensor made before it is freed, -1 for a saved one); empty where the terms do not carry them."""
     found = terms.get(LAYER_FORWARD_TENSORS)
+    if not found:
+        return ()
+    sizes = _values(found["sizes"], sequences, tokens)
+    return tuple((max(0, size), int(freed)) for size, freed in zip(sizes, found["freed_after"], strict=True))
+
+
+def layer_backward_tensors(terms: dict[str, Any], sequences: int, tokens: int) -> tuple[tuple[int, int], ...]:
+    """Each tensor a decoder layer's backward makes at ``sequences`` x ``tokens`` (not the weights' gradients), in
+    order: (bytes, index of the last tensor made before it is freed, -1 for the gradient handed to the layer
+    below); empty where the terms do not carry them."""
+    found = terms.get(LAYER_BACKWARD_TENSORS)
     if not found:
         return ()
     sizes = _values(found["sizes"], sequences, tokens)
@@ -193,4 +207,8 @@ def _valid_fields(terms: Any, windows: tuple[str, ...]) -> bool:
     if not isinstance(forward, dict) or len(forward.get("sizes", ())) != len(forward.get("freed_after", [None])):
         return False
     polys += forward["sizes"] + forward.get(HELD_OVER_LAYERS, [])
+    backward = terms.get(LAYER_BACKWARD_TENSORS, {"sizes": [], "freed_after": []})
+    if not isinstance(backward, dict) or len(backward.get("sizes", ())) != len(backward.get("freed_after", [None])):
+        return False
+    polys += backward["sizes"]
     return all(isinstance(p, list) and len(p) in (SHAPE_TERMS, len(TERM_BASIS)) for p in polys)

@@ -13,10 +13,12 @@ from store.activation_terms import HELD_OVER_LAYERS
 from store.alloc_stream import ALLOC, FREE, PHASE
 
 
-def _trace_forward(model: Any, sequences: int, tokens: int) -> tuple[Any, dict[str, int]]:
+def _trace_forward(model: Any, sequences: int, tokens: int, backward: bool = False) -> tuple[Any, dict[str, int]]:
     """One forward of a two-layer ``model`` (not checkpointed) with labels and without a KV cache, traced until
-    the LM head, no backward: the recorded stream and the index of each marker (the first layer's start, the
-    second's start and end, the LM head's start)."""
+    the LM head: the recorded stream and the index of each marker (the first layer's start, the second's start
+    and end, the LM head's start). With ``backward``, its backward too (the second layer's backward start and
+    end, the backward's end: ``layer1.bwd``, ``layer1.bwd.end``, ``bwd.end``), for
+    :mod:`probes.trace.layer_backward`."""
     import torch
 
     from probes.measure.meta_results import run_meta_op
@@ -33,6 +35,9 @@ def _trace_forward(model: Any, sequences: int, tokens: int) -> tuple[Any, dict[s
         layers[1].register_forward_hook(lambda *args: tracker.mark_phase("layer1.fwd.end") and None),
         model.get_output_embeddings().register_forward_pre_hook(lambda *args: tracker.mark_phase("head") and None),
     ]
+    if backward:
+        handles.append(layers[1].register_full_backward_pre_hook(lambda *a: tracker.mark_phase("layer1.bwd") and None))
+        handles.append(layers[1].register_full_backward_hook(lambda *a: tracker.mark_phase("layer1.bwd.end") and None))
     ids = torch.zeros((sequences, tokens), dtype=torch.long, device=device)
     try:
         with tracker, unpacked_sequences():
@@ -40,10 +45,15 @@ def _trace_forward(model: Any, sequences: int, tokens: int) -> tuple[Any, dict[s
             # as memplan's SFT probe calls it (probes.step.phases_sft): no KV cache, whose torch.cat copies of
             # K and V would free the projections' outputs
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            if backward:
+                loss.backward()
+                tracker.mark_phase("bwd.end")
             del loss
     finally:
         for handle in handles:
             handle.remove()
+        for param in model.parameters():
+            param.grad = None
     stream = tracker.stream()
     at = {stream.phases[key]: i for i, (op, key, *_) in reversed(list(enumerate(stream.events))) if op == PHASE}
     return stream, at

@@ -17,6 +17,7 @@ from probes.trace.activations import (
 from probes.trace.generation import trace_generation_terms
 from probes.trace.hybrid import trace_hybrid_terms
 from probes.trace.hybrid_cut import layer_kinds
+from probes.trace.layer_backward import layer_backward_terms
 from probes.trace.layer_forward import layer_forward_terms
 from probes.trace.variants import trace_variants
 from store.activation_terms import LAYER_FORWARD_TENSORS, TRACED_KEYS, TRACED_SETTINGS, VARIANTS
@@ -91,3 +92,15 @@ def trace_layer_forward(hf_config: dict[str, Any], dtype: str, attn_impl: str) -
     model = cut_model(hf_config, dtype, attn_impl)
     with gpu_kernels(attention=attn_impl != "eager"):
         return layer_forward_terms(model)
+
+
+def trace_layer_backward(hf_config: dict[str, Any], dtype: str, attn_impl: str) -> dict[str, Any] | None:
+    """The ``layer_backward_tensors`` term of a model config (the catalog's: ``python -m probes.trace.catalog
+    --write-catalog`` adds it to each traced setting; :func:`trace_terms` does not, so a model traced into the
+    store's cache has none and its stream grows the layer's backward in its saved tensors' sizes). None for a
+    hybrid (traced per kind of layer) or where the layer backward's order of frees differs between shapes."""
+    if layer_kinds(hf_config) is not None:
+        return None
+    model = cut_model(hf_config, dtype, attn_impl)
+    with gpu_kernels(attention=attn_impl != "eager"):
+        return layer_backward_terms(model)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import itertools
 
 from search.model.moment_parts import Named, NamedTensors
-from search.streams.sizes import FORWARD_FREED, FORWARD_HELD, FORWARD_MADE
+from search.streams.sizes import (
+    BACKWARD_FREED,
+    BACKWARD_MADE,
+    FORWARD_FREED,
+    FORWARD_HELD,
+    FORWARD_MADE,
+    RECOMPUTE_FREED,
+    RECOMPUTE_MADE,
+)
 from store.alloc_stream import KIND_INDEX, StreamBuilder
 
 
@@ -17,6 +25,21 @@ def _kind(part: str) -> str:
         return part
     weights = part in ("init", "ema") or part.endswith(("parameters", "_model"))  # reference_model, reward_model
     return "parameters" if weights else "other"
+
+
+def _peak_index(made: tuple[int, ...], freed: tuple[int, ...]) -> int:
+    """The index of the tensor after whose request a layer program's own tensors (``made``, freed as ``freed``
+    says: 0 kept, else 1 + the index after which) hold the most bytes (the first such)."""
+    live = peak = at = 0
+    due: dict[int, int] = {}
+    for i, size in enumerate(made):
+        live += size
+        if live > peak:
+            peak, at = live, i
+        if freed[i]:
+            due[freed[i] - 1] = due.get(freed[i] - 1, 0) + size
+        live -= due.pop(i, 0)
+    return at
 
 
 class Parts:
@@ -109,6 +132,48 @@ class Parts:
             self.out.free(key)
         self.patterned[part] = (total, count)
 
+    def run_program(
+        self, part: str, target: int, made: tuple[int, ...], freed: tuple[int, ...], to_peak: bool = False
+    ) -> None:
+        """Runs a layer's program on ``part`` (which holds what came before it) toward ``target`` bytes: each
+        tensor in order (``made``), one marked 0 in ``freed`` held as the part's patterned tensors, a temporary
+        freed once the tensor its code frees it after is made. The part never holds more than ``target`` (the
+        moment's bytes, which the cost model's peak counts): it stops before a tensor that would pass it (a held
+        one is cut to it). The temporaries still alive at the end are freed then: a checkpointed layer's
+        recompute (:func:`search.streams.sizes.recompute_program`), where torch's ``_StopRecomputationError``
+        unwinds the layer's frames. ``to_peak``: stops instead once the program's own tensors are at their most
+        (after the tensor made last before that) and holds those alive as the part's: a layer's backward
+        (:func:`search.streams.sizes.layer_backward_program`) at the moment the cost model counts its peak."""
+        held = self.held.setdefault(part, [])
+        kind = _kind(part)
+        total, count = self.patterned.get(part, (0, 0))
+        end = _peak_index(made, freed) + 1 if to_peak else len(made)
+        temporaries: dict[int, list[tuple[int, int]]] = {}
+        alive = 0  # bytes of the temporaries alive
+        for i in range(end):
+            room = target - total - alive
+            if room <= 0 or (freed[i] and made[i] > room):
+                break
+            if freed[i] == 0:
+                size = min(made[i], room)
+                held.append((self.out.alloc(size, kind), size, ""))
+                total, count = total + size, count + 1
+            else:
+                temporaries.setdefault(freed[i] - 1, []).append((self.out.alloc(made[i], kind), made[i]))
+                alive += made[i]
+            if i < end - 1 or not to_peak:
+                for key, size in temporaries.pop(i, []):
+                    self.out.free(key)
+                    alive -= size
+        for entries in temporaries.values():
+            for key, size in entries:
+                if to_peak:  # alive at the peak: the part's now, freed newest first as it shrinks
+                    held.append((key, size, ""))
+                    total, count = total + size, count + 1
+                else:
+                    self.out.free(key)
+        self.patterned[part] = (total, count)
+
     def make(self, part: str, named: dict[str, Named], sizes: dict[str, tuple[int, ...]]) -> None:
         """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
         ``sizes`` is a group of tensors of those sizes (made together, freed together)."""
@@ -143,5 +208,11 @@ class Parts:
             if part == "activations" and FORWARD_MADE in sizes and wanted and not self.bytes(part):
                 self.run_forward(part, wanted, sizes[FORWARD_MADE], sizes[FORWARD_FREED], sizes.get(FORWARD_HELD, ()))
             else:
+                # a backward growing what the forward left: the top layer's recompute (checkpointed) and backward
+                if part == "activations" and 0 < self._unnamed(part) < wanted:
+                    if RECOMPUTE_MADE in sizes:
+                        self.run_program(part, wanted, sizes[RECOMPUTE_MADE], sizes[RECOMPUTE_FREED])
+                    if BACKWARD_MADE in sizes:
+                        self.run_program(part, wanted, sizes[BACKWARD_MADE], sizes[BACKWARD_FREED], to_peak=True)
                 self.grow(part, wanted, sizes.get(part, ()))
             self.make(part, keep, sizes)

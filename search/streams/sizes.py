@@ -22,7 +22,7 @@ from search.model.moment_parts import FP32_UPCASTS
 from search.model.placement import TrainedPlacement
 from search.model.quantized import quantized_weight_elements
 from search.model.shapes import linear_shapes, token_embedding_params
-from store.activation_terms import held_over_layers, layer_forward_tensors
+from store.activation_terms import held_over_layers, layer_backward_tensors, layer_forward_tensors
 from store.loss_chunks import chunk_tokens
 from store.quantization import quantized_linear_bytes
 from store.records import DTYPE_BYTES, ModelSpec
@@ -33,6 +33,12 @@ Sizes = tuple[tuple[str, tuple[int, ...]], ...]  # (part or resident name, tenso
 FORWARD_MADE, FORWARD_FREED = "activations:forward_made", "activations:forward_freed"
 # What the decoder's forward holds from before its first layer to after its last (:func:`layer_forward_program`).
 FORWARD_HELD = "activations:forward_held"
+# Under gradient checkpointing, the same layer forward as the recompute inside the backward runs it
+# (:func:`recompute_program`): the tensors up to the last saved one, in FORWARD_FREED's encoding.
+RECOMPUTE_MADE, RECOMPUTE_FREED = "activations:recompute_made", "activations:recompute_freed"
+# A decoder layer's backward as autograd runs it (:func:`layer_backward_program`), in FORWARD_FREED's encoding
+# (0: the gradient handed to the layer below).
+BACKWARD_MADE, BACKWARD_FREED = "activations:backward_made", "activations:backward_freed"
 
 
 def sizes_of(**patterns: tuple[int, ...]) -> Sizes:
@@ -113,6 +119,38 @@ def layer_forward_program(
     return ((FORWARD_MADE, tuple(made)), (FORWARD_FREED, tuple(order))) + sizes_of(**{FORWARD_HELD: held})
 
 
+@lru_cache(maxsize=1024)
+def layer_backward_program(model: ModelSpec, sequences: int, seq_len: int, dtype: str, attn_impl: str) -> Sizes:
+    """The :data:`BACKWARD_MADE` and :data:`BACKWARD_FREED` patterns of one decoder layer's backward, from the
+    traced ``layer_backward_tensors`` (``probes.trace.layer_backward``): each op's input gradient and the
+    residual's sums as autograd makes them, each freed once read, the weights' gradients left to the cost
+    model's gradients. Empty where the model's terms do not carry them."""
+    traced = traced_terms(model, dtype, attn_impl)
+    tensors = layer_backward_tensors(traced, sequences, seq_len) if traced is not None else ()
+    if not tensors:
+        return ()
+    return (BACKWARD_MADE, tuple(size for size, _ in tensors)), (BACKWARD_FREED, tuple(f + 1 for _, f in tensors))
+
+
+def recompute_program(forward: Sizes) -> Sizes:
+    """The :data:`RECOMPUTE_MADE` and :data:`RECOMPUTE_FREED` patterns of a checkpointed layer's recompute, from
+    its forward's program (:func:`layer_forward_program`; empty where that is). torch's non-reentrant
+    checkpoint (``torch.utils.checkpoint``, torch 2.x: ``_checkpoint_without_reentrant_generator``, whose
+    ``_recomputation_hook`` packs each recomputed saved tensor into the frame and, with ``early_stop`` on by
+    default, raises ``_StopRecomputationError`` once it holds as many as the forward saved) runs the layer's
+    forward again inside the backward, as its first saved tensor is unpacked, and stops after its last saved
+    tensor: the tensors made up to that one, the temporaries among them freed where the forward frees them
+    and the rest when the stop unwinds the layer's frames. transformers 5 asks for the non-reentrant
+    checkpoint (``modeling_utils.gradient_checkpointing_enable``: ``use_reentrant=False``; memplan's probe
+    too: ``probes.model.build``)."""
+    program = dict(forward)
+    made, freed = program.get(FORWARD_MADE, ()), program.get(FORWARD_FREED, ())
+    if 0 not in freed:
+        return ()
+    last = max(i for i, order in enumerate(freed) if order == 0)
+    return ((RECOMPUTE_MADE, made[: last + 1]), (RECOMPUTE_FREED, freed[: last + 1]))
+
+
 def logit_tensors(model: ModelSpec, sequences: int, seq_len: int, dtype: str, loss: str = "hf") -> tuple[int, ...]:
     """The LM head's 16-bit logits, then the fp32 tensors of the loss (upcast, log-softmax, gradients): of the
     whole micro-batch, or of one chunk of tokens for a chunked loss (``store.loss_chunks``)."""
@@ -128,7 +166,9 @@ def training_sizes(placed: TrainedPlacement, batch: MicroBatchContext) -> Sizes:
     """The live parts of a trained model's micro-step: gradients come in reverse load order (the backward
     reaches the top block first), activations layer by layer, logits and the loss's fp32 tensors, ZeRO-1/2's
     reduce buckets of ``ZeroWorkspace.reduce_bucket`` bytes each; checkpointed, the activations are the layers'
-    checkpoints first (:func:`checkpointed_activation_tensors`); with TRL's fused head (``batch.head``) its
+    checkpoints first (:func:`checkpointed_activation_tensors`) and the recompute runs the layer's forward program
+    (:func:`recompute_program`); the top layer's backward runs the layer's backward program
+    (:func:`layer_backward_program`); with TRL's fused head (``batch.head``) its
     tensors in place of the logits (``search.model.fused_head.FusedHead.sizes``)."""
     model, dtype, layout = placed.model, batch.dtype, placed.layout
     weights = weight_tensors(model, dtype, layout.lora_rank)
@@ -136,9 +176,12 @@ def training_sizes(placed: TrainedPlacement, batch: MicroBatchContext) -> Sizes:
     gathered = weight_tensors(model, dtype, layout.lora_rank, layout.quantization, layout.zero_stage)
     layers = checkpointed_activation_tensors if layout.gradient_checkpointing else activation_tensors
     head_sizes = batch.head.sizes() if batch.head is not None else None
-    plain = not (layout.gradient_checkpointing or layout.lora_rank)  # the traced layer's own forward
     forward = layer_forward_program(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl, batch.coef)
-    return (forward if plain else ()) + sizes_of(
+    # the traced layer's own forward: as the forward runs it, or checkpointed as the backward's recompute does
+    program = () if layout.lora_rank else recompute_program(forward) if layout.gradient_checkpointing else forward
+    if not layout.lora_rank:  # the layer's backward, after the recompute where checkpointed
+        program += layer_backward_program(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl)
+    return program + sizes_of(
         gradients=tuple(reversed(weights)),
         zero3_gathered=gathered[1:],
         activations=layers(model, batch.sequences, batch.seq_len, dtype, batch.attn_impl, batch.coef),

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from probes.model.shape import spec_of_config, trace_model_shape
-from probes.trace.terms import trace_all_terms
+from probes.trace.terms import trace_all_terms, trace_layer_backward
+from store.activation_terms import LAYER_BACKWARD_TENSORS, TRACED_SETTINGS
 from store.errors import InputError
 from store.model_params import SUPPORTED_MODEL_TYPES, spec_from_hf_config
 from store.model_shape import CATALOG_TERM_KEYS, SHAPE_VERSION, catalog_shape, spec_from_shape
@@ -56,7 +57,17 @@ def test_the_packaged_activation_terms_are_what_the_model_code_does_today(name: 
     assert key in CATALOG_TERM_KEYS
     traced = trace_all_terms(CATALOG[name], (key,))
     assert "unfitted" not in traced, traced.get("unfitted")
-    assert traced[key] == _packaged(name)["activation_terms"][key]
+    packaged = dict(_packaged(name)["activation_terms"][key])
+    packaged.pop(LAYER_BACKWARD_TENSORS, None)  # the catalog's own term (trace_layer_backward): below
+    assert traced[key] == packaged
+
+
+def test_the_packaged_layer_backward_is_what_autograd_does_today() -> None:
+    """The catalog's ``layer_backward_tensors`` (``--write-catalog`` adds it; trace_all_terms does not), re-traced
+    for one OPT setting (a backward per shape: the catalog's regeneration re-traces every setting)."""
+    name, key = "opt-350m", "2-eager"
+    traced = trace_layer_backward(CATALOG[name], *TRACED_SETTINGS[key])
+    assert traced is not None and traced == _packaged(name)["activation_terms"][key][LAYER_BACKWARD_TENSORS]
 
 
 @pytest.mark.parametrize("name", list(CATALOG))
