@@ -51,6 +51,8 @@ Floor = Callable[[Strategy | RLHFStrategy], int]
 # a lower bound of a variant's screened seconds without ``empty_cache`` calls, cheaper than its screen
 # (:func:`search.choose.engine_inner.fewest_seconds`)
 Least = Callable[[Strategy | RLHFStrategy], float]
+# a lower bound of the replayed score of every variant of a candidate's outer point (search.choose.optimize)
+PointLeast = Callable[[Candidate], float]
 
 
 def replay_floor(prediction: Prediction) -> int:
@@ -311,6 +313,7 @@ def confirm(
     *,
     quick: bool = False,
     least_seconds: Least | None = None,
+    point_least: PointLeast | None = None,
 ) -> SearchResult:
     """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
     ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's: a
@@ -318,7 +321,12 @@ def confirm(
     ``quick``: once ``wanted`` plans fit, the points the screen rejects are passed over (for a caller that asks
     whether a change of the job fits at all: their faster variants seldom fit, and each costs replays).
     ``least_seconds``: a lower bound of a variant's screened seconds without ``empty_cache`` calls (see
-    :func:`_beaten`); it changes no answer, only how many steps are built."""
+    :func:`_beaten`); it changes no answer, only how many steps are built. ``point_least``: a lower bound of the
+    replayed score of every variant of a candidate's outer point; a point the screen found fitting is passed over
+    only when that bound cannot beat the answer, not on its own screened seconds, which are those of its fastest
+    variant the screen's fragments let fit (issue 42's GRPO of qwen3-1.7b on two L40S: the screen fit ZeRO-2 with
+    the reference at ZeRO-3 at mb 4x4, 2.93 s, and rejected its mb 8x2, which the replay fits at 2.65 s). Without
+    it, a candidate's screened seconds stand for its point's."""
     confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
     replays = 0
     seen: set[Strategy | RLHFStrategy] = set()
@@ -326,8 +334,9 @@ def confirm(
         # the replayed seconds of those that fit: a point's screened seconds are at most its replay's
         fitting = sorted(c.prediction.step_time_s for c, _ in confirmed if c.prediction.fits)
         limit = fitting[wanted - 1] if len(fitting) >= wanted else math.inf
-        if candidate.prediction.fits and candidate.prediction.step_time_s >= limit:
-            continue  # it cannot beat the last of those wanted (equals keep the screen's order)
+        fastest = candidate.prediction.step_time_s if point_least is None else point_least(candidate)
+        if candidate.prediction.fits and fastest >= limit:
+            continue  # no variant of its point can beat the last of those wanted (equals keep the screen's order)
         if not candidate.prediction.fits and len(confirmed) >= wanted and not near_fit(candidate.prediction):
             continue
         if not candidate.prediction.fits and quick and limit < math.inf:

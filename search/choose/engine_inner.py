@@ -120,11 +120,12 @@ def _combine(
     seconds = (halves + engine_s + offload_states_seconds(offloaded, ctx.hardware, ctx.coef)) * (1 - 1e-9)
     # the trainer's phases with their least fragments (what the sleeping engine keeps only adds); for the replay,
     # their live bytes alone, less the slack by which the screen's allocated bytes may exceed the replay's
-    reserved = int((resident + live) * (1 - REPLAY_SLACK)) if replayed else floor
+    slack = 1 - REPLAY_SLACK if replayed else 1.0
+    reserved = int((resident + live) * slack) if replayed else floor
     if rollout.colocated:
-        reserved = max(reserved, resident - offloaded + engine_floor)
+        reserved = max(reserved, int((resident - offloaded) * slack) + engine_floor)
         if rollout.sleep_level == 0:
-            reserved = max(reserved, resident + live + engine_floor)
+            reserved = max(reserved, int((resident + live) * slack) + engine_floor)
     return seconds, reserved, host
 
 

@@ -9,11 +9,11 @@ from functools import partial
 
 from search.choose.candidates import Candidate, SearchResult
 from search.choose.confirm import confirm
-from search.choose.engine_inner import fewest_seconds
+from search.choose.engine_inner import engine_bound, fewest_seconds
 from search.choose.live_floor import strategy_floor
 from search.choose.rlhf_search import exhaustive_rlhf, search_rlhf
-from search.choose.rlhf_space import batch_choices, cache_choices
-from search.choose.rlhf_walk import RLHF_ALTERNATIVES
+from search.choose.rlhf_space import RLHFOuterPoint, batch_choices, cache_choices
+from search.choose.rlhf_walk import RLHF_ALTERNATIVES, point_bounds
 from search.choose.rollout_space import ROLLOUT_FAMILIES, knob_variants
 from search.choose.single_search import exhaustive_single, search_single
 from search.choose.single_space import OuterPoint, inner_choices, strategy_at
@@ -103,6 +103,7 @@ def search(
             partial(strategy_floor, workload, hardware, coef),
             quick=quick,
             least_seconds=partial(fewest_seconds, workload, hardware, coef),
+            point_least=partial(rlhf_point_least, workload, hardware, coef),
         )
     return confirm(
         screened,
@@ -128,22 +129,46 @@ def single_variants(workload: Workload, hardware: Hardware, strategy: Strategy) 
     return [strategy_at(point, inner) for inner in inner_choices(workload, hardware)]
 
 
+def rlhf_point_least(workload: Workload, hardware: Hardware, coef: Coefficients, candidate: Candidate) -> float:
+    """A lower bound of the replayed score of every variant (:func:`rlhf_variants`) of ``candidate``'s outer point:
+    an engine point's least pair bound (:func:`search.choose.engine_inner.engine_bound`, the trainer's live bytes
+    and the engine's least, against the budget without a spread), else the bound walk's per-model one
+    (:func:`search.choose.rlhf_walk.point_bounds`). Both bound the replay, not only the screen."""
+    s = candidate.strategy
+    assert isinstance(s, RLHFStrategy)
+    rollout = None if s.rollout is None else s.rollout.with_(gpu_memory_utilization=None)
+    point = RLHFOuterPoint(s.actor, s.critic, s.reference, s.reward, s.hybrid_engine, rollout)
+    if rollout is not None:
+        return engine_bound(point, workload, hardware, coef)
+    return point_bounds(workload, hardware, coef, [point])[0]
+
+
 def rlhf_variants(workload: Workload, hardware: Hardware, strategy: RLHFStrategy) -> list[RLHFStrategy]:
     """``strategy`` at every (generation batch, micro-batch, accumulation) x (empty_cache, allocator), in the
     search's order (``batch_choices`` x ``cache_choices``), and with a rollout engine at each of its knob
-    variants (:func:`search.choose.rollout_space.knob_variants`): the resolved knobs first, as the screen solved
-    their ``gpu_memory_utilization``, then the others, each solved for its own knobs by the replay. The screen
-    resolves the knobs with its fragments, which may keep a slower knob that frees more memory where the replay
-    fits a faster one (issue 42: ``ppo-q7b-h100x8-orlhf``, sleep level 2 at 1.84 s where sleep level 0 with
-    expandable segments replays fitting at 1.54 s)."""
-    rollouts: list[RolloutStrategy | None] = [strategy.rollout]
-    if strategy.rollout is not None:
-        unsolved = strategy.rollout.with_(gpu_memory_utilization=None)
-        rollouts += [knobs for knobs in knob_variants(unsolved) if not _same_knobs(knobs, strategy.rollout)]
+    variants (:func:`search.choose.rollout_space.knob_variants`): the resolved knobs first, then the others. The
+    screen resolves the knobs with its fragments, which may keep a slower knob that frees more memory where the
+    replay fits a faster one (issue 42: ``ppo-q7b-h100x8-orlhf``, sleep level 2 at 1.84 s where sleep level 0 with
+    expandable segments replays fitting at 1.54 s). The engine keeps the ``gpu_memory_utilization`` the screen
+    solved only at the strategy's own batch split; at every other split, and for every other knob variant, the
+    replay solves it for that split (issue 42's ``grpo-q3-1.7b-l40sx2-ds``: the utilization solved for mb 4x4 left
+    mb 8x2 no room, where the one solved for mb 8x2 fits it at 2.65 s against the plan's 2.74 s)."""
+    own = (strategy.generation_batch, strategy.micro_batch, strategy.grad_accum)
+    resolved = strategy.rollout
+    rollouts: list[RolloutStrategy | None] = [resolved]
+    if resolved is not None:
+        unsolved = resolved.with_(gpu_memory_utilization=None)
+        rollouts += [knobs for knobs in knob_variants(unsolved) if not _same_knobs(knobs, resolved)]
+
+    def engine_at(rollout: RolloutStrategy | None, split: tuple[int, int, int]) -> RolloutStrategy | None:
+        if rollout is resolved and rollout is not None and split != own:
+            return rollout.with_(gpu_memory_utilization=None)
+        return rollout
+
     return [
         replace(
             strategy,
-            rollout=rollout,
+            rollout=engine_at(rollout, (g, m, a)),
             generation_batch=g,
             micro_batch=m,
             grad_accum=a,
