@@ -3,7 +3,7 @@ by the replay (issue 42: the regret benchmark's ``grpo-q3-1.7b-l40sx2-ds``, +3.6
 
 qwen3-1.7b GRPO on two L40S: the screen fit ZeRO-2 with the reference at ZeRO-3 at mb 4x4 (2.93 s) and rejected
 its mb 8x2, which the replay fits at 2.65 s. Three things passed it over: the confirmation judged the point by the
-screened seconds of its fitting split (:func:`search.choose.confirm.confirm` now takes ``least``, a lower bound of
+screened seconds of its fitting split (:func:`search.choose.confirm.confirm` now takes ``point_least``, a lower bound of
 every variant's replayed score); the engine's replay bound added the trainer's bytes without the screen's slack
 in the sleep-level-0 term (:func:`search.choose.engine_inner.engine_bound` was above the replayed score); and the
 point's variants held the engine's knobs only at the utilization the screen solved for mb 4x4, so mb 8x2 was
@@ -62,7 +62,7 @@ def test_a_point_is_confirmed_by_the_least_its_variants_could_replay_at() -> Non
 
     old = confirm(result, 1, variants, screen, replay)
     assert old.best is not None and old.best.strategy == a  # what the confirmation chose before
-    new = confirm(result, 1, variants, screen, replay, least=least)
+    new = confirm(result, 1, variants, screen, replay, point_least=least)
     assert new.best is not None and new.best.strategy == b8 and new.best.prediction.step_time_s == 2.7
 
 
