@@ -119,7 +119,13 @@ PROMPT_LEN = SEQ_LEN - GEN_LEN
 # multi-rank cases): the suite runs two workers on two cores, and a probe's second OpenMP thread, or a second probe,
 # only oversubscribes them (its threads spin waiting for a core: the same probes spent twice the CPU seconds so).
 PARALLEL = 1
-PROBE_ENV = {"OMP_NUM_THREADS": "1"}
+# THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator (c10/core/alloc_cpu.cpp, torch 2.13) aligns an allocation of 2 MiB
+# or more to 2 MiB and asks madvise(MADV_HUGEPAGE) for it, where transparent huge pages are "madvise" or "always"
+# (elsewhere it changes nothing). opt-125m's fp32 tensors of 26-154 MB (logits, the gathered tied embedding, its
+# gradient) are each a fresh mmap, faulted in 4 KiB pages: the kernel's time was a third of the PPO probe's CPU
+# seconds. The tracker counts storages' bytes, not pages: every phase's bytes are the same with it (the two-rank
+# PPO probe 70.7 -> 61.3 CPU s, its four phases' peaks equal to the byte).
+PROBE_ENV = {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1"}
 
 
 @dataclass(frozen=True)
