@@ -122,7 +122,9 @@ def resolve(
     not replayed once another was, nor at all when ``needed`` is False (the caller has enough fitting plans:
     a point that does not fit adds nothing to its answer). ``limit``: the replayed seconds the caller's answer
     already holds enough fitting plans below; a variant whose screened seconds reach it is not replayed unless
-    ``needed`` (it could not enter the answer). ``least_seconds``: see :func:`_beaten`."""
+    ``needed`` (it could not enter the answer). ``least_seconds``: see :func:`_beaten`; with a ``limit``, a variant
+    it puts at or above the limit is not screened either (its screened seconds, those of its step without
+    ``empty_cache`` calls and the calls' own, would reach the limit too)."""
     if needed:
         limit = math.inf
     budget: int | None = None  # the point's usable bytes, once a replay has said them
@@ -153,7 +155,10 @@ def resolve(
             )
         budget = replayed.prediction.gpu_budget_bytes
         cap += 1  # the search's choice did not fit: its replay is not charged to the cap
-    screened = _screened(range(len(variants)), variants, screen)
+    indices: Iterable[int] = range(len(variants))
+    if limit < math.inf and least_seconds is not None:  # not needed: only variants faster than ``limit`` count
+        indices = [i for i in indices if least_seconds(variants[i]) < limit]  # the rest would be screened for naught
+    screened = _screened(indices, variants, screen)
     screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
     for _, i, prediction in screened:
