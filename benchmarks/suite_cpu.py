@@ -166,7 +166,7 @@ def _run_suite(args: argparse.Namespace) -> tuple[int, float, float, float, list
     return done.returncode, run_start, wall_s, cpu_s, read_report(text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (make test's TEST_WORKERS)")
     parser.add_argument("--no-bf16", action="store_true", help="ONEDNN_MAX_CPU_ISA=AVX2: no oneDNN bf16 kernels")
@@ -177,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-report", type=Path, help="summarize this kept report; do not run the suite")
     parser.add_argument("--replay", type=Path, help="replay the phases in xdist's order and these weights' order")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     replay_weights = None
     if args.replay is not None:  # read before a run of many minutes, not after it

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from search.choose.candidates import Candidate, SearchResult
@@ -131,37 +132,22 @@ def resolve(
     tried: set[int] = set()  # replayed already
     replays = 0  # every replay of the point, first's among them: what the caller counts
     cap = MAX_REPLAYS_PER_POINT  # of ``replays``
+    # once a variant fits, the variants of the steps that could beat it (replay_order)
+    go_on = partial(_beaten, variants, screen, predict, floor=floor, limit=limit, least_seconds=least_seconds)
     if first is not None and (
         needed or (first.prediction.step_time_s < limit and not cannot_fit(first.strategy, first.prediction, floor))
     ):
         replayed = _replayed(first.strategy, predict)
         replays += 1
         # by the variant replayed, not the candidate: _replayed may fill in the engine's solved utilization
-        tried = {i for i, v in enumerate(variants) if v == first.strategy}
+        tried.update(i for i, v in enumerate(variants) if v == first.strategy)
         if replayed.prediction.fits:
-            seconds, index = first.prediction.step_time_s, min(tried, default=len(variants))
-            return _beaten(
-                variants,
-                screen,
-                predict,
-                replayed,
-                seconds,
-                floor,
-                limit,
-                replays=replays,
-                tried=tried,
-                index=index,
-                least_seconds=least_seconds,
-            )
+            index = min(tried, default=len(variants))
+            return go_on(replayed, first.prediction.step_time_s, replays=replays, tried=tried, index=index)
         budget = replayed.prediction.gpu_budget_bytes
         cap += 1  # the search's choice did not fit: its replay is not charged to the cap
-    indices: Iterable[int] = range(len(variants))
-    if limit < math.inf and least_seconds is not None:  # not needed: only variants faster than ``limit`` count
-        indices = [i for i in indices if least_seconds(variants[i]) < limit]  # the rest would be screened for naught
-    screened = _screened(indices, variants, screen)
-    screened.sort(key=lambda entry: entry[:2])
     best: tuple[float, int, Candidate, float] | None = None
-    for _, i, prediction in screened:
+    for _, i, prediction in _screened_below(variants, screen, limit, least_seconds):
         if replays >= cap:
             break
         if i in tried or prediction.step_time_s >= limit:
@@ -172,26 +158,24 @@ def resolve(
         budget = candidate.prediction.gpu_budget_bytes
         replays += 1
         tried.add(i)
-        if candidate.prediction.fits:  # then the variants of the steps that could beat it (replay_order)
-            return _beaten(
-                variants,
-                screen,
-                predict,
-                candidate,
-                prediction.step_time_s,
-                floor,
-                limit,
-                replays=replays,
-                cap=cap,
-                tried=tried,
-                index=i,
-                least_seconds=least_seconds,
-            )
+        if candidate.prediction.fits:
+            return go_on(candidate, prediction.step_time_s, replays=replays, cap=cap, tried=tried, index=i)
         if best is None or (candidate.score, i) < best[:2]:
             best = (candidate.score, i, candidate, prediction.step_time_s)
     if best is None:
         return None, 0.0, replays
     return best[2], best[3], replays
+
+
+def _screened_below(
+    variants: Sequence[Strategy | RLHFStrategy], screen: Predict, limit: float, least_seconds: Least | None
+) -> list[tuple[float, int, Prediction]]:
+    """:func:`_screened` of ``variants``, best score first; with a finite ``limit`` (the point is not needed), only
+    those ``least_seconds`` puts below it (the rest would be screened for naught)."""
+    indices: Iterable[int] = range(len(variants))
+    if limit < math.inf and least_seconds is not None:
+        indices = [i for i in indices if least_seconds(variants[i]) < limit]
+    return sorted(_screened(indices, variants, screen), key=lambda entry: entry[:2])
 
 
 def _replayed(variant: Strategy | RLHFStrategy, predict: Predict) -> Candidate:
