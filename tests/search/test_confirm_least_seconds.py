@@ -10,6 +10,9 @@ the answer is the same.
 
 from __future__ import annotations
 
+from fake_predictions import GiB
+from fake_predictions import prediction as fake_prediction
+
 from search import DEFAULT_COEFFICIENTS as C
 from search import screen_rlhf
 from search.choose.candidates import Candidate
@@ -23,15 +26,6 @@ from store.gpus import get_gpu
 from store.models import get_model
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
-GiB = 2**30
-
-
-def _prediction(seconds: float, reserved_gib: float) -> Prediction:
-    return Prediction(
-        peak_allocated_bytes=GiB, peak_reserved_bytes=int(reserved_gib * GiB), gpu_budget_bytes=10 * GiB,
-        host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={}, phases=(), peak_phase="",
-    )  # fmt: skip
-
 
 def test_a_step_the_bound_puts_above_the_best_replayed_is_never_screened_and_the_answer_is_the_same() -> None:
     """mb 1 (the search's choice) replays fitting at 2.0 s. mb 2 is faster (1.5 s) and fits; mb 4 and mb 8
@@ -44,17 +38,17 @@ def test_a_step_the_bound_puts_above_the_best_replayed_is_never_screened_and_the
     def screen(s: Strategy | RLHFStrategy) -> Prediction:
         assert isinstance(s, Strategy)
         screened.append((s.micro_batch, s.empty_cache))
-        return _prediction(seconds[s.micro_batch] + (0.1 if s.empty_cache != "never" else 0.0), 9.0)
+        return fake_prediction(seconds[s.micro_batch] + (0.1 if s.empty_cache != "never" else 0.0), 9.0)
 
     def replay(s: Strategy | RLHFStrategy) -> Prediction:
         assert isinstance(s, Strategy)
-        return _prediction(seconds[s.micro_batch] + (0.1 if s.empty_cache != "never" else 0.0), 9.5)
+        return fake_prediction(seconds[s.micro_batch] + (0.1 if s.empty_cache != "never" else 0.0), 9.5)
 
     def least(s: Strategy | RLHFStrategy) -> float:
         assert isinstance(s, Strategy) and s.empty_cache == "never"
         return bounds[s.micro_batch]
 
-    first = Candidate(variants[0], _prediction(2.0, 9.0))
+    first = Candidate(variants[0], fake_prediction(2.0, 9.0))
     without = resolve(variants, screen, replay, first)
     screened_without, screened[:] = list(screened), []
     found, at, made = resolve(variants, screen, replay, first, least_seconds=least)
@@ -77,17 +71,17 @@ def test_a_point_resolved_against_a_limit_screens_no_variant_the_bound_puts_at_o
     def screen(s: Strategy | RLHFStrategy) -> Prediction:
         assert isinstance(s, Strategy)
         screened.append(s.micro_batch)
-        return _prediction(seconds[s.micro_batch], 9.0)
+        return fake_prediction(seconds[s.micro_batch], 9.0)
 
     def replay(s: Strategy | RLHFStrategy) -> Prediction:
         assert isinstance(s, Strategy)
-        return _prediction(seconds[s.micro_batch], 10.5 if s.micro_batch == 1 else 9.5)
+        return fake_prediction(seconds[s.micro_batch], 10.5 if s.micro_batch == 1 else 9.5)
 
     def least(s: Strategy | RLHFStrategy) -> float:
         assert isinstance(s, Strategy)
         return bounds[s.micro_batch]
 
-    first = Candidate(variants[0], _prediction(1.5, 9.0))
+    first = Candidate(variants[0], fake_prediction(1.5, 9.0))
     without = resolve(variants, screen, replay, first, needed=False, limit=2.0)
     screened_without, screened[:] = list(screened), []
     found, at, made = resolve(variants, screen, replay, first, needed=False, limit=2.0, least_seconds=least)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fake_predictions import prediction as fake_prediction
+
 from benchmarks.regret_jobs import JOBS
 from benchmarks.search_regret import resolved
 from search import Coefficients, predict
@@ -26,15 +28,6 @@ from search.prediction import Prediction
 from store.records import FrozenModelStrategy, Hardware, RLHFStrategy, Strategy, TrainedModelStrategy, Workload
 from store.rollout import RolloutStrategy
 
-GiB = 2**30
-
-
-def _prediction(seconds: float, reserved_gib: float) -> Prediction:
-    return Prediction(
-        peak_allocated_bytes=GiB, peak_reserved_bytes=int(reserved_gib * GiB), gpu_budget_bytes=10 * GiB,
-        host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={}, phases=(), peak_phase="",
-    )  # fmt: skip
-
 
 def test_a_point_is_confirmed_by_the_least_its_variants_could_replay_at() -> None:
     """Point A (ZeRO-1) fits at 3.0 s. Point B (ZeRO-2) the screen lets fit only at mb 1 (3.5 s); its mb 8 the
@@ -42,8 +35,8 @@ def test_a_point_is_confirmed_by_the_least_its_variants_could_replay_at() -> Non
     lower bound of its variants (2.6 s), it is resolved and its mb 8 wins."""
     a = Strategy(zero_stage=1, micro_batch=1)
     b1, b8 = Strategy(zero_stage=2, micro_batch=1), Strategy(zero_stage=2, micro_batch=8)
-    screened = {a: _prediction(3.0, 9.0), b1: _prediction(3.5, 9.0), b8: _prediction(2.6, 10.5)}
-    replayed = {a: _prediction(3.0, 9.5), b1: _prediction(3.5, 9.5), b8: _prediction(2.7, 9.8)}
+    screened = {a: fake_prediction(3.0, 9.0), b1: fake_prediction(3.5, 9.0), b8: fake_prediction(2.6, 10.5)}
+    replayed = {a: fake_prediction(3.0, 9.5), b1: fake_prediction(3.5, 9.5), b8: fake_prediction(2.7, 9.8)}
     result = SearchResult(ranked=(Candidate(a, screened[a]), Candidate(b1, screened[b1])), trials=2, sampler="grid")
 
     def variants(s: Strategy | RLHFStrategy) -> list[Strategy | RLHFStrategy]:

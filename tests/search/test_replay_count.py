@@ -7,19 +7,12 @@ unchanged: a ``first`` that fits is charged to it, one that does not is not.
 
 from __future__ import annotations
 
+from fake_predictions import prediction as fake_prediction
+
 from search.choose.candidates import Candidate
 from search.choose.confirm import MAX_REPLAYS_PER_POINT, resolve
 from search.prediction import Prediction
 from store.records import RLHFStrategy, Strategy
-
-GiB = 2**30
-
-
-def _prediction(seconds: float, reserved_gib: float) -> Prediction:
-    return Prediction(
-        peak_allocated_bytes=GiB, peak_reserved_bytes=int(reserved_gib * GiB), gpu_budget_bytes=10 * GiB,
-        host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={}, phases=(), peak_phase="",
-    )  # fmt: skip
 
 
 def _replays(replayed: dict[int, Prediction], asked: list[int]):  # type: ignore[no-untyped-def]
@@ -34,9 +27,9 @@ def _replays(replayed: dict[int, Prediction], asked: list[int]):  # type: ignore
 def test_a_first_that_does_not_fit_is_counted_as_one_that_fits_is() -> None:
     """Both paths: mb 1 (the search's choice) fits, or does not and mb 2 does; the count is what was asked."""
     variants = [Strategy(micro_batch=m) for m in (1, 2)]
-    screened = {1: _prediction(1.0, 9.0), 2: _prediction(1.2, 8.0)}
+    screened = {1: fake_prediction(1.0, 9.0), 2: fake_prediction(1.2, 8.0)}
     for first_fits in (True, False):
-        replayed = {1: _prediction(1.0, 9.5 if first_fits else 10.5), 2: _prediction(1.2, 8.5)}
+        replayed = {1: fake_prediction(1.0, 9.5 if first_fits else 10.5), 2: fake_prediction(1.2, 8.5)}
         asked: list[int] = []
         first = Candidate(variants[0], screened[1])
         best, _, made = resolve(variants, lambda s: screened[s.micro_batch], _replays(replayed, asked), first)
@@ -51,10 +44,10 @@ def test_the_cap_charges_a_first_that_fits_and_not_one_that_does_not() -> None:
     count now includes), MAX_REPLAYS_PER_POINT in all when the first fits."""
     count = MAX_REPLAYS_PER_POINT + 3
     variants = [Strategy(micro_batch=m) for m in range(1, count + 1)]
-    screened = {m: _prediction(2.0 - m / 100, 9.0) for m in range(1, count + 1)}  # each faster than the last
+    screened = {m: fake_prediction(2.0 - m / 100, 9.0) for m in range(1, count + 1)}  # each faster than the last
     for first_fits in (False, True):
-        replayed = {m: _prediction(2.0 - m / 100, 10.5) for m in range(1, count + 1)}
-        replayed[1] = _prediction(1.99, 9.5 if first_fits else 10.5)
+        replayed = {m: fake_prediction(2.0 - m / 100, 10.5) for m in range(1, count + 1)}
+        replayed[1] = fake_prediction(1.99, 9.5 if first_fits else 10.5)
         asked: list[int] = []
         first = Candidate(variants[0], screened[1])
         _, _, made = resolve(variants, lambda s: screened[s.micro_batch], _replays(replayed, asked), first)

@@ -11,25 +11,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fake_predictions import prediction as fake_prediction
+
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, SearchResult
 from search.choose.confirm import MAX_REPLAYS_PER_POINT, confirm, replay_order, resolve
 from search.prediction import Prediction
 from store.records import RLHFStrategy, Strategy
 from store.rollout import RolloutStrategy
 
-GiB = 2**30
-
-
-def _prediction(seconds: float, reserved_gib: float, allocated_gib: float = 1.0) -> Prediction:
-    return Prediction(
-        peak_allocated_bytes=int(allocated_gib * GiB), peak_reserved_bytes=int(reserved_gib * GiB),
-        gpu_budget_bytes=10 * GiB, host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={},
-        phases=(), peak_phase="",
-    )  # fmt: skip
-
 
 def _entry(index: int, seconds: float, reserved_gib: float) -> tuple[float, int, Prediction]:
-    prediction = _prediction(seconds, reserved_gib)
+    prediction = fake_prediction(seconds, reserved_gib)
     return Candidate(Strategy(micro_batch=index), prediction).score, index, prediction
 
 
@@ -51,10 +43,10 @@ def test_a_much_faster_step_the_screen_rejects_is_replayed_within_the_cap() -> N
     then nothing slower than it. Ordered by the screen's score, the three took the cap and mb 8 was lost."""
     assert MAX_REPLAYS_PER_POINT <= 4  # the case needs the cap to bind
     variants = [Strategy(micro_batch=m) for m in (1, 2, 3, 4, 8)]
-    screened = {1: _prediction(4.0, 9.0), 2: _prediction(3.90, 9.0), 3: _prediction(3.91, 9.0)}
-    screened |= {4: _prediction(3.92, 9.0), 8: _prediction(3.40, 10.5)}
-    replayed = {1: _prediction(4.0, 9.5), 2: _prediction(3.95, 9.5), 3: _prediction(3.96, 9.5)}
-    replayed |= {4: _prediction(3.97, 9.5), 8: _prediction(3.45, 9.8)}
+    screened = {1: fake_prediction(4.0, 9.0), 2: fake_prediction(3.90, 9.0), 3: fake_prediction(3.91, 9.0)}
+    screened |= {4: fake_prediction(3.92, 9.0), 8: fake_prediction(3.40, 10.5)}
+    replayed = {1: fake_prediction(4.0, 9.5), 2: fake_prediction(3.95, 9.5), 3: fake_prediction(3.96, 9.5)}
+    replayed |= {4: fake_prediction(3.97, 9.5), 8: fake_prediction(3.45, 9.8)}
     asked: list[int] = []
 
     def replay(s: Strategy) -> Prediction:
@@ -72,8 +64,8 @@ def test_a_quick_confirmation_passes_over_the_points_the_screen_rejects_once_a_p
     replays fitting at 3.0 s. The full confirmation resolves B (the screen's rejection rules nothing out); a
     quick one (planner's what_would_fit: does a change fit at all?) keeps A and replays B never."""
     a, b = Strategy(micro_batch=1), Strategy(micro_batch=2)
-    screened = {1: _prediction(4.0, 9.0), 2: _prediction(3.0, 10.5)}
-    replayed = {1: _prediction(4.0, 9.5), 2: _prediction(3.0, 9.8)}
+    screened = {1: fake_prediction(4.0, 9.0), 2: fake_prediction(3.0, 10.5)}
+    replayed = {1: fake_prediction(4.0, 9.5), 2: fake_prediction(3.0, 9.8)}
     result = SearchResult(ranked=(Candidate(a, screened[1]), Candidate(b, screened[2])), trials=2, sampler="grid")
     for quick, expected in ((False, 2), (True, 1)):
         asked: list[int] = []
@@ -101,7 +93,7 @@ def test_the_search_choice_is_not_replayed_again_when_its_replay_solved_the_engi
     ]
 
     def prediction(seconds: float, utilization: float | None = None) -> Prediction:
-        found = _prediction(seconds, 9.0)
+        found = fake_prediction(seconds, 9.0)
         return replace(found, rollout={"gpu_memory_utilization": utilization}) if utilization else found
 
     screened = {0: prediction(3.0), 1: prediction(3.05), 2: prediction(3.1)}
