@@ -10,8 +10,8 @@ the answer is the same.
 
 from __future__ import annotations
 
-from fake_predictions import GiB
 from fake_predictions import prediction as fake_prediction
+from small_jobs import grpo_opt125m
 
 from search import DEFAULT_COEFFICIENTS as C
 from search import screen_rlhf
@@ -22,9 +22,7 @@ from search.choose.optimize import rlhf_variants
 from search.choose.rlhf_space import rlhf_outer_points
 from search.choose.rollout_space import searched_generations
 from search.prediction import Prediction
-from store.gpus import get_gpu
-from store.models import get_model
-from store.records import Hardware, RLHFStrategy, Strategy, Workload
+from store.records import RLHFStrategy, Strategy
 
 
 def test_a_step_the_bound_puts_above_the_best_replayed_is_never_screened_and_the_answer_is_the_same() -> None:
@@ -90,21 +88,11 @@ def test_a_point_resolved_against_a_limit_screens_no_variant_the_bound_puts_at_o
     assert {4, 8} <= set(screened_without) and not {4, 8} & set(screened)
 
 
-def _grpo() -> tuple[Workload, Hardware]:
-    spec = get_gpu("L4")
-    hardware = Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=2, cpu_memory_bytes=256 * GiB)
-    workload = Workload(
-        kind="grpo", model=get_model("opt-125m"), seq_len=512, global_batch=8, prompt_len=256, gen_len=256,
-        samples_per_prompt=4,
-    )  # fmt: skip
-    return workload, hardware
-
-
 def test_the_bound_is_below_the_screen_of_every_step_the_confirmation_meets() -> None:
     """For the variants a confirmation meets (each knob variant, its utilization solved or open, at every
     batch split, every ``empty_cache`` policy and allocator): the bound is at most the variant's screened
     seconds (those of its step without calls, and the calls'); 0.0 (no bound) for DeepSpeed's own generation."""
-    workload, hardware = _grpo()
+    workload, hardware = grpo_opt125m()
     points = list(rlhf_outer_points(workload, hardware, (0,), searched_generations(workload, hardware)))
     engines = [p for p in points if p.rollout is not None]
     assert engines

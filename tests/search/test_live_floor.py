@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from small_jobs import grpo_opt125m
 
 from planner.planning.predicting import _job
 from search import DEFAULT_COEFFICIENTS as C
@@ -19,8 +20,6 @@ from search.choose.single_space import all_strategies
 from search.prediction import Prediction
 from search.rlhf.predict import rlhf_step
 from search.single.predict import checked_step, screen_single_model
-from store.gpus import get_gpu
-from store.models import get_model
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 GiB = 2**30
@@ -46,12 +45,7 @@ def test_the_floor_is_below_every_replay_and_one_for_every_policy_of_a_step() ->
 
 
 def test_the_floor_is_below_the_replay_of_rlhf_steps_with_and_without_an_engine() -> None:
-    spec = get_gpu("L4")
-    hardware = Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=2, cpu_memory_bytes=256 * GiB)
-    workload = Workload(
-        kind="grpo", model=get_model("opt-125m"), seq_len=512, global_batch=8, prompt_len=256, gen_len=256,
-        samples_per_prompt=4,
-    )  # fmt: skip
+    workload, hardware = grpo_opt125m()
     from search import search_rlhf  # the search's own points: DeepSpeed's generate and a rollout engine's
 
     ranked = (

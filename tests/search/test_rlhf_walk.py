@@ -4,6 +4,7 @@ alternatives it ranks are those of walking every point, and a search asked for n
 from __future__ import annotations
 
 import pytest
+from small_jobs import grpo_opt125m
 
 from search import DEFAULT_COEFFICIENTS, search_rlhf
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate
@@ -13,23 +14,12 @@ from search.choose.rlhf_space import rlhf_outer_points
 from search.choose.rlhf_tpe import rlhf_key
 from search.choose.rlhf_walk import RLHF_ALTERNATIVES, point_bounds
 from search.choose.rollout_space import preference, searched_generations
-from store.gpus import generic_gpu, get_gpu
+from store.gpus import generic_gpu
 from store.models import get_model
 from store.records import Hardware, Workload
 
 C = DEFAULT_COEFFICIENTS
 GiB = 2**30
-
-
-def _grpo(gpu_memory: int | None = None) -> tuple[Workload, Hardware]:
-    """OPT-125m GRPO on two L4s (or two GPUs of ``gpu_memory`` bytes): engine points and DeepSpeed's alike."""
-    spec = get_gpu("L4") if gpu_memory is None else generic_gpu(gpu_memory)
-    hardware = Hardware(gpu=spec, gpu_memory_bytes=spec.memory_bytes, gpus=2, cpu_memory_bytes=256 * GiB)
-    workload = Workload(
-        kind="grpo", model=get_model("opt-125m"), seq_len=512, global_batch=8, prompt_len=256, gen_len=256,
-        samples_per_prompt=4,
-    )  # fmt: skip
-    return workload, hardware
 
 
 def _ppo_24g() -> tuple[Workload, Hardware]:
@@ -46,14 +36,14 @@ def _ppo_24g() -> tuple[Workload, Hardware]:
 @pytest.fixture(scope="module")
 def every_point() -> list[tuple[float, Candidate]]:
     """Every outer point of the GRPO job resolved, with its bound from per-model pieces, in the search's order."""
-    workload, hardware = _grpo()
+    workload, hardware = grpo_opt125m()
     points = list(rlhf_outer_points(workload, hardware, (0,), searched_generations(workload, hardware)))
     bounds = point_bounds(workload, hardware, C, points)
     return [(bound, best_inner_rlhf(p, workload, hardware, C)) for bound, p in zip(bounds, points, strict=True)]
 
 
 def test_the_bounds_never_exceed_the_score(every_point: list[tuple[float, Candidate]]) -> None:
-    workload, hardware = _grpo()
+    workload, hardware = grpo_opt125m()
     points = list(rlhf_outer_points(workload, hardware, (0,), searched_generations(workload, hardware)))
     for point, (bound, candidate) in zip(points, every_point, strict=True):
         assert bound <= candidate.score
@@ -68,7 +58,7 @@ def _fitting_in_order(every_point: list[tuple[float, Candidate]]) -> list[Candid
 
 def test_the_best_and_the_alternatives_are_those_of_every_point(every_point: list[tuple[float, Candidate]]) -> None:
     """The bound walk ranks the ``RLHF_ALTERNATIVES`` best fitting points (the best among them) exactly."""
-    workload, hardware = _grpo()
+    workload, hardware = grpo_opt125m()
     whole = _fitting_in_order(every_point)
     found = search_rlhf(workload, hardware, C).feasible
     assert len(whole) >= RLHF_ALTERNATIVES
@@ -81,7 +71,7 @@ def test_asked_for_more_alternatives_the_walk_ranks_that_many_exactly(
 ) -> None:
     """``recommend --top N`` passes N: the best and N alternatives are those of walking every point, and fewer
     asked for resolve no more points than the default."""
-    workload, hardware = _grpo()
+    workload, hardware = grpo_opt125m()
     whole = _fitting_in_order(every_point)
     result = search_rlhf(workload, hardware, C, alternatives=alternatives)
     assert len(whole) > alternatives + 1
@@ -101,13 +91,13 @@ def test_the_engine_points_resolved_for_the_default_recommend_stay_few() -> None
 
 
 def test_a_search_for_no_closest_plan_stops_where_the_bounds_prove_nothing_fits() -> None:
-    workload, hardware = _grpo(gpu_memory=1 * GiB)
+    workload, hardware = grpo_opt125m(gpu_memory=1 * GiB)
     ranked = search_rlhf(workload, hardware, C)
     assert ranked.best is None and ranked.ranked and ranked.ranked[0].score >= INFEASIBLE_PENALTY_S
     unranked = search_rlhf(workload, hardware, C, closest=False)
     assert unranked.best is None and unranked.ranked == () and unranked.trials == 0
     # where something fits, the same search either way
-    workload, hardware = _grpo()
+    workload, hardware = grpo_opt125m()
     assert search_rlhf(workload, hardware, C, closest=False) == search_rlhf(workload, hardware, C)
 
 
