@@ -127,7 +127,8 @@ def write_memory_plot(
     """Write the picture to ``path`` (its suffix picks the format), atomically; an existing file only with
     ``force``. Returns the file and the picture as rows (:func:`phase_rows`; with a rollout ``engine``, its
     turn's rows first: :meth:`EngineTurn.rows`). ``figures``: the plan's (:class:`PlanFigures`), for the time
-    axis, the limit lines and the plan's own ``empty_cache`` calls, in every format."""
+    axis, the limit lines and the plan's own ``empty_cache`` calls, in every format, and the rows' bytes: the
+    plan's predicted figures of each phase (:meth:`PlanFigures.rows`), the ones its JSON prints."""
     target = Path(path)
     suffix = target.suffix.lower()
     if suffix not in PLOT_SUFFIXES:
@@ -140,5 +141,7 @@ def write_memory_plot(
             f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><body>{svg}</body>"
         )  # fmt: skip
         data = text.encode()
-    rows = (engine.rows() if engine is not None else []) + phase_rows(timeline)
+    rows = (engine.rows() if engine is not None else []) + (
+        figures.rows(timeline) if figures is not None else phase_rows(timeline)
+    )
     return write_bytes_atomic(target, data, force=force), rows

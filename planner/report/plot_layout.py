@@ -12,7 +12,7 @@ colocated engine wakes). Without them the x-axis counts allocator events and eve
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from search import StepTimeline
@@ -29,13 +29,15 @@ EVENT_AXIS = "allocator events of one step"
 class PlanFigures:
     """What a plan's prediction says beside the replay: each phase's predicted seconds per run (``predicted.
     phases``: ``time_s`` per step over ``count`` runs), usable GPU memory (``gpu_budget_bytes``), the predicted
-    peak reserved and its spread kept free (``reserved_uncertainty``), and the plan's ``empty_cache`` policy."""
+    peak reserved and its spread kept free (``reserved_uncertainty``), the plan's ``empty_cache`` policy, and each
+    phase's predicted (peak allocated, peak reserved) bytes, the figures the plan prints (``predicted.phases``)."""
 
     run_seconds: dict[str, float]
     usable_bytes: int
     peak_reserved_bytes: int
     spread: float
     empty_cache: str
+    phase_peaks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> PlanFigures:
@@ -48,7 +50,20 @@ class PlanFigures:
             peak_reserved_bytes=int(predicted["peak_reserved_bytes"]),
             spread=float(predicted.get("reserved_uncertainty", 0.0)),
             empty_cache=str(document["strategy"].get("empty_cache", "never")),
+            phase_peaks={
+                str(p["name"]): (int(p["peak_allocated_bytes"]), int(p["peak_reserved_bytes"]))
+                for p in predicted["phases"]
+            },
         )
+
+    def rows(self, timeline: StepTimeline) -> list[tuple[str, int, int]]:
+        """The picture as a table, as :func:`phase_rows`, with each phase run's bytes the plan's own prediction
+        of its phase (one source: what ``recommend`` and ``explain`` print); a phase it does not name, the
+        replay's."""
+        return [
+            (name, *self.phase_peaks[name]) if name in self.phase_peaks else (name, allocated, reserved)
+            for name, allocated, reserved in phase_rows(timeline)
+        ]
 
     @property
     def spread_line_bytes(self) -> int:

@@ -274,7 +274,9 @@ def replay_step(
 class StepTimeline:
     """Allocated and reserved bytes over the measured step, event by event, for a picture."""
 
-    samples: tuple[tuple[int, int, int], ...]  # (event index, allocated, reserved), one per event
+    # (event index, allocated, reserved), one per event; allocated as a Prediction counts it (the live tensors'
+    # requested bytes, search.step.assemble.assemble), not the allocator's blocks with their rounding remainders
+    samples: tuple[tuple[int, int, int], ...]
     phases: tuple[tuple[int, str], ...]  # (event index, phase name) where each phase run starts
     empty_cache: tuple[int, ...]  # event indices of the empty_cache calls
     outside: int  # bytes held outside torch's allocator at their most (drawn as a constant band)
@@ -292,7 +294,7 @@ def step_timeline(step: Step, empty_cache: str, allocator: str) -> StepTimeline:
         for i, (op, key, _, _, _) in enumerate(stream.events)
         if op == PHASE and stream.phases[key] == f"{STEP_MARK}{STEPS}"
     )
-    samples = tuple((i, allocated, reserved) for i, _, allocated, reserved in result.timeline if i >= start)
+    samples = tuple((i, requested, reserved) for i, requested, _, reserved in result.timeline if i >= start)
     marks = tuple(
         (i, stream.phases[key])
         for i, (op, key, _, _, _) in enumerate(stream.events)
