@@ -8,7 +8,10 @@ cheap to build, hash and replay:
 - ``(ALLOC, key, size, stream, kind)``: a request of ``size`` bytes (as asked, before any rounding) on
   CUDA stream ``stream`` (0 is the default stream); ``key`` names the tensor storage until it is freed;
   ``kind`` indexes :data:`KINDS` (what made it).
-- ``(FREE, key, 0, 0, 0)``: the storage ``key`` is released to the allocator.
+- ``(FREE, key, event, 0, 0)``: the storage ``key`` is released to the allocator; a nonzero ``event`` says it
+  is still in use on another stream (``record_stream``) until that stream's work up to ``event`` has run.
+- ``(EVENT, event, 0, 0, 0)``: that stream's work up to ``event`` (a positive int, counted up by the builder)
+  has run: the blocks waiting for it may be reused (a stream or device synchronize names the last event).
 - ``(EMPTY_CACHE, 0, 0, 0, 0)``: ``torch.cuda.empty_cache()``.
 - ``(PHASE, index, 0, 0, 0)``: the phase ``phases[index]`` starts here (a probe's or a step's phase name).
 
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 
-ALLOC, FREE, EMPTY_CACHE, PHASE = 0, 1, 2, 3
+ALLOC, FREE, EMPTY_CACHE, PHASE, EVENT = 0, 1, 2, 3, 4
 Event = tuple[int, int, int, int, int]  # (op, key, size, stream, kind)
 
 # What made an allocation (the breakdown's names where they exist).
@@ -60,8 +63,13 @@ class AllocStream:
 
     def on_one_stream(self) -> AllocStream:
         """The same events with every request on the default stream: what a device without streams does
-        (DeepSpeed's CPU accelerator is a synchronized device; it makes no side streams)."""
-        return AllocStream(tuple((op, key, size, 0, kind) for op, key, size, _, kind in self.events), self.phases)
+        (DeepSpeed's CPU accelerator is a synchronized device; it makes no side streams, so no use is pending)."""
+        return AllocStream(
+            tuple(
+                (op, key, 0 if op == FREE else size, 0, kind) for op, key, size, _, kind in self.events if op != EVENT
+            ),
+            self.phases,
+        )
 
     def live_peak(self) -> int:
         """The most requested bytes alive at once (what a live-tensor tracker reports as its peak)."""
@@ -84,6 +92,7 @@ class StreamBuilder:
         self._events: list[Event] = []
         self._phases: list[str] = []
         self._next_key = 1
+        self.last_event = 0  # the last event named (EVENT)
 
     def alloc(self, size: int, kind: str = "other", stream: int = 0) -> int:
         """Append an allocation of ``size`` bytes; returns its key (for :meth:`free`)."""
@@ -92,8 +101,14 @@ class StreamBuilder:
         self._events.append((ALLOC, key, int(size), stream, KIND_INDEX[kind]))
         return key
 
-    def free(self, key: int) -> None:
-        self._events.append((FREE, key, 0, 0, 0))
+    def free(self, key: int, event: int = 0) -> None:
+        """Append the free of ``key``; with ``event``, in use on another stream until that event has run."""
+        self._events.append((FREE, key, event, 0, 0))
+
+    def event(self, event: int) -> None:
+        """Append that the other stream's work up to ``event`` has run (see the module docstring)."""
+        self.last_event = max(self.last_event, event)
+        self._events.append((EVENT, event, 0, 0, 0))
 
     def empty_cache(self) -> None:
         self._events.append((EMPTY_CACHE, 0, 0, 0, 0))

@@ -237,6 +237,13 @@ class Stat:
         return f"Stat(current={self.current}, peak={self.peak})"
 
 
+# torch's active counters in as_dict: (the allocation counter, the waiting blocks', their sum while any wait)
+_ACTIVE = {
+    "active": ("allocation", "awaiting", "active_awaiting"),
+    "active_bytes": ("allocated_bytes", "awaiting_bytes", "active_awaiting_bytes"),
+}
+
+
 @dataclass
 class AllocatorStats:
     """What ``torch.cuda.memory_stats()`` reports (aggregate over both pools), kept live by the allocator.
@@ -264,11 +271,17 @@ class AllocatorStats:
     num_sync_all_streams: int = 0
     num_device_alloc: int = 0
     num_device_free: int = 0
+    # blocks freed with a pending use on another stream, waiting for their events (insert_events), and torch's
+    # active counters (allocated plus waiting) while any wait
+    awaiting: Stat = field(default_factory=Stat)
+    awaiting_bytes: Stat = field(default_factory=Stat)
+    active_awaiting: Stat = field(default_factory=Stat)
+    active_awaiting_bytes: Stat = field(default_factory=Stat)
 
     def __post_init__(self) -> None:
-        # Every free completes at once here (no record_stream, so no block waits on a stream's events): a block
-        # is active exactly while it is allocated, and torch's active counters move with the allocation ones
-        # (alloc_found_block raises both, free and free_block lower both). One counter each, kept once.
+        # A block is active while it is allocated or waits for its events (free lowers allocated, free_block
+        # active): the malloc/free path moves one counter for both, and the allocator keeps the waiting blocks'
+        # share apart (active_awaiting*, updated only while some block waits); as_dict adds them up.
         self.active = self.allocation
         self.active_bytes = self.allocated_bytes
 
@@ -284,6 +297,13 @@ class AllocatorStats:
         out: dict[str, int] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name.startswith(("awaiting", "active_awaiting")):
+                continue  # folded into active below (torch reports no such key)
+            if f.name in _ACTIVE:  # allocated plus waiting, and the peak either reached
+                held, waiting, both = (getattr(self, name) for name in _ACTIVE[f.name])
+                value = Stat()
+                value.current = held.current + waiting.current
+                value.peak = max(held.peak, both.peak)
             if isinstance(value, Stat):
                 name = f.name if f.name.startswith("oversize") else f"{f.name}.all"
                 out[f"{name}.current"] = value.current

@@ -89,6 +89,8 @@ class CachingAllocator(ExpandableCore):
         """
         if size == 0:
             return 0
+        if self.events_ready:  # process_events: blocks whose stream uses have completed go back first
+            self.process_events()
         sizing = self._sizing.get(size)
         if sizing is None:
             sizing = self._sizing[size] = self.sizing(size)
@@ -140,6 +142,8 @@ class CachingAllocator(ExpandableCore):
             stat.peak = stat.current
         if held >= self.max_split:
             stats.oversize_allocations.increase(1)
+        if self.outstanding:
+            self.track_active()
         return ptr
 
     def _split_off(self, remaining: Block, rounded: int, rest: int, stream: int, pool: BlockPool) -> Block:
@@ -192,8 +196,9 @@ class CachingAllocator(ExpandableCore):
             )
         return p.block
 
-    def free(self, handle: int) -> None:
+    def free(self, handle: int, event: int = 0) -> None:
         """Free the block behind ``handle`` (``DeviceCachingAllocator::free``); the null handle is ignored.
+        With ``event`` (a pending use on another stream) the block waits for it (:meth:`insert_events`).
 
         ``free_block`` is written out here (see :meth:`malloc`): the block goes back to its pool merged with
         the free neighbours of its segment (``try_merge_blocks``), ``inactive_split`` following the net change.
@@ -203,14 +208,16 @@ class CachingAllocator(ExpandableCore):
         block = self.allocated_blocks.pop(handle, None)
         if block is None:
             raise ValueError(f"invalid device pointer: {handle:#x}")
-        block.allocated = False
         stats = self.stats
         held = block.size
         stats.allocation.current -= 1  # also stats.active
         stats.allocated_bytes.current -= held  # also stats.active_bytes
-        stats.requested_bytes.current -= block.requested_size
         if held >= self.max_split:
             stats.oversize_allocations.decrease(1)
+        if event:  # record_stream'ed: insert_events, not free_block
+            return self.insert_events(block, event)
+        block.allocated = False
+        stats.requested_bytes.current -= block.requested_size
         # free_block
         pool, mapped = block.pool, block.mapped
         merged_blocks = merged_bytes = 0
@@ -325,7 +332,7 @@ class CachingAllocator(ExpandableCore):
 
     def release_cached_blocks(self) -> bool:
         """Release every cached whole segment of both pools (``release_cached_blocks``); always True."""
-        self.stats.num_sync_all_streams += 1  # synchronize_and_free_events
+        self.synchronize_and_free_events()  # counted in num_sync_all_streams
         self.release_blocks(self.large_blocks)
         self.release_blocks(self.small_blocks)
         return True

@@ -2,7 +2,8 @@
 
 The stream's events (:mod:`store.alloc_stream`) drive a fresh :class:`CachingAllocator`: ALLOC calls
 ``malloc`` and remembers the key's handle, FREE frees it (a key never allocated, or of a 0-byte request, is
-ignored, as a tracker's ``live_peak`` ignores it), EMPTY_CACHE calls ``empty_cache``, PHASE closes the
+ignored, as a tracker's ``live_peak`` ignores it; one with a pending use waits for its event), EVENT completes
+the named event (``CachingAllocator.complete``), EMPTY_CACHE calls ``empty_cache``, PHASE closes the
 running phase and opens the named one. A phase's peaks are torch's own peaks with
 ``reset_peak_memory_stats()`` called at its start, so they are exact per phase and their maximum is the
 run's. An out-of-memory error ends the replay: the result and its last phase say ``oom``.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from search.allocator.caching import AllocatorOOM, CachingAllocator
 from search.allocator.config import AllocatorConfig
-from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, PHASE, AllocStream
+from store.alloc_stream import ALLOC, EMPTY_CACHE, EVENT, FREE, PHASE, AllocStream
 
 Sample = tuple[int, int, int, int]  # (event index, requested, allocated, reserved) after that event
 
@@ -134,9 +135,11 @@ def replay(
         elif op == FREE:
             handle = handles.pop(key, None)
             if handle is not None:
-                free(handle)
+                free(handle, size)  # size: the event a pending use waits for (0: none)
         elif op == EMPTY_CACHE:
             allocator.empty_cache()
+        elif op == EVENT:
+            allocator.complete(key)
         elif op == PHASE:
             if not in_start or start_used:
                 phases.append(window.close(allocator, oom=False))
