@@ -21,9 +21,9 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from probes.process.proc_stat import START, read_stat_fields
 from store.processes import pid_alive
 
 CLAIM_PREFIX = "memplan_claim:"
@@ -33,10 +33,8 @@ SQLITE_WAIT_S = 60.0  # how long a claim waits for another writer of the SQLite 
 def _started(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field), None where unknown:
     with the pid it names one process, even after the pid is reused."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = read_stat_fields(pid)  # the one parser of that line (a command name may hold ")")
+    return fields[START].decode() if len(fields) > START else None
 
 
 def owner() -> dict[str, Any]:

@@ -27,7 +27,8 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from probes.process.proc_stat import GROUP, PARENT, START, read_stat_fields
 
 __all__ = [
     "GROUP_GONE_S",
@@ -74,16 +75,12 @@ class Seen:
 
 
 def _stat(pid: int) -> Seen | None:
-    """Process ``pid`` as ``/proc/PID/stat`` shows it now; None when it is gone or cannot be read."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    """Process ``pid`` as ``/proc/PID/stat`` shows it now (:mod:`probes.process.proc_stat`); None when it is gone
+    or cannot be read."""
+    fields = read_stat_fields(pid)
+    if len(fields) <= START or not all(fields[k].isdigit() for k in (PARENT, GROUP, START)):
         return None
-    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces and parentheses
-    # fields[0] is field 3 (state): ppid 4, pgrp 5, starttime 22
-    if len(fields) < 20 or not (fields[1].isdigit() and fields[2].isdigit() and fields[19].isdigit()):
-        return None
-    return Seen(pid, int(fields[1]), int(fields[2]), int(fields[19]))
+    return Seen(pid, int(fields[PARENT]), int(fields[GROUP]), int(fields[START]))
 
 
 def _all_processes() -> list[Seen]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from probes.process.parent_watch import PLANNER_PID_VARIABLE
+from probes.process.proc_stat import PARENT, START, read_stat_fields
 from store.processes import pid_alive
 
 COMPILERS = (b"ninja", b"c++", b"g++", b"cc1plus")  # what building a DeepSpeed op runs
@@ -35,14 +36,15 @@ def _proc_read(pid: int, name: str) -> bytes:
 
 
 def stat_fields(pid: int) -> list[bytes]:
-    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...; [] when gone)."""
-    return _proc_read(pid, "stat").rsplit(b")", 1)[-1].split()
+    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...; [] when gone): the one
+    parser of that line (:func:`probes.process.proc_stat.fields_after_command`)."""
+    return read_stat_fields(pid)
 
 
 def start_time(pid: int) -> int:
     """When ``pid`` started (clock ticks since boot; 0 when gone): a pid and this name one process."""
     fields = stat_fields(pid)
-    return int(fields[19]) if len(fields) > 19 else 0
+    return int(fields[START]) if len(fields) > START else 0
 
 
 def _pids() -> list[int]:
@@ -58,8 +60,8 @@ def _below(top: int, stats: dict[int, list[bytes]]) -> list[int]:
     """The processes below ``top`` in ``stats`` (each process's stat fields, by pid)."""
     children: dict[int, list[int]] = {}
     for pid, fields in stats.items():
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(pid)
+        if len(fields) > PARENT:
+            children.setdefault(int(fields[PARENT]), []).append(pid)
     found, todo = [], [top]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -87,7 +89,7 @@ class Sampler:
 
     def sample(self) -> list[int]:
         stats = {pid: stat_fields(pid) for pid in _pids()}
-        started = {pid: int(fields[19]) for pid, fields in stats.items() if len(fields) > 19}
+        started = {pid: int(fields[START]) for pid, fields in stats.items() if len(fields) > START}
         marked = [pid for pid, start in started.items() if start >= self.since and _marked(pid, self.needle)]
         pids = _below(self.planner, stats) + marked
         for pid in pids:
