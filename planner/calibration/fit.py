@@ -9,6 +9,7 @@ observation held out in turn), save, report every parameter and the errors befor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from planner.calibration.gather import (
@@ -18,7 +19,7 @@ from planner.calibration.gather import (
     records_file_entries,
     stored_entries,
 )
-from planner.job.host_cache import cache_path, keep, kept, kept_rate, measured_at
+from planner.job.host_cache import cache_path, expires_at, keep, kept, kept_rate, measured_at
 from planner.job.host_terms import HOST_TERMS, host_terms
 from planner.job.target import detected_target, target_of
 from planner.report.results import CalibrationReport
@@ -140,23 +141,34 @@ def _parameters(fit: CalibrationFit) -> list[dict[str, Any]]:
     ]
 
 
-def _host_rates(target: str, run: bool) -> tuple[dict[str, float], dict[str, Any]]:
+def _host_rates(target: str, run: bool, now: datetime | None = None) -> tuple[dict[str, float], dict[str, Any]]:
     """(the host terms measured on this machine, the benchmark's report) where ``target`` is this machine's
     device and ``run``; else nothing measured and why. This host's benchmark is run once and kept
-    (:mod:`planner.job.host_cache`); the report's ``source`` says whether it ran now or where it was kept."""
+    (:mod:`planner.job.host_cache`, read and written at ``now``, default the clock's); the report's ``source``
+    says whether it ran now or where it was kept, and ``host_rates`` says it in the line the report prints
+    (``measured now`` or ``from the cache of DATE (expires DATE)``, ISO UTC), with ``measured_at`` and
+    ``expires_at``."""
     if not run:
         return {}, {"why_not": dict.fromkeys(HOST_TERMS, "the host benchmark was not run (host_benchmark=False)")}
     here = detected_target()
     if target != here:
         why = f"not measured: calibrating {target} on another machine ({here}), whose host is not its host"
         return {}, {"why_not": dict.fromkeys(HOST_TERMS, why)}
-    held = kept(HOST_BENCHMARK)
+    held = kept(HOST_BENCHMARK, now)
     rates_held = held.get("measured")
     if isinstance(rates_held, dict) and rates_held and all(kept_rate(v) is not None for v in rates_held.values()):
         where = f"kept in {cache_path()} (measured {measured_at(held)}; delete the file to measure again)"
-        return dict(rates_held), {k: v for k, v in held.items() if k != "measured_at"} | {"source": where}
+        when = {"measured_at": measured_at(held), "expires_at": expires_at(held)}
+        line = f"from the cache of {when['measured_at']} (expires {when['expires_at']})"
+        return dict(rates_held), {k: v for k, v in held.items() if k != "measured_at"} | {
+            "source": where, "host_rates": line, **when
+        }  # fmt: skip
     from probes.measure.host_rates import measure_host_rates
 
+    moment = datetime.now(UTC) if now is None else now
     rates = measure_host_rates()
-    keep(HOST_BENCHMARK, rates.to_dict())
-    return rates.measured(), rates.to_dict() | {"source": "measured now"}
+    keep(HOST_BENCHMARK, rates.to_dict(), moment)
+    held = kept(HOST_BENCHMARK, moment)  # {} where the cache folder could not keep it
+    when = {"measured_at": moment.isoformat(timespec="seconds"), "expires_at": expires_at(held) if held else "now"}
+    line = f"measured now (kept in the cache until {when['expires_at']})" if held else "measured now (not kept)"
+    return rates.measured(), rates.to_dict() | {"source": "measured now", "host_rates": line, **when}

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_AGE",
     "RATE_VARIABLES",
     "cache_path",
+    "expires_at",
     "fresh",
     "host_key",
     "keep",
@@ -151,6 +152,16 @@ def _writers_lock(path: Path) -> Iterator[None]:
 def measured_at(section: dict[str, Any]) -> str:
     """When a kept section was measured (``unknown`` where it does not say)."""
     return str(section.get("measured_at") or "unknown")
+
+
+def expires_at(section: dict[str, Any]) -> str:
+    """When a kept section stops being used (:data:`MAX_AGE` after it was measured), as ISO UTC; ``unknown``
+    where it does not say when it was measured."""
+    try:
+        measured = datetime.fromisoformat(str(section.get("measured_at")))
+    except ValueError:
+        return "unknown"
+    return (measured + MAX_AGE).isoformat(timespec="seconds")
 
 
 def _read(path: Path) -> dict[str, Any]:

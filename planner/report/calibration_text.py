@@ -52,6 +52,8 @@ def render_calibration(report: CalibrationReport) -> None:
         console.print(f"[dim]not determined by these probes (defaults kept): {', '.join(undetermined)}[/dim]")
     for line in report.skipped:
         console.print(f"[yellow]skipped {line}[/yellow]")
+    if report.host_benchmark.get("host_rates"):
+        console.print(f"host rates: {report.host_benchmark['host_rates']}")
     if report.host_terms:
         terms = Table(title="Host terms of the time model: measured here, fitted, or assumed", title_justify="left")
         for column in ("term", "value", "source", "how"):

@@ -202,3 +202,38 @@ def test_a_writer_reads_and_writes_under_the_lock_another_writer_waits_on() -> N
     assert kept("counter", now=MEASURED) == {"n": 2, "measured_at": MEASURED.isoformat(timespec="seconds")}
     with open(lock_path, "a") as after:  # released
         fcntl.flock(after.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_the_calibration_report_says_whether_the_host_rates_were_measured_now_or_read_from_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The text and the JSON of ``planner calibrate`` say ``host rates: measured now`` or ``host rates: from the
+    cache of DATE (expires DATE)``. Before, the text said neither, and the JSON not when a kept entry expires."""
+    from planner.calibration.fit import _host_rates
+    from planner.job.target import detected_target
+    from planner.report.calibration_text import render_calibration
+    from planner.report.results import CalibrationReport
+    from planner.report.text import console
+    from probes.measure import host_rates
+    from probes.measure.host_rates import HostRates
+
+    def benchmark() -> HostRates:  # a stand-in, as above
+        return HostRates(12.5, 3.0, None, threads=1, buffer_bytes=2**20, seconds=0.5, why_not={})
+
+    monkeypatch.setattr(host_rates, "measure_host_rates", benchmark)
+    here = detected_target()
+    _, measured = _host_rates(here, run=True, now=MEASURED)
+    _, cached = _host_rates(here, run=True, now=MEASURED + timedelta(days=2))  # read back two days on
+    week_on = "2026-03-08T12:00:00+00:00"  # MEASURED + MAX_AGE, a week
+    assert measured["host_rates"] == f"measured now (kept in the cache until {week_on})"
+    assert cached["host_rates"] == f"from the cache of 2026-03-01T12:00:00+00:00 (expires {week_on})"
+    assert (cached["measured_at"], cached["expires_at"]) == ("2026-03-01T12:00:00+00:00", week_on)
+    for benchmark_report, said in ((measured, "measured now"), (cached, "from the cache of 2026-03-01T12:00:00")):
+        report = CalibrationReport(
+            calibration_id=None, target=here, device="cpu", fingerprint={}, observations=1, probe_ids=["p"],
+            parameters=[], errors={}, version=1, host_benchmark=benchmark_report,
+        )  # fmt: skip
+        assert json.loads(report.to_json())["host_benchmark"]["host_rates"] == benchmark_report["host_rates"]
+        with console.capture() as captured:
+            render_calibration(report)
+        assert f"host rates: {said}" in " ".join(captured.get().split())
