@@ -1,7 +1,8 @@
 """Progress of probes as plain lines, where no live display shows (output to a pipe, a file, a CI log).
 
 ``planner probe`` shows a live progress bar on a terminal; elsewhere, and for ``planner tune`` always, the
-progress is lines on stderr: one as each probe starts (``probe 2/5: ZeRO-2, mb 4 x 2``), then, while it runs, a
+progress is lines on stderr: one as each probe starts, with the time (ISO UTC) its process is started at, to match it
+to a log (``probe 2/5: ZeRO-2, mb 4 x 2 (started 2026-11-29T18:59:34Z)``), then, while it runs, a
 heartbeat every ``MEMPLAN_PROGRESS_INTERVAL_S`` seconds (default 30; 0 turns it off: ``planner.progress``)
 counted from its start:
 ``  still running: 1m30s of at most 10m`` (the probe's timeout). A probe ends by its timeout at the latest: the
@@ -14,6 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import TextIO
 
@@ -25,10 +27,21 @@ __all__ = ["GRACE_S", "INTERVAL_ENV", "ProbeLines", "elapsed_text", "interval_s"
 GRACE_S = 60.0  # after its timeout, a probe's process group is killed: it has ended within this
 
 
+def utc_now() -> datetime:
+    """The wall clock's now, in UTC."""
+    return datetime.now(UTC)
+
+
+def started_text(moment: datetime) -> str:
+    """``(started 2026-11-29T18:59:34Z)``: when a probe's process starts, ISO 8601 in UTC to the second."""
+    return f"(started {moment.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ})"
+
+
 class ProbeLines:
-    """Plain progress lines on ``stream``: :meth:`start` writes one as a probe starts, and a background thread a
-    heartbeat every ``interval`` seconds while it runs (none when ``interval`` is None). :meth:`note` writes a line
-    between them. Use it as a context manager: leaving it stops the heartbeat."""
+    """Plain progress lines on ``stream``: :meth:`start` writes one as a probe starts, stamped with the ``wall``
+    clock's time (its process is started right after the line: the probe runs in a fresh process), and a background
+    thread a heartbeat every ``interval`` seconds while it runs (none when ``interval`` is None). :meth:`note` writes
+    a line between them. Use it as a context manager: leaving it stops the heartbeat."""
 
     def __init__(
         self,
@@ -36,11 +49,13 @@ class ProbeLines:
         timeout_s: float,
         interval: float | None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utc_now,
     ) -> None:
         self.stream = stream
         self.timeout_s = timeout_s
         self.interval = interval
         self.clock = clock
+        self.wall = wall
         self._wake = threading.Condition()
         self._started: float | None = None  # when the running probe started
         self._next = 0.0  # when its next heartbeat is due
@@ -57,9 +72,10 @@ class ProbeLines:
             self._write(line)
 
     def start(self, line: str) -> None:
-        """A probe starts: its line, and the heartbeat counts from now."""
+        """A probe starts: its line with the time it starts at (:func:`started_text`), and the heartbeat counts
+        from now."""
         with self._wake:
-            self._write(line)
+            self._write(f"{line} {started_text(self.wall())}")
             self._started = self.clock()
             if self.interval is None:
                 return

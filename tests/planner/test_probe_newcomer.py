@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -318,12 +319,26 @@ def test_tune_announces_its_probes_before_the_first(tmp_path: Path) -> None:
 
 # --- progress lines where no live display shows ----------------------------------------------------------------
 
+WALL = datetime(2026, 11, 29, 19, 40, 5, 250000, tzinfo=timezone(timedelta(hours=2)))  # an injected wall clock
+STARTED = "(started 2026-11-29T17:40:05Z)"  # the same moment in UTC, to the second
+
+
+def test_a_probes_line_says_when_it_started_in_utc() -> None:
+    """The line a probe starts with carries the time its process starts at (ISO 8601, UTC), to match the
+    process to a log; before, it said only which probe."""
+    from planner.cli.progress import ProbeLines
+
+    out = io.StringIO()
+    with ProbeLines(out, timeout_s=600, interval=None, wall=lambda: WALL) as lines:
+        lines.start("probe 1/3: ZeRO-2, mb 4x2")
+    assert out.getvalue() == f"probe 1/3: ZeRO-2, mb 4x2 {STARTED}\n"
+
 
 def test_progress_lines_start_each_probe_and_beat_while_it_runs() -> None:
     from planner.cli.progress import ProbeLines
 
     out = io.StringIO()
-    with ProbeLines(out, timeout_s=600, interval=0.05) as lines:
+    with ProbeLines(out, timeout_s=600, interval=0.05, wall=lambda: WALL) as lines:
         lines.start("probe 1/2: A")
         time.sleep(0.4)
         lines.note("a note")
@@ -332,10 +347,11 @@ def test_progress_lines_start_each_probe_and_beat_while_it_runs() -> None:
     written = out.getvalue().splitlines()
     time.sleep(0.15)
     assert out.getvalue().splitlines() == written  # nothing after the block
-    assert written[0] == "probe 1/2: A" and "a note" in written and "probe 2/2: B" in written
+    b = f"probe 2/2: B {STARTED}"
+    assert written[0] == f"probe 1/2: A {STARTED}" and "a note" in written and b in written
     beats = [line for line in written if line.startswith("  still running: ")]
     assert len(beats) >= 3 and all(line.endswith(" of at most 10m") for line in beats)
-    after_b = written[written.index("probe 2/2: B") + 1 :]
+    after_b = written[written.index(b) + 1 :]
     assert after_b and after_b[0] == "  still running: 0s of at most 10m"  # counted from B's start
 
 
@@ -343,10 +359,10 @@ def test_no_heartbeat_with_interval_zero_and_none_past_the_probes_end() -> None:
     from planner.cli.progress import GRACE_S, ProbeLines
 
     quiet = io.StringIO()
-    with ProbeLines(quiet, timeout_s=600, interval=None) as lines:
+    with ProbeLines(quiet, timeout_s=600, interval=None, wall=lambda: WALL) as lines:
         lines.start("probe 1/1: A")
         time.sleep(0.1)
-    assert quiet.getvalue() == "probe 1/1: A\n"
+    assert quiet.getvalue() == f"probe 1/1: A {STARTED}\n"
 
     now = [0.0]
     late = io.StringIO()
@@ -418,7 +434,9 @@ def test_a_piped_planner_probe_prints_progress_lines(tiny: Path, tmp_path: Path,
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     starts = [line for line in lines if line.startswith("probe ")]
-    assert starts == ["probe 1/2: ZeRO-0, mb 2x1", "probe 2/2: ZeRO-1, mb 2x1"]
+    stamp = r" \(started \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)"  # when its process started, ISO UTC
+    assert [re.sub(stamp, "", line) for line in starts] == ["probe 1/2: ZeRO-0, mb 2x1", "probe 2/2: ZeRO-1, mb 2x1"]
+    assert all(re.search(stamp + "$", line) for line in starts)
     for start, end in ((starts[0], starts[1]), (starts[1], None)):
         during = lines[lines.index(start) + 1 : lines.index(end) if end else len(lines)]
         beats = [line for line in during if line.startswith("  still running: ")]
