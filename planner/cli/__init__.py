@@ -25,6 +25,7 @@ from planner.cli import probes as probes_cmd
 from planner.cli import recommend as recommend_cmd
 from planner.cli import tune as tune_cmd
 from planner.cli.argv_check import argv_error, click_command, take_verbose
+from planner.cli.collector import collector_paused
 from planner.cli.failing import internal_error, refuse
 from planner.cli.stopping import stop_on_signals
 from planner.job.inputs import shapes_saved_on_success
@@ -76,6 +77,12 @@ def _global_options(
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 'does not fit' for check or an internal error, 2 bad input)."""
     verbose, args = take_verbose(app, [str(a) for a in (sys.argv[1:] if argv is None else argv)])
+    with collector_paused(args):  # planner.cli.collector: a quarter of recommend's CPU seconds went to it
+        return _command(verbose, args)
+
+
+def _command(verbose: bool, args: list[str]) -> int:
+    """Run the command in ``args`` (the words after ``planner``, ``--verbose`` taken out): :func:`main`."""
     refused = argv_error(app, args)
     if refused is not None:  # what typer would let through: 2.0 for a whole number, a bare -- before nothing
         return refuse(refused, verbose=verbose)
