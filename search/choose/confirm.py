@@ -50,7 +50,8 @@ FLOOR_SLACK = 0.02
 Predict = Callable[[Strategy | RLHFStrategy], Prediction]
 Floor = Callable[[Strategy | RLHFStrategy], int]
 # a lower bound of a variant's screened seconds without ``empty_cache`` calls, cheaper than its screen
-# (:func:`search.choose.engine_inner.fewest_seconds`)
+# (:func:`search.choose.engine_inner.fewest_seconds`); it reads neither ``empty_cache`` nor the allocator (asked
+# once a step: :func:`_step_key`)
 Least = Callable[[Strategy | RLHFStrategy], float]
 # a lower bound of the replayed score of every variant of a candidate's outer point (search.choose.optimize)
 PointLeast = Callable[[Candidate], float]
@@ -174,8 +175,36 @@ def _screened_below(
     those ``least_seconds`` puts below it (the rest would be screened for naught)."""
     indices: Iterable[int] = range(len(variants))
     if limit < math.inf and least_seconds is not None:
-        indices = [i for i in indices if least_seconds(variants[i]) < limit]
+        least: dict[Strategy | RLHFStrategy | tuple[Any, ...], float] = {}  # by step (:func:`_step_key`)
+        below = []
+        for i in indices:
+            step = _step_key(variants[i])
+            if step not in least:
+                least[step] = least_seconds(variants[i])
+            if least[step] < limit:
+                below.append(i)
+        indices = below
     return sorted(_screened(indices, variants, screen), key=lambda entry: entry[:2])
+
+
+def _step_key(variant: Strategy | RLHFStrategy) -> Strategy | RLHFStrategy | tuple[Any, ...]:
+    """``variant`` but for its ``empty_cache`` policy and allocator, which :data:`Least` does not read: one key for
+    the variants of a step (an RLHF variant's fields as a tuple, cheaper than the strategy rebuilt)."""
+    if isinstance(variant, RLHFStrategy):
+        v = variant
+        return (
+            v.actor,
+            v.critic,
+            v.reference,
+            v.reward,
+            v.hybrid_engine,
+            v.ema,
+            v.rollout,
+            v.generation_batch,
+            v.micro_batch,
+            v.grad_accum,
+        )
+    return replace(variant, empty_cache="never", allocator="default")
 
 
 def _replayed(variant: Strategy | RLHFStrategy, predict: Predict) -> Candidate:
@@ -232,14 +261,15 @@ def _beaten(
     equality). ``least_seconds``: a lower bound of a step's screened seconds without ``empty_cache`` calls; a step
     it puts at or above the best replayed seconds is passed over unscreened (its screen would put it there too:
     most of a point's steps, each a step to build, issue 42's recommend latency)."""
-    steps: dict[Strategy | RLHFStrategy, list[int]] = {}  # by the variant without empty_cache calls
+    steps: dict[Strategy | RLHFStrategy | tuple[Any, ...], list[int]] = {}  # by step (:func:`_step_key`)
     for i, strategy in enumerate(variants):
-        steps.setdefault(replace(strategy, empty_cache="never", allocator="default"), []).append(i)
+        steps.setdefault(_step_key(strategy), []).append(i)
     limit = min(limit, best.prediction.step_time_s)  # the best replayed seconds so far
     faster: list[tuple[float, list[tuple[float, int, Prediction]]]] = []  # (least seconds, screened variants)
-    for fewest, members in steps.items():
-        own = [i for i in members if variants[i] == fewest]
-        if own and least_seconds is not None and least_seconds(fewest) >= limit:
+    for members in steps.values():
+        # the step's variant without empty_cache calls (the step's key names every other field)
+        own = [i for i in members if variants[i].empty_cache == "never" and variants[i].allocator == "default"]
+        if own and least_seconds is not None and least_seconds(variants[own[0]]) >= limit:
             continue  # no variant of this step can replay faster, by a bound cheaper than its screen
         fewest_own = _screened(own, variants, screen)
         if own and not fewest_own:

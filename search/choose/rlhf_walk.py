@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_score
@@ -50,6 +51,7 @@ RLHF_ALTERNATIVES = 4  # fitting points the bound walk ranks exactly by default:
 Part = tuple[float, int, int, float, int, int, int]
 
 
+@lru_cache(maxsize=4096)
 def _role_part(
     ctx: RLHFContext,
     role: str,
@@ -57,7 +59,8 @@ def _role_part(
     hybrid_engine: bool,
     rollout: RolloutStrategy | None,
 ) -> Part:
-    """One model's share of a point's bound: its least seconds and least live bytes over the batch splits."""
+    """One model's share of a point's bound: its least seconds and least live bytes over the batch splits (cached
+    by value: the confirmation asks :func:`point_bounds` one candidate's point at a time, each its own blocks)."""
     splits = batch_choices(ctx.workload, ctx.hardware)
     if role == "actor" and rollout is not None:
         assert isinstance(block, TrainedModelStrategy)
@@ -87,6 +90,26 @@ def _add(total: Part | None, part: Part) -> Part:
     )
 
 
+@lru_cache(maxsize=64)
+def _shared_terms(ctx: RLHFContext) -> tuple[int, float, float, int]:
+    """What every point of :func:`point_bounds` shares: (the largest usable bytes, the least shared seconds with
+    DeepSpeed's generation and with an engine's, the shared bytes)."""
+    hardware, coef = ctx.hardware, ctx.coef
+    # the most any strategy's usable bytes can be (its measured spread only lowers them): the memory part of the
+    # bound is a lower bound of the replay's peak reserved (resident and live bytes: no fragments, nothing
+    # cached), held against the largest budget, so a point it penalizes cannot fit by the replay
+    budget = gpu_budget_bytes(hardware, replace(coef, reserved_spread=0.0))
+    splits = batch_choices(ctx.workload, hardware)
+    least_shared = min(shared_seconds(ctx, split) for split in splits)
+    # an engine's rollout is one call, where DeepSpeed's generation pays the per-call overhead for every batch
+    least_engine_shared = min(
+        shared_seconds(ctx, split)
+        - coef.step_overhead_s * (ctx.job.prompts_per_gpu // split[0] * ctx.job.generate_passes - 1)
+        for split in splits
+    )
+    return budget, least_shared, least_engine_shared, shared_bytes(ctx)
+
+
 def point_bounds(
     workload: Workload, hardware: Hardware, coef: Coefficients, points: list[RLHFOuterPoint]
 ) -> list[float]:
@@ -97,19 +120,8 @@ def point_bounds(
     as a sum over the point's models would add them, so each bound is the same float.
     """
     ctx = rlhf_context(workload, hardware, coef)
-    # the most any strategy's usable bytes can be (its measured spread only lowers them): the memory part of the
-    # bound is a lower bound of the replay's peak reserved (resident and live bytes: no fragments, nothing
-    # cached), held against the largest budget, so a point it penalizes cannot fit by the replay
-    budget, host_budget = gpu_budget_bytes(hardware, replace(coef, reserved_spread=0.0)), hardware.cpu_memory_bytes
-    splits = batch_choices(workload, hardware)
-    least_shared = min(shared_seconds(ctx, split) for split in splits)
-    # an engine's rollout is one call, where DeepSpeed's generation pays the per-call overhead for every batch
-    least_engine_shared = min(
-        shared_seconds(ctx, split)
-        - coef.step_overhead_s * (ctx.job.prompts_per_gpu // split[0] * ctx.job.generate_passes - 1)
-        for split in splits
-    )
-    constant = shared_bytes(ctx)
+    budget, least_shared, least_engine_shared, constant = _shared_terms(ctx)
+    host_budget = hardware.cpu_memory_bytes
     parts: dict[tuple[Any, ...], Part] = {}  # by (role, identity of the block, generation): one model's piece
     prefixes: dict[tuple[Any, ...], Part] = {}  # by the identities of a point's first blocks: their pieces added
     engine_floors: dict[int, tuple[bool, int]] = {}  # by the identity of the rollout

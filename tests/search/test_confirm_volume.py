@@ -1,0 +1,111 @@
+"""The confirmation's work per point, cut without changing what it finds (issue 42: recommend's latency).
+
+``resolve`` asks the cheap bound of a variant's seconds (``least_seconds``, :func:`search.choose.engine_inner.
+fewest_seconds`) once a step, not once a variant: a step's variants differ in ``empty_cache`` and allocator only,
+which the bound does not read (the demo's searches asked it 47,727 times for about 8,000 steps). The bound walk's
+per-model bound of a candidate's point (:func:`search.choose.optimize.rlhf_point_least`) reuses the pieces of the
+blocks it met before. :func:`search.choose.optimize.rlhf_variants` builds each variant with the constructor and
+keeps every field of the strategy but the inner ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from fake_predictions import prediction as fake_prediction
+from small_jobs import grpo_opt125m
+
+from search import DEFAULT_COEFFICIENTS as C
+from search.choose.candidates import Candidate
+from search.choose.confirm import _step_key, resolve
+from search.choose.optimize import rlhf_point_least, rlhf_variants
+from search.choose.rlhf_space import rlhf_outer_points
+from search.choose.rlhf_walk import point_bounds
+from search.choose.rollout_space import searched_generations
+from search.prediction import Prediction
+from store.records import RLHFStrategy, Strategy, TrainedModelStrategy
+
+INNER = {"generation_batch", "micro_batch", "grad_accum", "empty_cache", "allocator", "rollout"}
+
+
+def test_the_bound_is_asked_once_a_step_and_the_same_variants_are_screened() -> None:
+    """Three steps (mb 1, 2, 4) of two ``empty_cache`` policies each, resolved against a limit of 2.0 s, none
+    fitting by the replay: the bound is asked three times (six before), exactly the variants of the steps it puts
+    below the limit are screened (mb 1 and mb 2), and the answer is the one found without the bound."""
+    variants = [Strategy(micro_batch=m, empty_cache=p) for m in (1, 2, 4) for p in ("never", "every-step")]
+    bounds = {1: 1.4, 2: 1.7, 4: 2.0}
+    asked: list[Strategy] = []
+    screened: list[Strategy] = []
+
+    def screen(s: Strategy | RLHFStrategy) -> Prediction:
+        assert isinstance(s, Strategy)
+        screened.append(s)
+        return fake_prediction(bounds[s.micro_batch] + 0.1, 9.0)
+
+    def replay(s: Strategy | RLHFStrategy) -> Prediction:
+        assert isinstance(s, Strategy)
+        return fake_prediction(bounds[s.micro_batch] + 0.2, 10.5)
+
+    def least(s: Strategy | RLHFStrategy) -> float:
+        assert isinstance(s, Strategy)
+        asked.append(s)
+        return bounds[s.micro_batch]
+
+    without = resolve(variants, screen, replay, None, needed=False, limit=2.0)
+    screened.clear()
+    found, at, made = resolve(variants, screen, replay, None, needed=False, limit=2.0, least_seconds=least)
+    assert len(asked) == 3 and {s.micro_batch for s in asked} == {1, 2, 4}
+    assert without[0] is not None and (found, at, made) == without
+    assert {(s.micro_batch, s.empty_cache) for s in screened} == {
+        (m, p) for m in (1, 2) for p in ("never", "every-step")
+    }
+    assert found is not None and found.strategy == variants[0] and (at, made) == (1.5, 4)
+
+
+def test_a_step_key_tells_apart_exactly_the_variants_that_differ_beyond_empty_cache_and_allocator() -> None:
+    """Over the variants of two points (and the same with EMA on), two variants share a key exactly when they are
+    equal once both are without ``empty_cache`` calls on the default allocator."""
+    workload, hardware = grpo_opt125m()
+    points = list(rlhf_outer_points(workload, hardware, generations=searched_generations(workload, hardware)))
+    engine = next(p for p in points if p.rollout is not None)
+    other = next(p for p in points if p.rollout is None)
+    variants: list[RLHFStrategy] = []
+    for p in (engine, other):
+        s = RLHFStrategy(p.actor, p.critic, p.reference, p.reward, p.hybrid_engine, rollout=p.rollout)
+        for ema in (False, True):
+            variants += rlhf_variants(workload, hardware, replace(s, ema=ema))[::7]
+    plain = [replace(v, empty_cache="never", allocator="default") for v in variants]
+    keys = [_step_key(v) for v in variants]
+    pairs = [(i, j) for i in range(len(variants)) for j in range(i + 1, len(variants))]
+    assert all((keys[i] == keys[j]) == (plain[i] == plain[j]) for i, j in pairs)
+    assert any(keys[i] == keys[j] and variants[i] != variants[j] for i, j in pairs)  # a step's variants share it
+
+
+def test_the_variants_keep_every_field_of_the_strategy_but_the_inner_ones() -> None:
+    """A strategy with EMA, a LoRA actor and its reward's own block: every variant holds each of them, and its
+    inner fields range over the point's choices."""
+    workload, hardware = grpo_opt125m()
+    points = list(rlhf_outer_points(workload, hardware, generations=searched_generations(workload, hardware)))
+    p = next(p for p in points if p.rollout is None)
+    s = RLHFStrategy(replace(p.actor, lora_rank=8), p.critic, p.reference, p.reward, p.hybrid_engine, ema=True)
+    kept = [f.name for f in fields(RLHFStrategy) if f.name not in INNER]
+    assert kept  # the fields the variants keep
+    variants = rlhf_variants(workload, hardware, s)
+    assert all(getattr(v, name) == getattr(s, name) for v in variants for name in kept)
+    assert isinstance(variants[0].actor, TrainedModelStrategy) and variants[0].actor.lora_rank == 8
+    assert len({(v.micro_batch, v.empty_cache) for v in variants}) > 1
+
+
+def test_a_candidates_walk_bound_is_the_one_the_bound_walk_gives_its_point() -> None:
+    """``rlhf_point_least`` of each DeepSpeed-generation point, asked one candidate at a time as the confirmation
+    asks (the blocks' pieces cached by value across the calls), is the bound of that point among all of them."""
+    workload, hardware = grpo_opt125m()
+    points = [
+        p
+        for p in rlhf_outer_points(workload, hardware, generations=searched_generations(workload, hardware))
+        if p.rollout is None
+    ][:60]
+    together = point_bounds(workload, hardware, C, points)
+    for p, bound in zip(points, together, strict=True):
+        strategy = RLHFStrategy(p.actor, p.critic, p.reference, p.reward, p.hybrid_engine)
+        assert rlhf_point_least(workload, hardware, C, Candidate(strategy, fake_prediction(1.0, 1.0))) == bound
