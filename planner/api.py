@@ -23,19 +23,15 @@ of these:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from planner.calibration.fit import calibrate
 from planner.job.inputs import JobKeywords, JobSpec
 from planner.planning.exporting import export
 from planner.planning.predicting import JOB_FIELDS, check, empty_cache_effect, job_spec, predict, recommend
 from planner.planning.saved import calibrations, memory_plot, plan, plans, probes
 from planner.planning.snapshots import probe_snapshot, probe_stream, write_probe_snapshot
-from planner.probing.device import probe_gpu
-from planner.probing.program import probe_program
-from planner.probing.session import probe as run_probe_session
 from planner.report.gpus import gpu_catalog
 from planner.report.results import (
     SCHEMA_VERSION,
@@ -48,9 +44,12 @@ from planner.report.results import (
 )
 from planner.report.strategy_record import FrozenModelBlock, PlanStrategy, TrainedModelBlock
 from planner.runtime import EmptyCachePolicy
-from planner.tuning.run import tune as run_tune
 from search import Coefficients, describe_coefficients
 from store.measurements import ProbeRequest, ProbeResult
+
+if TYPE_CHECKING:  # loaded on first use (__getattr__): recommend, predict and check never need them
+    from planner.calibration.fit import calibrate
+    from planner.probing.program import probe_program
 
 __all__ = [
     "CalibrationReport",
@@ -88,6 +87,20 @@ __all__ = [
     "tune",
     "write_probe_snapshot",
 ]
+
+
+# The measuring layer (probes, programs, calibration, tuning: about 40 modules) is imported by the functions that
+# measure, not by this module: ``planner recommend`` imports this module and spent about 40 ms on them.
+_LAZY = {"calibrate": "planner.calibration.fit", "probe_program": "planner.probing.program"}
+
+
+def __getattr__(name: str) -> Any:
+    """Load ``calibrate`` and ``probe_program`` (and the measuring layer under them) on first access."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ProbeOptions(JobKeywords, total=False):
@@ -133,6 +146,9 @@ def probe(model: str | JobSpec, *, device: str = "cuda", **options: Unpack[Probe
     Where the job names neither ``gpu_mem`` nor ``gpu``, the probe plans for the GPU it runs on (its catalog
     entry, read by nvidia-smi) on cuda, and for 24G on the CPU backend (``planner.probing.device.probe_gpu``).
     """
+    from planner.probing.device import probe_gpu
+    from planner.probing.session import probe as run_probe_session
+
     spec = job_spec(model, {k: v for k, v in options.items() if k in JOB_FIELDS})
     rest: dict[str, Any] = {k: v for k, v in options.items() if k not in JOB_FIELDS}
     spec = probe_gpu(spec, device, rest.get("on_note"))
@@ -142,6 +158,8 @@ def probe(model: str | JobSpec, *, device: str = "cuda", **options: Unpack[Probe
 def tune(model: str | JobSpec, **options: Unpack[TuneOptions]) -> TuneReport:
     """Probe the best candidates, refit the cost model and save a confirmed plan (``planner.tuning.run.tune``,
     whose docstring says how)."""
+    from planner.tuning.run import tune as run_tune
+
     return run_tune(model, **options)
 
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from planner.job.calibrated import calibrated
 from planner.job.inputs import JobSpec, ResolvedJob, job_fields, resolve
-from planner.report.plot import EngineTurn, PlanFigures, write_memory_plot
 from search import DEFAULT_COEFFICIENTS, Coefficients, replay_timeline
 from store.db import holds_no_store, open_storage, would_create
 from store.errors import InputError
@@ -183,6 +182,7 @@ def memory_plot(
     vLLM or SGLang engine draws the engine's turn as a block of its own (its weights, KV cache, awake and asleep
     bytes, from the plan's ``predicted.rollout``), its rows first, beside the trainer's replayed phases. The step
     is replayed under the plan's own calibration (:func:`planned_coefficients`), as its prediction was."""
+    from planner.report.plot import EngineTurn, PlanFigures, write_memory_plot  # the drawing: only when drawn
 
     record = plan(plan_id, db=db)
     document = record.document
