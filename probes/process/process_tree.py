@@ -13,10 +13,30 @@ reaps it, a new process gets the number). :func:`kill_tree` names each process i
 from the same read of ``/proc/PID/stat``, takes a pidfd of it (``os.pidfd_open``, Linux 5.3) and reads the start
 time again: the same one means the pidfd is that process, and ``signal.pidfd_send_signal`` reaches that process or
 none, never a successor. Where pidfds are not had (an older kernel), the start time is read again just before
-``os.kill``, which leaves a window of that read only. A process group has no such handle: its number is not
-reused while a member lives, so each group is killed before its members, while the member that named it was just
-seen alive; a pid only announced (a rank that reported it, no longer under the tree) is killed as a process group
-only, never by its pid, whose process may be anyone's by now.
+``os.kill``, which leaves a window of that read only.
+
+A process group number has no such handle, and it is reused: once its last member is gone, the number is a free
+pid again (Linux frees a pid number when no task holds it as its pid, group or session; a pidfd does not hold
+it), and a new process given it that calls ``setsid`` or ``setpgid(0, 0)`` (a shell job, a daemon) leads a group
+of the same number. A pid only announced (a rank that reported it and exited, its helpers left in its group) may
+be minutes old by the kill; a group named by a member just found may lose its last member between the read and
+the kill. So no group is signalled by its number (but ``top``'s, the caller's unreaped child's, whose number is
+held by it): each member is signalled through its own pidfd, and a process is taken as a member of a group only
+where that is known to be the group the tree made, not a successor of its number (:func:`_hold_groups`):
+
+- while a witness of the group lives: a process of the tree, or one already held, seen in the group before the
+  read of ``/proc`` and alive, with the same start time, after it (held processes are stopped, so they stay alive
+  until killed); while one member lives the number is not reused, so every process the read saw in the group was
+  in the tree's group;
+- or, with no witness (an announced rank's group whose leader has exited), where the process's environment
+  carries this planner's mark (``MEMPLAN_PLANNER_PID``, set in every probe child's environment by
+  :func:`probes.process.isolation.child_env` and inherited by what it starts): a successor of the number is
+  someone else's and carries no such mark, so it is never signalled. A helper that cleared its environment in a
+  group whose every other member is gone is not found that way; it still ends with the planner
+  (:mod:`probes.process.parent_watch`).
+
+Each member found is stopped at once (SIGSTOP through its pidfd: it starts nothing more and stays alive as a
+witness), the read is repeated until it finds no new member, and then every held process is killed.
 """
 
 from __future__ import annotations
@@ -27,8 +47,9 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from probes.process.proc_stat import GROUP, PARENT, START, read_stat_fields
+from probes.process.proc_stat import GROUP, PARENT, START, STATE, read_stat_fields
 
 __all__ = [
     "GROUP_GONE_S",
@@ -46,7 +67,11 @@ GROUP_GONE_S = 30.0  # the most a killed group's members may take to be reaped (
 
 
 def kill_group(pgid: int) -> None:
-    """SIGKILL every process of group ``pgid`` (gone already: nothing to do)."""
+    """SIGKILL every process of group ``pgid`` (gone already: nothing to do), by its number: safe while a member
+    the caller knows holds the number (its own unreaped child, the leader). After the leader is reaped
+    (:func:`probes.process.isolation.run_child` ends its child's helpers so) a member left holds it too; with
+    none left, the number is free and the signal reaches a successor only if, between the reap and this call in
+    the same thread, the pid counter came round to it and its new process made itself a group leader."""
     signal_group(pgid, signal.SIGKILL)
 
 
@@ -72,6 +97,7 @@ class Seen:
     parent: int
     group: int
     start: int  # starttime, clock ticks after boot (proc(5) field 22)
+    ended: bool = False  # a zombie (state Z or X): it holds its numbers until reaped, but does nothing
 
 
 def _stat(pid: int) -> Seen | None:
@@ -80,7 +106,7 @@ def _stat(pid: int) -> Seen | None:
     fields = read_stat_fields(pid)
     if len(fields) <= START or not all(fields[k].isdigit() for k in (PARENT, GROUP, START)):
         return None
-    return Seen(pid, int(fields[PARENT]), int(fields[GROUP]), int(fields[START]))
+    return Seen(pid, int(fields[PARENT]), int(fields[GROUP]), int(fields[START]), fields[STATE] in (b"Z", b"X"))
 
 
 def _all_processes() -> list[Seen]:
@@ -130,19 +156,24 @@ def _pin(seen: Seen) -> int | None:
     return handle
 
 
-def _kill_seen(seen: Seen, handle: int) -> bool:
-    """SIGKILL the process ``seen`` names through its pidfd ``handle``, or (-1: no pidfds here) by its pid once
-    the start time read again says it is still that process; whether the signal was sent."""
+def _signal_seen(seen: Seen, handle: int, sig: int) -> bool:
+    """Send ``sig`` to the process ``seen`` names through its pidfd ``handle``, or (-1: no pidfds here) by its pid
+    once the start time read again says it is still that process; whether the signal was sent."""
     try:
         if handle >= 0:
-            signal.pidfd_send_signal(handle, signal.SIGKILL)
+            signal.pidfd_send_signal(handle, sig)
         elif (now := _stat(seen.pid)) is not None and now.start == seen.start:
-            os.kill(seen.pid, signal.SIGKILL)
+            os.kill(seen.pid, sig)
         else:
             return False
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def _kill_seen(seen: Seen, handle: int) -> bool:
+    """SIGKILL the process ``seen`` names (:func:`_signal_seen`); whether the signal was sent."""
+    return _signal_seen(seen, handle, signal.SIGKILL)
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -151,37 +182,113 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+HOLD_ROUNDS = 64  # reads of /proc at most while members are still found (each stops what it finds)
+
+
+def _marks() -> set[bytes]:
+    """The environment entries that make a process this planner's: ``MEMPLAN_PLANNER_PID`` set to this process
+    (the planner) or to the planner this process was started by."""
+    from probes.process.parent_watch import PLANNER_PID_VARIABLE  # here: parent_watch imports this module
+
+    values = {str(os.getpid()), os.environ.get(PLANNER_PID_VARIABLE, "")}
+    return {f"{PLANNER_PID_VARIABLE}={value}".encode() for value in values if value}
+
+
+def _carries(pid: int, marks: set[bytes]) -> bool:
+    """Whether process ``pid`` was started with one of ``marks`` in its environment (False where unreadable)."""
+    try:
+        environment = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return not marks.isdisjoint(environment.split(b"\0"))
+
+
+def _hold(seen: Seen, held: dict[int, tuple[Seen, int]]) -> None:
+    """Pin the process ``seen`` names (:func:`_pin`) and stop it through the pin; kept in ``held`` by pid."""
+    if seen.pid in held or seen.ended:
+        return
+    handle = _pin(seen)
+    if handle is not None:
+        held[seen.pid] = (seen, handle)
+        _signal_seen(seen, handle, signal.SIGSTOP)
+
+
+def _witnessed(held: dict[int, tuple[Seen, int]]) -> set[int]:
+    """The groups a held process is in now, alive and still itself (its start time): while it is, the number
+    is that group's, not a successor's."""
+    groups = set()
+    for seen, _ in held.values():
+        now = _stat(seen.pid)
+        if now is not None and now.start == seen.start and not now.ended:
+            groups.add(now.group)
+    return groups
+
+
+def _hold_groups(groups: set[int], held: dict[int, tuple[Seen, int]], marks: set[bytes], mine: int) -> None:
+    """Hold (pin and stop) every process of ``groups`` known to be in the group the tree made (the module
+    docstring: a witness alive across the read of ``/proc``, else this planner's mark in its environment), and
+    every child of a held process with its group, read after read until one finds nothing new. The caller's own
+    group ``mine`` is never one of them (a child of a held process in it is held alone)."""
+    for _ in range(HOLD_ROUNDS):
+        found = _all_processes()
+        witnessed = _witnessed(held)  # alive after the read, and held (alive) before it: alive all through
+        new = [
+            seen
+            for seen in found
+            if seen.pid not in held
+            and not seen.ended
+            and (
+                seen.parent in held
+                or seen.group in witnessed & groups
+                or (seen.group in groups and _carries(seen.pid, marks))
+            )
+        ]
+        if not new:
+            return
+        for seen in new:
+            _hold(seen, held)
+            if seen.group > 1 and seen.group != mine:
+                groups.add(seen.group)
+
+
 def kill_tree(top: int, announced: list[int]) -> None:
-    """SIGKILL ``top`` (a group leader), every process under it and every announced pid's process group, and each
-    found process's group; return once none of those groups is left but ``top``'s own (its leader, the caller's
-    child, is a zombie until the caller reaps it: then :func:`wait_group_gone` of ``top``). A found process is
-    signalled through a pidfd (the module docstring: never a process that took its pid since).
+    """SIGKILL ``top`` (a group leader), every process under it, every member of the groups they are in and of
+    every announced pid's group; return once none of them is left but ``top``'s group (its leader, the caller's
+    child, is a zombie until the caller reaps it: then :func:`wait_group_gone` of ``top``). Every process but
+    ``top``'s group is signalled through its own pidfd, never a group by its number (the module docstring: a
+    member of a group is one known to be in the group the tree made, never in a successor of its number).
 
     The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
     still names the group its helpers were left in, though it is no longer under the launcher."""
-    signal_group(top, signal.SIGSTOP)
-    pinned: list[tuple[Seen, int]] = []
-    for seen in seen_under(top):
-        handle = _pin(seen)
-        if handle is not None:
-            pinned.append((seen, handle))
+    signal_group(top, signal.SIGSTOP)  # its number is held by the caller's unreaped child
+    held: dict[int, tuple[Seen, int]] = {}
     mine = os.getpgrp()
-    named = [p for p in announced if p > 1] + [seen.group for seen, _ in pinned if seen.group > 1]
-    groups = [group for group in dict.fromkeys(named) if group != mine]
     try:
-        for group in groups:  # first, while the members that named them were just seen alive
-            signal_group(group, signal.SIGKILL)
-        for seen, handle in pinned:  # those in no group of their own (this process's group) too
+        for seen in seen_under(top):
+            _hold(seen, held)
+        named = {p for p in announced if p > 1} | {seen.group for seen, _ in held.values() if seen.group > 1}
+        _hold_groups(named - {mine}, held, _marks(), mine)
+        for seen, handle in held.values():
             _kill_seen(seen, handle)
     finally:
-        for _, handle in pinned:
+        for _, handle in held.values():
             if handle >= 0:
                 os.close(handle)
     signal_group(top, signal.SIGKILL)
     signal_group(top, signal.SIGCONT)
-    for group in groups:
-        if group != top:  # the caller reaps ``top`` and then waits for its group
-            wait_group_gone(group)
+    # the caller reaps ``top`` and then waits for its group (and its own group's are its own to reap); the others
+    # are reaped by their parents (init)
+    _wait_gone([seen for seen, _ in held.values() if seen.group not in (top, mine)])
+
+
+def _wait_gone(processes: list[Seen]) -> None:
+    """Wait until none of ``processes`` is left, as itself (its start time), even as a zombie: until reaped."""
+    deadline = time.monotonic() + GROUP_GONE_S
+    left = processes
+    while left and time.monotonic() < deadline:
+        left = [seen for seen in left if (now := _stat(seen.pid)) is not None and now.start == seen.start]
+        if left:
+            time.sleep(0.02)
 
 
 def end_descendants(deadline_s: float = GROUP_GONE_S) -> int:

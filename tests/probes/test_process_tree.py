@@ -18,6 +18,7 @@ from dataclasses import replace
 import pytest
 
 from probes.process import process_tree
+from probes.process.parent_watch import PLANNER_PID_VARIABLE
 from probes.process.process_tree import Seen, kill_tree, seen_under
 
 ENDED_WITHIN_S = 60.0  # a cap on a wait that a SIGKILLed process ends at once; never reached when all is well
@@ -83,3 +84,62 @@ def test_an_announced_pid_is_killed_as_a_group_never_by_its_number(sleeper: subp
         top.kill()
         top.wait()
     assert sleeper.poll() is None  # the old kill_tree sent it SIGKILL by its pid
+
+
+def _session(script: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """``sh -c script`` in a session of its own; the pids it prints, one a line, once it said ``started``."""
+    top = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True, env=env)
+    assert top.stdout is not None
+    said: list[int] = []
+    while (line := top.stdout.readline()) not in (b"started\n", b""):
+        said.append(int(line))
+    return top, said
+
+
+def _alive(pidfd: int) -> bool:
+    return not select.select([pidfd], [], [], 0)[0]
+
+
+def test_an_announced_groups_number_led_by_another_process_now_is_not_signalled() -> None:
+    """A rank announced its pid and exited; the number is a free pid again, and another process (a shell job, a
+    daemon: no planner's mark in its environment) got it and leads a group of that number. The old kill_tree
+    killed that group by its number; now no group is signalled by its number, and an unmarked process of a group
+    no process of the tree witnesses is never taken for the rank's."""
+    unmarked = {k: v for k, v in os.environ.items() if k != PLANNER_PID_VARIABLE}
+    stranger = subprocess.Popen(["sleep", "600"], start_new_session=True, env=unmarked)
+    top, _ = _session("echo started; exec sleep 600")
+    watched = os.pidfd_open(stranger.pid)
+    try:
+        kill_tree(top.pid, [stranger.pid])
+        assert _alive(watched)
+    finally:
+        os.close(watched)
+        for proc in (top, stranger):
+            proc.kill()
+            proc.wait()
+
+
+def test_what_the_tree_left_in_its_groups_is_killed_through_pidfds() -> None:
+    """Two members of the tree's groups that are no longer under it, each killed through its pidfd:
+
+    - a rank (its group's leader) has exited and been reaped; its helper, reparented away, is left in the group
+      and carries the planner's mark (``MEMPLAN_PLANNER_PID``, inherited): no process of the tree is in that
+      group, the mark says it is the planner's;
+    - a process of the tree leads a session (its group); a member of that group left the tree (its parent exited)
+      and carries no mark: the tree's process witnesses the group while /proc is read."""
+    marked = {**os.environ, PLANNER_PID_VARIABLE: str(os.getpid())}
+    rank, (helper,) = _session("sleep 600 & echo $!; echo started", env=marked)
+    assert rank.wait() == 0  # the leader is gone; its helper still holds the group's number
+    top, (member,) = _session("setsid sh -c '(sleep 600 & echo $!); echo started; exec sleep 600' & wait")
+    watched = [os.pidfd_open(helper), os.pidfd_open(member)]
+    try:
+        (leader,) = seen_under(top.pid)
+        outside = process_tree._stat(member)
+        assert outside is not None and outside.group == leader.group and outside.parent != leader.pid
+        kill_tree(top.pid, [rank.pid])
+        assert all(_ended(pidfd) for pidfd in watched)
+    finally:
+        for pidfd in watched:
+            os.close(pidfd)
+        top.kill()
+        top.wait()
