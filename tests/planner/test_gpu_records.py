@@ -37,10 +37,11 @@ _H200_ZERO3_OFFLOAD = (
     "11,272 replayed (-12.6%; allocated within 0.1%, the init exact). memplan's own probe of the same strategy "
     "(h200-2026-11-27.json, 8 MiB reduce bucket) reserved 10.16 GiB against 10.10: the loop's extra 1,542 MiB beyond "
     "its 954 MiB bucket is this program's. Ruled out from DeepSpeed 0.19.8's code: bucket-sized casts or copies in "
-    "the flush, the deferred offload pass, gathers on one rank, device temporaries in the offloaded step; left: "
-    "gradients record_stream'ed onto the reduction stream behind each 5e8-element flush (a timing the allocator "
-    "port does not model). benchmarks/results/zero3_offload_loop_gap.md; benchmarks/gpu/zero3_offload_segments.py "
-    "settles it on a GPU"
+    "the flush, the deferred offload pass, gathers on one rank, device temporaries in the offloaded step; and "
+    "record_stream up to DeepSpeed's own bound (every lower layer's gradient pending until flush j + 3 or the "
+    "epilogue: 2,209 MiB pending, +2 MiB reserved; the allocator port models the rule, "
+    "benchmarks/zero3_record_stream_bound.py). Cause not established: benchmarks/results/zero3_offload_loop_gap.md; "
+    "benchmarks/gpu/zero3_offload_segments.py settles it on a GPU"
 )
 _H200_DECODE_HOST = (
     "H200 host, opt-1.3b PPO generation (HF decode, hybrid engine): 3.73 s measured against 4.75 predicted (+27%). "
