@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import NoReturn
 
-from probes.process.process_tree import descendants
+from probes.process.process_tree import kill_under
 from store.processes import pid_alive
 
 __all__ = [
@@ -75,18 +75,13 @@ def set_child_subreaper() -> bool:
 
 
 def end_tree() -> NoReturn:
-    """SIGKILL every process under this one with the process groups they lead, then this process's own group
-    (when it leads one) and itself."""
+    """SIGKILL every process under this one with the members of the process groups they are in (ninja's
+    commands, a launcher's ranks), each through its pidfd, never a group by its number
+    (:func:`probes.process.process_tree.kill_under`), then this process's own group (when it leads one: its
+    number is its own) and itself."""
     me = os.getpid()
     for _ in range(2):  # a second pass for what was being started during the first
-        found = descendants(me)
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                group = os.getpgid(pid)
-                if group in found:  # a group one of ours made (ninja's commands, a launcher's ranks)
-                    os.killpg(group, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_under(me)
     if os.getpgrp() == me:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(me, signal.SIGKILL)

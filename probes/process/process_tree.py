@@ -58,6 +58,7 @@ __all__ = [
     "end_descendants",
     "kill_group",
     "kill_tree",
+    "kill_under",
     "seen_under",
     "signal_group",
     "wait_group_gone",
@@ -227,8 +228,8 @@ def _witnessed(held: dict[int, tuple[Seen, int]]) -> set[int]:
 def _hold_groups(groups: set[int], held: dict[int, tuple[Seen, int]], marks: set[bytes], mine: int) -> None:
     """Hold (pin and stop) every process of ``groups`` known to be in the group the tree made (the module
     docstring: a witness alive across the read of ``/proc``, else this planner's mark in its environment), and
-    every child of a held process with its group, read after read until one finds nothing new. The caller's own
-    group ``mine`` is never one of them (a child of a held process in it is held alone)."""
+    every child of a held process (with its group, where it leads one), read after read until one finds nothing
+    new. The caller's own group ``mine`` is never one of them (a child of a held process in it is held alone)."""
     for _ in range(HOLD_ROUNDS):
         found = _all_processes()
         witnessed = _witnessed(held)  # alive after the read, and held (alive) before it: alive all through
@@ -247,8 +248,36 @@ def _hold_groups(groups: set[int], held: dict[int, tuple[Seen, int]], marks: set
             return
         for seen in new:
             _hold(seen, held)
-            if seen.group > 1 and seen.group != mine:
+            if seen.group == seen.pid != mine:  # a group a process of the tree made since it was read
                 groups.add(seen.group)
+
+
+def _kill_found(found: list[Seen], announced: list[int], led: bool = False) -> list[Seen]:
+    """SIGKILL every process of ``found`` and every member of the groups they and the ``announced`` pids name
+    (:func:`_hold_groups`; with ``led``, only the groups one of ``found`` leads), each through its pidfd; returns
+    every process killed (the caller's group never signalled as a group)."""
+    held: dict[int, tuple[Seen, int]] = {}
+    mine = os.getpgrp()
+    try:
+        for seen in found:
+            _hold(seen, held)
+        leaders = {seen.pid for seen in found}
+        groups = {seen.group for seen, _ in held.values() if seen.group > 1 and (not led or seen.group in leaders)}
+        named = {p for p in announced if p > 1} | groups
+        _hold_groups(named - {mine}, held, _marks(), mine)
+        for seen, handle in held.values():
+            _kill_seen(seen, handle)
+    finally:
+        for _, handle in held.values():
+            if handle >= 0:
+                os.close(handle)
+    return [seen for seen, _ in held.values()]
+
+
+def kill_under(pid: int) -> None:
+    """SIGKILL every process under ``pid`` and every member of the groups one of them leads (ninja's commands, a
+    launcher's ranks), each through its pidfd, as :func:`kill_tree` does; no wait."""
+    _kill_found(seen_under(pid), [], led=True)
 
 
 def kill_tree(top: int, announced: list[int]) -> None:
@@ -261,24 +290,13 @@ def kill_tree(top: int, announced: list[int]) -> None:
     The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
     still names the group its helpers were left in, though it is no longer under the launcher."""
     signal_group(top, signal.SIGSTOP)  # its number is held by the caller's unreaped child
-    held: dict[int, tuple[Seen, int]] = {}
-    mine = os.getpgrp()
-    try:
-        for seen in seen_under(top):
-            _hold(seen, held)
-        named = {p for p in announced if p > 1} | {seen.group for seen, _ in held.values() if seen.group > 1}
-        _hold_groups(named - {mine}, held, _marks(), mine)
-        for seen, handle in held.values():
-            _kill_seen(seen, handle)
-    finally:
-        for _, handle in held.values():
-            if handle >= 0:
-                os.close(handle)
+    killed = _kill_found(seen_under(top), announced)
     signal_group(top, signal.SIGKILL)
     signal_group(top, signal.SIGCONT)
     # the caller reaps ``top`` and then waits for its group (and its own group's are its own to reap); the others
     # are reaped by their parents (init)
-    _wait_gone([seen for seen, _ in held.values() if seen.group not in (top, mine)])
+    mine = os.getpgrp()
+    _wait_gone([seen for seen in killed if seen.group not in (top, mine)])
 
 
 def _wait_gone(processes: list[Seen]) -> None:
