@@ -55,6 +55,9 @@ Floor = Callable[[Strategy | RLHFStrategy], int]
 Least = Callable[[Strategy | RLHFStrategy], float]
 # a lower bound of the replayed score of every variant of a candidate's outer point (search.choose.optimize)
 PointLeast = Callable[[Candidate], float]
+# the usable GPU bytes the replay of any variant of a candidate's outer point holds its peak reserved against
+# (search.choose.optimize.replay_budget: the measured spread of the point's layout)
+PointBudget = Callable[[Candidate], int]
 
 
 def replay_floor(prediction: Prediction) -> int:
@@ -105,6 +108,7 @@ def resolve(
     needed: bool = True,
     limit: float = math.inf,
     least_seconds: Least | None = None,
+    budget: int | None = None,
 ) -> tuple[Candidate | None, float, int]:
     """(the best of ``variants`` by the replay, its screened seconds, replays made); None when none is valid.
 
@@ -126,17 +130,19 @@ def resolve(
     already holds enough fitting plans below; a variant whose screened seconds reach it is not replayed unless
     ``needed`` (it could not enter the answer). ``least_seconds``: see :func:`_beaten`; with a ``limit``, a variant
     it puts at or above the limit is not screened either (its screened seconds, those of its step without
-    ``empty_cache`` calls and the calls' own, would reach the limit too)."""
+    ``empty_cache`` calls and the calls' own, would reach the limit too). ``budget``: the usable bytes every
+    variant's replay holds its peak reserved against, where the caller knows them before a replay says them
+    (:func:`cannot_fit`'s ``budget``; without it, the bound of every strategy's until a replay)."""
     if needed:
         limit = math.inf
-    budget: int | None = None  # the point's usable bytes, once a replay has said them
     tried: set[int] = set()  # replayed already
     replays = 0  # every replay of the point, first's among them: what the caller counts
     cap = MAX_REPLAYS_PER_POINT  # of ``replays``
     # once a variant fits, the variants of the steps that could beat it (replay_order)
     go_on = partial(_beaten, variants, screen, predict, floor=floor, limit=limit, least_seconds=least_seconds)
     if first is not None and (
-        needed or (first.prediction.step_time_s < limit and not cannot_fit(first.strategy, first.prediction, floor))
+        needed
+        or (first.prediction.step_time_s < limit and not cannot_fit(first.strategy, first.prediction, floor, budget))
     ):
         replayed = _replayed(first.strategy, predict)
         replays += 1
@@ -333,6 +339,7 @@ def confirm(
     quick: bool = False,
     least_seconds: Least | None = None,
     point_least: PointLeast | None = None,
+    point_budget: PointBudget | None = None,
 ) -> SearchResult:
     """``result`` (ranked by the screen) with its points resolved by the replay (see the module docstring):
     ranked by the replayed scores, ``replays`` counted. ``fastest_ignoring_memory`` stays the screen's: a
@@ -345,7 +352,10 @@ def confirm(
     only when that bound cannot beat the answer, not on its own screened seconds, which are those of its fastest
     variant the screen's fragments let fit (issue 42's GRPO of qwen3-1.7b on two L40S: the screen fit ZeRO-2 with
     the reference at ZeRO-3 at mb 4x4, 2.93 s, and rejected its mb 8x2, which the replay fits at 2.65 s). Without
-    it, a candidate's screened seconds stand for its point's."""
+    it, a candidate's screened seconds stand for its point's. ``point_budget``: the usable bytes of a candidate's
+    point (:data:`PointBudget`), against which a variant's floor is held before any of its replays: a point the
+    caller does not need replays no variant whose floor overflows them (issue 42's demo: 36 of its points each
+    replayed one such variant, none fitting)."""
     confirmed: list[tuple[Candidate, float]] = []  # with its screened seconds
     replays = 0
     seen: set[Strategy | RLHFStrategy] = set()
@@ -372,6 +382,7 @@ def confirm(
             needed=limit == math.inf,
             limit=limit,
             least_seconds=least_seconds,
+            budget=None if point_budget is None else point_budget(candidate),
         )
         replays += made
         if exact is not None and exact.strategy not in seen:

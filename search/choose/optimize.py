@@ -19,6 +19,7 @@ from search.choose.single_space import OuterPoint, inner_choices, strategy_at
 from search.coefficients import Coefficients
 from search.rlhf.predict import predict_rlhf, screen_rlhf
 from search.single.predict import predict_single_model, screen_single_model
+from search.spread.measured import with_measured_spread
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 from store.rollout import RolloutStrategy
 
@@ -103,6 +104,7 @@ def search(
             quick=quick,
             least_seconds=partial(fewest_seconds, workload, hardware, coef),
             point_least=partial(rlhf_point_least, workload, hardware, coef),
+            point_budget=partial(replay_budget, workload, hardware, coef),
         )
     return confirm(
         screened,
@@ -112,7 +114,15 @@ def search(
         partial(predict_single_model, workload, hardware=hardware, coef=coef),
         partial(strategy_floor, workload, hardware, coef),
         quick=quick,
+        point_budget=partial(replay_budget, workload, hardware, coef),
     )
+
+
+def replay_budget(workload: Workload, hardware: Hardware, coef: Coefficients, candidate: Candidate) -> int:
+    """The usable GPU bytes the replay of every variant of ``candidate``'s outer point is held against: those
+    :func:`search.spread.measured.with_measured_spread` sets on its prediction (the measured spread of the
+    layout's kind, :func:`search.spread.kinds.kind_of`, which a point's variants share), before any replay."""
+    return with_measured_spread(candidate.prediction, workload, candidate.strategy, hardware, coef).gpu_budget_bytes
 
 
 def single_variants(workload: Workload, hardware: Hardware, strategy: Strategy) -> list[Strategy]:

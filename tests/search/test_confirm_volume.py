@@ -16,15 +16,17 @@ from fake_predictions import prediction as fake_prediction
 from small_jobs import grpo_opt125m
 
 from search import DEFAULT_COEFFICIENTS as C
-from search.choose.candidates import Candidate
-from search.choose.confirm import _step_key, resolve
-from search.choose.optimize import rlhf_point_least, rlhf_variants
+from search import predict_rlhf, screen_rlhf
+from search.choose.candidates import Candidate, SearchResult
+from search.choose.confirm import _step_key, confirm, resolve
+from search.choose.optimize import replay_budget, rlhf_point_least, rlhf_variants
 from search.choose.rlhf_space import rlhf_outer_points
 from search.choose.rlhf_walk import point_bounds
 from search.choose.rollout_space import searched_generations
 from search.prediction import Prediction
 from store.records import RLHFStrategy, Strategy, TrainedModelStrategy
 
+GiB = 2**30
 INNER = {"generation_batch", "micro_batch", "grad_accum", "empty_cache", "allocator", "rollout"}
 
 
@@ -109,3 +111,55 @@ def test_a_candidates_walk_bound_is_the_one_the_bound_walk_gives_its_point() -> 
     for p, bound in zip(points, together, strict=True):
         strategy = RLHFStrategy(p.actor, p.critic, p.reference, p.reward, p.hybrid_engine)
         assert rlhf_point_least(workload, hardware, C, Candidate(strategy, fake_prediction(1.0, 1.0))) == bound
+
+
+def test_a_point_not_needed_replays_no_variant_whose_floor_overflows_its_known_budget() -> None:
+    """A fits at 1.6 s by the replay, enough for the answer; point B's choice screens fitting at 1.55 s, and its floor
+    (10.5 GiB) is below the bound of every strategy's usable bytes (11 GiB with a 10% spread) but above B's own
+    (10 GiB, its layout's). Without ``point_budget`` B's choice is replayed (it overflows); with it, it is not,
+    and the plans that fit are the same."""
+    a = Strategy(zero_stage=1)
+    b = Strategy(zero_stage=2)
+    spread = replace(fake_prediction(1.55, 9.0), reserved_uncertainty=0.1)
+    screened = {a: fake_prediction(1.5, 9.0), b: spread}
+    replayed = {a: fake_prediction(1.6, 9.5), b: fake_prediction(1.8, 10.6)}
+    result = SearchResult(ranked=(Candidate(a, screened[a]), Candidate(b, screened[b])), trials=2, sampler="grid")
+    made: list[Strategy] = []
+
+    def replay(s: Strategy | RLHFStrategy) -> Prediction:
+        assert isinstance(s, Strategy)
+        made.append(s)
+        return replayed[s]
+
+    def floor(s: Strategy | RLHFStrategy) -> int:
+        return int(10.5 * GiB) if s == b else 9 * GiB
+
+    def variants(s: Strategy | RLHFStrategy) -> list[Strategy | RLHFStrategy]:
+        return [s]
+
+    def screen(s: Strategy | RLHFStrategy) -> Prediction:
+        assert isinstance(s, Strategy)
+        return screened[s]
+
+    old = confirm(result, 1, variants, screen, replay, floor)
+    assert made == [a, b] and old.replays == 2  # the case means something: B was replayed
+    made.clear()
+    new = confirm(result, 1, variants, screen, replay, floor, point_budget=lambda c: 10 * GiB)
+    assert made == [a] and new.replays == 1
+    assert [c.strategy for c in new.ranked if c.prediction.fits] == [
+        c.strategy for c in old.ranked if c.prediction.fits
+    ]
+
+
+def test_a_points_budget_is_the_one_its_variants_replay_against() -> None:
+    """``replay_budget`` of a candidate (from its screened prediction, before any replay) is the usable bytes the
+    replay of each of its point's variants holds, for a DeepSpeed-generation point and an engine point."""
+    workload, hardware = grpo_opt125m()
+    points = list(rlhf_outer_points(workload, hardware, generations=searched_generations(workload, hardware)))
+    for p in (next(p for p in points if p.rollout is None), next(p for p in points if p.rollout is not None)):
+        strategy = RLHFStrategy(p.actor, p.critic, p.reference, p.reward, p.hybrid_engine, rollout=p.rollout)
+        variants = rlhf_variants(workload, hardware, strategy)
+        candidate = Candidate(variants[0], screen_rlhf(workload, variants[0], hardware, C))
+        budget = replay_budget(workload, hardware, C, candidate)
+        for v in variants[::97][:2]:
+            assert predict_rlhf(workload, v, hardware, C).gpu_budget_bytes == budget
