@@ -16,7 +16,14 @@ from dataclasses import replace
 from functools import lru_cache
 
 from search.choose.candidates import INFEASIBLE_PENALTY_S, Candidate, penalized_score
-from search.choose.rlhf_space import RLHFOuterPoint, batch_choices, cache_choices, rlhf_strategy_at
+from search.choose.rlhf_space import (
+    RLHFOuterPoint,
+    batch_choices,
+    cache_choices,
+    rlhf_strategy_at,
+    role_seconds,
+    shared_seconds,
+)
 from search.choose.rollout_space import engine_floor_bytes, engine_seconds, knob_variants
 from search.coefficients import Coefficients
 from search.rlhf.engine_step import engine_step_of, offloadable_states, trainer_hardware
@@ -81,16 +88,33 @@ def step_bounds(ctx: RLHFContext, s: RLHFStrategy) -> tuple[float, int, int]:
 def fewest_seconds(workload: Workload, hardware: Hardware, coef: Coefficients, s: Strategy | RLHFStrategy) -> float:
     """A lower bound of the screened seconds of ``s`` without ``empty_cache`` calls, cheaper than its screen:
     :func:`step_bounds`'s for a strategy whose rollout runs on an engine (its trainer's share is cached per
-    point and batch split), 0.0 for any other (no bound) and for a batch split the job cannot run. The
-    confirmation passes over the steps it puts at or above a point's best replayed seconds
-    (:func:`search.choose.confirm.resolve`)."""
-    if not isinstance(s, RLHFStrategy) or s.rollout is None:
+    point and batch split), :func:`generation_seconds` for DeepSpeed's own generation, 0.0 (no bound) for a
+    single-model strategy and for a batch split the job cannot run. The confirmation passes over the steps it
+    puts at or above a point's best replayed seconds (:func:`search.choose.confirm.resolve`)."""
+    if not isinstance(s, RLHFStrategy):
         return 0.0
     try:
+        if s.rollout is None:
+            return generation_seconds(rlhf_context(workload, hardware, coef), s)
         ctx = rlhf_context(workload, trainer_hardware(hardware, s.rollout), coef)
         return step_bounds(ctx, s)[0]
     except InputError:
         return 0.0
+
+
+def generation_seconds(ctx: RLHFContext, s: RLHFStrategy) -> float:
+    """The seconds of ``s`` (DeepSpeed's own generation) without ``empty_cache`` calls, a hair below: each model's
+    seconds at its batch split (:func:`search.choose.rlhf_space.role_seconds`, the step's ``role_time`` of that
+    model, which no other model's block changes) and the shared ones (``shared_seconds``), the pieces the bound
+    walk takes the least of over the splits (:func:`search.choose.rlhf_walk.point_bounds`), summed in another
+    order than the step's."""
+    batches = (s.generation_batch, s.micro_batch, s.grad_accum)
+    blocks = (("actor", s.actor), ("critic", s.critic), ("reference", s.reference), ("reward", s.reward))
+    seconds = shared_seconds(ctx, batches)
+    for role, block in blocks:
+        if block is not None:
+            seconds += role_seconds(ctx, role, block, s.hybrid_engine, s.ema, batches)
+    return seconds * (1 - 1e-9)
 
 
 def _bounds(
