@@ -252,7 +252,7 @@ def _hold_groups(groups: set[int], held: dict[int, tuple[Seen, int]], marks: set
                 groups.add(seen.group)
 
 
-def _kill_found(found: list[Seen], announced: list[int], led: bool = False) -> list[Seen]:
+def _kill_found(found: list[Seen], announced: list[int], marks: set[bytes], led: bool = False) -> list[Seen]:
     """SIGKILL every process of ``found`` and every member of the groups they and the ``announced`` pids name
     (:func:`_hold_groups`; with ``led``, only the groups one of ``found`` leads), each through its pidfd; returns
     every process killed (the caller's group never signalled as a group)."""
@@ -264,7 +264,7 @@ def _kill_found(found: list[Seen], announced: list[int], led: bool = False) -> l
         leaders = {seen.pid for seen in found}
         groups = {seen.group for seen, _ in held.values() if seen.group > 1 and (not led or seen.group in leaders)}
         named = {p for p in announced if p > 1} | groups
-        _hold_groups(named - {mine}, held, _marks(), mine)
+        _hold_groups(named - {mine}, held, marks, mine)
         for seen, handle in held.values():
             _kill_seen(seen, handle)
     finally:
@@ -277,26 +277,46 @@ def _kill_found(found: list[Seen], announced: list[int], led: bool = False) -> l
 def kill_under(pid: int) -> None:
     """SIGKILL every process under ``pid`` and every member of the groups one of them leads (ninja's commands, a
     launcher's ranks), each through its pidfd, as :func:`kill_tree` does; no wait."""
-    _kill_found(seen_under(pid), [], led=True)
+    _kill_found(seen_under(pid), [], _marks(), led=True)
+
+
+def _is_child(pid: int) -> bool:
+    """Whether ``pid`` is this process's child not yet reaped (running or a zombie): its number, and its group's
+    when it leads one, are held until this process reaps it. Asked without reaping (``WNOWAIT``)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):
+        return False
+    return True
 
 
 def kill_tree(top: int, announced: list[int]) -> None:
     """SIGKILL ``top`` (a group leader), every process under it, every member of the groups they are in and of
-    every announced pid's group; return once none of them is left but ``top``'s group (its leader, the caller's
-    child, is a zombie until the caller reaps it: then :func:`wait_group_gone` of ``top``). Every process but
-    ``top``'s group is signalled through its own pidfd, never a group by its number (the module docstring: a
-    member of a group is one known to be in the group the tree made, never in a successor of its number).
+    every announced pid's group; return once none of them is left but, where ``top`` is the caller's unreaped
+    child, ``top``'s group (the caller reaps it, then :func:`wait_group_gone` of ``top``). Every process is
+    signalled through its own pidfd, and a group by its number only where that number is ``top``'s while it is
+    the caller's unreaped child (the module docstring: a member of a group is one known to be in the group the
+    tree made, never in a successor of its number). A ``top`` that is not the caller's child (forked by the
+    preloaded starter, or already reaped) is taken as its own only where it carries this planner's mark.
 
     The launcher starts every rank as a session leader (its pid is its group), so a rank that already exited
     still names the group its helpers were left in, though it is no longer under the launcher."""
-    signal_group(top, signal.SIGSTOP)  # its number is held by the caller's unreaped child
-    killed = _kill_found(seen_under(top), announced)
-    signal_group(top, signal.SIGKILL)
-    signal_group(top, signal.SIGCONT)
+    marks = _marks()
+    ours = _is_child(top)
+    if ours:
+        signal_group(top, signal.SIGSTOP)
+    leader = _stat(top)
+    found = seen_under(top) if ours or (leader is not None and _carries(top, marks)) else []
+    if leader is not None and (ours or _carries(top, marks)):
+        found = [leader, *found]
+    killed = _kill_found(found, [*announced, top], marks)
+    if ours:
+        signal_group(top, signal.SIGKILL)
+        signal_group(top, signal.SIGCONT)
     # the caller reaps ``top`` and then waits for its group (and its own group's are its own to reap); the others
     # are reaped by their parents (init)
     mine = os.getpgrp()
-    _wait_gone([seen for seen in killed if seen.group not in (top, mine)])
+    _wait_gone([seen for seen in killed if seen.group != mine and not (ours and seen.group == top)])
 
 
 def _wait_gone(processes: list[Seen]) -> None:

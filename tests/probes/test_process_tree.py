@@ -143,3 +143,20 @@ def test_what_the_tree_left_in_its_groups_is_killed_through_pidfds() -> None:
             os.close(pidfd)
         top.kill()
         top.wait()
+
+
+def test_a_top_that_is_not_the_callers_child_is_signalled_only_if_it_carries_the_mark() -> None:
+    """``top`` named by a pid the caller did not start itself (a child the preloaded starter forked, which the
+    starter reaps) may be anyone's by now: an unmarked process at that number, leading its own group, is left
+    alone. The old kill_tree stopped and killed ``top``'s group by its number."""
+    unmarked = {k: v for k, v in os.environ.items() if k != PLANNER_PID_VARIABLE}
+    starter, (orphan,) = _session("setsid sh -c 'echo $$; echo started; exec sleep 600' &", env=unmarked)
+    assert starter.wait() == 0  # the orphan is not this process's child
+    watched = os.pidfd_open(orphan)
+    try:
+        assert process_tree._stat(orphan) is not None and process_tree._stat(orphan).group == orphan  # type: ignore[union-attr]
+        kill_tree(orphan, [])
+        assert _alive(watched)
+    finally:
+        signal.pidfd_send_signal(watched, signal.SIGKILL)
+        os.close(watched)
