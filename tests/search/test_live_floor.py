@@ -1,10 +1,13 @@
-"""The stream's live floor (search.choose.live_floor) is a lower bound of the replay's peak reserved, the same
-for every ``empty_cache`` and allocator variant of a step, and the confirmation that skips replays on it ranks
-the same plans as one that replays them (issue 42: ``recommend`` no slower, no fitting plan pruned)."""
+"""The stream's floors (search.choose.live_floor) are lower bounds of the replay's peak reserved: the live floor
+the same for every ``empty_cache`` and allocator variant of a step, the policy's floor (what the phases leave
+cached, by CUDA stream and pool, between ``empty_cache`` calls) for each policy and allocator; and the
+confirmation that skips replays on them ranks the same plans as one that replays them (issue 42: ``recommend``
+no slower, no fitting plan pruned)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 from small_jobs import grpo_opt125m
@@ -13,13 +16,14 @@ from planner.planning.predicting import _job
 from search import DEFAULT_COEFFICIENTS as C
 from search import predict
 from search.choose.candidates import Candidate
-from search.choose.confirm import resolve
-from search.choose.live_floor import measured_live_floor, strategy_floor
+from search.choose.confirm import cannot_fit, near_fit, resolve
+from search.choose.live_floor import cached_floor, measured_live_floor, strategy_floor
 from search.choose.optimize import single_variants
 from search.choose.single_space import all_strategies
 from search.prediction import Prediction
 from search.rlhf.predict import rlhf_step
 from search.single.predict import checked_step, screen_single_model
+from store.phases import EMPTY_CACHE_AFTER
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
 
 GiB = 2**30
@@ -31,17 +35,50 @@ def _opt125m_sft() -> tuple[Workload, Hardware]:
     return job.workload, job.hardware
 
 
-def test_the_floor_is_below_every_replay_and_one_for_every_policy_of_a_step() -> None:
+def test_the_floors_are_below_every_replay_the_live_one_one_for_every_policy_of_a_step() -> None:
+    """A confirmation's steps (each ZeRO stage, offload, checkpointing, batch split), each under its own
+    ``empty_cache`` policy and allocator: the live floor (one for every policy) <= the floor of every policy
+    <= the policy's own floor (what the phases leave cached) <= the replay's peak reserved; the floor the search
+    holds a variant to is one of the last two."""
     workload, hardware = _opt125m_sft()
     strategies = list(all_strategies(workload, hardware, (0, 8)))[::EVERY]
     assert {s.zero_stage for s in strategies} == {0, 1, 2, 3}
     assert {s.empty_cache for s in strategies} == {"never", "after-phase", "every-step"}
+    assert {s.allocator for s in strategies} == {"default", "expandable-segments"}
+    raised = 0
     for strategy in strategies:
         step = checked_step(workload, strategy, hardware, C)
-        floors = {measured_live_floor(step, policy) for policy in ("never", "after-phase", "every-step")}
+        floors = {measured_live_floor(step, policy) for policy in EMPTY_CACHE_AFTER}
         assert len(floors) == 1, strategy.describe()  # empty_cache adds events, never a request
-        replayed = predict(workload, strategy, hardware, C)
-        assert 0 < floors.pop() <= replayed.peak_reserved_bytes, strategy.describe()
+        every, own = cached_floor(step, strategy.empty_cache)
+        reserved = predict(workload, strategy, hardware, C).peak_reserved_bytes
+        assert 0 < floors.pop() <= every <= own <= reserved, strategy.describe()
+        assert strategy_floor(workload, hardware, C, strategy) in (every, own)
+        raised += own > every
+    assert raised > 0  # what the phases leave cached raises some floors above the live bytes
+
+
+def test_the_floor_of_never_prunes_a_variant_the_live_floor_let_through() -> None:
+    """Without ``empty_cache`` calls the forward's cached blocks are still reserved in the later phases: a
+    ``never`` variant whose live bytes fit a budget the replay overflows is proved not to fit by its floor."""
+    workload, hardware = _opt125m_sft()
+    pruned = 0
+    for strategy in list(all_strategies(workload, hardware, (0, 8)))[:: EVERY * 3]:
+        variant = replace(strategy, empty_cache="never", allocator="default")
+        step = checked_step(workload, variant, hardware, C)
+        live, own = cached_floor(step, "never")
+        if own <= live:
+            continue
+        budget = (live + own) // 2
+        screened = screen_single_model(workload, variant, hardware, C)
+        if not near_fit(screened):
+            continue  # the screen's own floor rules it out already
+        assert strategy_floor(workload, hardware, C, variant) == own
+        assert cannot_fit(variant, screened, partial(strategy_floor, workload, hardware, C), budget)
+        assert not cannot_fit(variant, screened, lambda _, floor=live: floor, budget)  # the live floor let it through
+        assert predict(workload, variant, hardware, C).peak_reserved_bytes > budget  # and the replay overflows
+        pruned += 1
+    assert pruned >= 3
 
 
 def test_the_floor_is_below_the_replay_of_rlhf_steps_with_and_without_an_engine() -> None:
@@ -60,7 +97,9 @@ def test_the_floor_is_below_the_replay_of_rlhf_steps_with_and_without_an_engine(
         replayed = predict(workload, strategy, hardware, C)
         floor = measured_live_floor(rlhf_step(workload, strategy, hardware, C), strategy.empty_cache)
         assert 0 < floor <= replayed.peak_reserved_bytes, strategy
-        assert strategy_floor(workload, hardware, C, replace(strategy, empty_cache="every-step")) == floor
+        never = replace(strategy, empty_cache="never", allocator="default")
+        own = strategy_floor(workload, hardware, C, never)
+        assert floor <= own <= predict(workload, never, hardware, C).peak_reserved_bytes, strategy
 
 
 def test_resolve_skips_a_variant_whose_floor_overflows_the_points_budget() -> None:
