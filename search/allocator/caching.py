@@ -89,7 +89,8 @@ class CachingAllocator(ExpandableCore):
         """
         if size == 0:
             return 0
-        if self.events_ready:  # process_events: blocks whose stream uses have completed go back first
+        waiting = self.outstanding  # record_stream's waiting blocks: empty unless the stream names events
+        if waiting and self.events_ready:  # process_events: those whose events have completed go back first
             self.process_events()
         sizing = self._sizing.get(size)
         if sizing is None:
@@ -142,7 +143,7 @@ class CachingAllocator(ExpandableCore):
             stat.peak = stat.current
         if held >= self.max_split:
             stats.oversize_allocations.increase(1)
-        if self.outstanding:
+        if waiting:
             self.track_active()
         return ptr
 
@@ -198,11 +199,9 @@ class CachingAllocator(ExpandableCore):
 
     def free(self, handle: int, event: int = 0) -> None:
         """Free the block behind ``handle`` (``DeviceCachingAllocator::free``); the null handle is ignored.
-        With ``event`` (a pending use on another stream) the block waits for it (:meth:`insert_events`).
-
-        ``free_block`` is written out here (see :meth:`malloc`): the block goes back to its pool merged with
-        the free neighbours of its segment (``try_merge_blocks``), ``inactive_split`` following the net change.
-        """
+        With ``event`` (a pending use on another stream) the block waits for it (:meth:`insert_events`); else
+        ``free_block``, written out here (see :meth:`malloc`): the block goes back to its pool merged with the
+        free neighbours of its segment (``try_merge_blocks``), ``inactive_split`` following the net change."""
         if handle == 0:
             return
         block = self.allocated_blocks.pop(handle, None)
