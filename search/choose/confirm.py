@@ -90,8 +90,11 @@ def cannot_fit(
     (:func:`near_fit`) or its stream's live floor (``floor``) exceeds the usable bytes of any strategy, or
     ``budget``, the usable bytes a replay of a variant of the same outer point found (a point's variants
     differ in batch split, ``empty_cache`` and allocator only, and the measured spread that sets the budget
-    reads the layout: :func:`search.spread.kinds.kind_of`)?"""
+    reads the layout: :func:`search.spread.kinds.kind_of`)? The screen's floor is held against ``budget`` too
+    before the stream's is built (a step's stream build costs about what its replay does)."""
     if not near_fit(screened):
+        return True
+    if budget is not None and replay_floor(screened) > budget:
         return True
     if floor is None:
         return False

@@ -18,7 +18,7 @@ from small_jobs import grpo_opt125m
 from search import DEFAULT_COEFFICIENTS as C
 from search import predict_rlhf, screen_rlhf
 from search.choose.candidates import Candidate, SearchResult
-from search.choose.confirm import _step_key, confirm, resolve
+from search.choose.confirm import _step_key, cannot_fit, confirm, resolve
 from search.choose.optimize import replay_budget, rlhf_point_least, rlhf_variants
 from search.choose.rlhf_space import rlhf_outer_points
 from search.choose.rlhf_walk import point_bounds
@@ -163,3 +163,20 @@ def test_a_points_budget_is_the_one_its_variants_replay_against() -> None:
         budget = replay_budget(workload, hardware, C, candidate)
         for v in variants[::97][:2]:
             assert predict_rlhf(workload, v, hardware, C).gpu_budget_bytes == budget
+
+
+def test_the_screens_floor_is_held_against_a_known_budget_before_the_streams_floor_is_built() -> None:
+    """A variant whose screened peak allocated (10.6 GiB, less the 2% slack: 10.39 GiB) exceeds its point's known
+    budget (10 GiB) cannot fit, though within every strategy's bound (11 GiB with a 10% spread): its stream's floor
+    (a stream built) is not asked. Below the budget, the stream's floor still decides."""
+    asked: list[Strategy | RLHFStrategy] = []
+
+    def floor(s: Strategy | RLHFStrategy) -> int:
+        asked.append(s)
+        return 9 * GiB
+
+    over = replace(fake_prediction(1.0, 9.0, allocated_gib=10.6), reserved_uncertainty=0.1)
+    under = replace(fake_prediction(1.0, 9.0, allocated_gib=9.5), reserved_uncertainty=0.1)
+    assert cannot_fit(Strategy(), over, floor, 10 * GiB) and not asked
+    assert not cannot_fit(Strategy(), over, floor) and len(asked) == 1  # without the budget: every strategy's
+    assert not cannot_fit(Strategy(), under, floor, 10 * GiB) and len(asked) == 2
