@@ -110,8 +110,10 @@ class StreamBuilder:
         self.last_event = max(self.last_event, event)
         self._events.append((EVENT, event, 0, 0, 0))
 
-    def empty_cache(self) -> None:
-        self._events.append((EMPTY_CACHE, 0, 0, 0, 0))
+    def empty_cache(self, mark: int = 0) -> None:
+        """Append ``torch.cuda.empty_cache()``; ``mark`` (not 0): a place a policy may call it, for a builder
+        that derives each policy's stream from one (:data:`search.streams.build.EVERY_PLACE`)."""
+        self._events.append((EMPTY_CACHE, mark, 0, 0, 0))
 
     def phase(self, name: str) -> None:
         """Mark the start of phase ``name`` (a name seen before gets the same index)."""

@@ -40,7 +40,7 @@ from search.coefficients import Coefficients
 from search.rlhf.predict import rlhf_step
 from search.single.predict import checked_step
 from search.step.assemble import Step
-from search.step.replayed import STEPS, stream_of
+from search.step.replayed import STEPS, marked_stream, stream_of
 from search.streams.build import STEP_MARK, outside_torch
 from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, PHASE, AllocStream
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
@@ -98,7 +98,8 @@ def cached_floor(step: Step, empty_cache: str) -> tuple[int, int]:
 
 
 def stream_floors(stream: AllocStream, outside: dict[str, int]) -> tuple[int, int]:
-    """:func:`cached_floor` of a built ``stream``; ``outside``: the bytes outside torch of each measured phase
+    """:func:`cached_floor` of a built ``stream`` (of :func:`search.step.replayed.marked_stream`: its second
+    is policy ``never``'s); ``outside``: the bytes outside torch of each measured phase
     by name (a phase not named there is not read, as the replay reads only the step's phases).
 
     Requested bytes stand for the rounded ones (``round_size`` never rounds down, under any configuration), and
@@ -133,7 +134,7 @@ def stream_floors(stream: AllocStream, outside: dict[str, int]) -> tuple[int, in
             if slot_size is not None:
                 live[slot_size[0]] -= slot_size[1]
                 alive -= slot_size[1]
-        elif op == EMPTY_CACHE:
+        elif op == EMPTY_CACHE and not key:  # a marked call is a policy's (EVERY_PLACE), not made under never
             if cached_peak >= 0:
                 cached_peak = max(cached_peak, sum(high))
             high = live.copy()
@@ -160,25 +161,22 @@ def stream_floors(stream: AllocStream, outside: dict[str, int]) -> tuple[int, in
 def strategy_floor(
     workload: Workload, hardware: Hardware, coef: Coefficients, strategy: Strategy | RLHFStrategy
 ) -> int:
-    """The floor of ``strategy``'s replay (single model or RLHF): for policy ``never`` :func:`cached_floor`'s
-    second (what the step's phases leave cached), for the other policies its first, one number for all of
-    them. Each is kept for every allocator (and other policy's) variant of the step; the first comes from the
-    stream of the variant asked first (built for its replay anyway), the stream without ``empty_cache`` calls
-    is built for the floor only once a ``never`` variant is asked."""
+    """The floor of ``strategy``'s replay (single model or RLHF): for policy ``never`` the floor of what the
+    step's phases leave cached, for the other policies the live floor; both from one pass over the step's
+    stream for every policy (:func:`search.step.replayed.marked_stream`, the build its variants' replays share),
+    kept for all its ``empty_cache`` and allocator variants."""
     key = (workload, hardware, coef, replace(strategy, empty_cache="never", allocator="default"))
-    never = strategy.empty_cache == "never"
     floors = _FLOORS.get(key)
-    if floors is None or (never and floors[1] < 0):
+    if floors is None:
         if isinstance(strategy, RLHFStrategy):
             step = rlhf_step(workload, strategy, hardware, coef)
         else:
             step = checked_step(workload, strategy, hardware, coef)
-        every, policy = cached_floor(step, strategy.empty_cache)
-        floors = _FLOORS[key] = (every, policy if never else -1)
+        floors = _FLOORS[key] = stream_floors(marked_stream(step), _outside(step))
         if len(_FLOORS) > FLOORS_KEPT:
             _FLOORS.pop(next(iter(_FLOORS)))
-    return floors[1] if never else floors[0]
+    return floors[1] if strategy.empty_cache == "never" else floors[0]
 
 
 FLOORS_KEPT = 4096
-_FLOORS: dict[tuple[object, ...], tuple[int, int]] = {}  # the step's (every policy's, ``never``'s or -1) floors
+_FLOORS: dict[tuple[object, ...], tuple[int, int]] = {}  # the step's (every policy's, ``never``'s) floors

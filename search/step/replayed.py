@@ -23,9 +23,10 @@ from search.allocator import AllocatorConfig, PhaseReplay, ReplayResult, replay
 from search.coefficients import Coefficients
 from search.step.assemble import Step
 from search.step.weighed_cache import WeighedCache
-from search.streams.build import STEP_MARK, outside_torch, step_stream
+from search.streams.build import EVERY_PLACE, STEP_MARK, outside_torch, step_stream
 from search.streams.phases import StepPhase
 from store.alloc_stream import EMPTY_CACHE, PHASE, AllocStream
+from store.phases import EMPTY_CACHE_AFTER, END_STEP
 
 STEPS = 3  # built and replayed: one warm-up step, then the measured ones (reserved may still grow in the second)
 ALLOCATOR_CONFIGS = {
@@ -145,13 +146,47 @@ def _stream_key(step: Step, empty_cache: str) -> tuple[object, ...]:
 
 
 def _built(key: tuple[object, ...], step: Step, empty_cache: str) -> AllocStream:
+    """The stream ``key`` names (:func:`_stream_key` of ``step`` and ``empty_cache``), from the step's one
+    build for every policy (:func:`marked_stream`): a step's ``empty_cache`` variants share it."""
     stream = _STREAMS.get(key)
     if stream is None:
-        stream = step_stream(
-            step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, empty_cache, STEPS
-        )
+        stream = policy_stream(_marked(key[:-1], step), step, empty_cache)
         _STREAMS.put(key, stream)
     return stream
+
+
+def _marked(key: tuple[object, ...], step: Step) -> AllocStream:
+    marked_key = (*key, EVERY_PLACE)
+    stream = _STREAMS.get(marked_key)
+    if stream is None:
+        stream = step_stream(
+            step.resident, dict(step.resident_sizes), step.engines, step.phases, step.repeats, EVERY_PLACE, STEPS
+        )
+        _STREAMS.put(marked_key, stream)
+    return stream
+
+
+def marked_stream(step: Step) -> AllocStream:
+    """``step``'s stream with a marked ``empty_cache`` call at every place a policy may make one and DeepSpeed's
+    own calls unmarked (:data:`search.streams.build.EVERY_PLACE`), built once for all its policies."""
+    return _marked(_stream_key(step, EVERY_PLACE)[:-1], step)
+
+
+def policy_stream(marked: AllocStream, step: Step, empty_cache: str) -> AllocStream:
+    """The stream of ``step`` under ``empty_cache`` from its :func:`marked_stream`: the policy's marked calls kept
+    (as plain calls), the others dropped; the same events as ``step_stream`` builds under the policy."""
+    after = EMPTY_CACHE_AFTER[empty_cache]
+    names = [phase.name for phase in step.phases]
+    kept = {mark for mark in range(1, len(names) + 1) if names[mark - 1] in after}
+    if END_STEP in after:
+        kept.add(-1)
+    plain = (EMPTY_CACHE, 0, 0, 0, 0)
+    events = tuple(
+        event if event[0] != EMPTY_CACHE or not event[1] else plain
+        for event in marked.events
+        if event[0] != EMPTY_CACHE or not event[1] or event[1] in kept
+    )
+    return AllocStream(events, marked.phases)
 
 
 def stream_of(step: Step, empty_cache: str) -> AllocStream:

@@ -36,6 +36,11 @@ from search.streams.workspaces import BACKWARD_WORKSPACE, place_workspaces
 from store.alloc_stream import AllocStream, StreamBuilder
 from store.phases import END_STEP, empties_after
 
+# step_stream's policy for the stream every policy's is made from: each place a policy may call empty_cache holds a
+# marked call (its key names the place), DeepSpeed's own calls unmarked (key 0); search.step.replayed derives each
+# policy's stream from it, one build for all of a step's empty_cache variants (issue 42: recommend's latency)
+EVERY_PLACE = "every-place"
+
 KV = LIVE_PARTS.index("kv_cache")
 OFFLOADED = LIVE_PARTS.index("offloaded_states")
 # bytes no torch allocator of the trainer holds: the hybrid engine's, a rollout engine's (the states DeepSpeed
@@ -315,8 +320,16 @@ def step_stream(
             out.phase(phase.name)
             offloaded = _offload_states(parts, offloaded, wanted)  # reloaded: the phase's first requests
             _run_phase(parts, phase, *_rest(phase, continues, ends, after, floor), lazy.pop(phase.name, 0))
-            if empties_after(empty_cache, phase.name):
-                out.empty_cache()
-        if empties_after(empty_cache, END_STEP):
-            out.empty_cache()
+            _policy_call(out, empty_cache, phase.name, 1 + p)
+        _policy_call(out, empty_cache, END_STEP, -1)
     return place_workspaces(out.build(), workspace, STEP_MARK)
+
+
+def _policy_call(out: StreamBuilder, empty_cache: str, event: str, mark: int) -> None:
+    """The policy's ``empty_cache`` call after ``event`` (a phase or ``END_STEP``), where it makes one; under
+    :data:`EVERY_PLACE` a call at every such place, marked ``mark`` (1 + the phase's index in the step's phases,
+    -1 after the step): :func:`search.step.replayed.policy_stream` keeps a policy's and drops the others."""
+    if empty_cache == EVERY_PLACE:
+        out.empty_cache(mark)
+    elif empties_after(empty_cache, event):
+        out.empty_cache()
