@@ -40,7 +40,7 @@ from search.coefficients import Coefficients
 from search.rlhf.predict import rlhf_step
 from search.single.predict import checked_step
 from search.step.assemble import Step
-from search.step.replayed import STEPS, marked_stream, stream_of
+from search.step.replayed import STEPS, marked_stream, step_key, stream_of
 from search.streams.build import STEP_MARK, outside_torch
 from store.alloc_stream import ALLOC, EMPTY_CACHE, FREE, PHASE, AllocStream
 from store.records import Hardware, RLHFStrategy, Strategy, Workload
@@ -172,11 +172,25 @@ def strategy_floor(
             step = rlhf_step(workload, strategy, hardware, coef)
         else:
             step = checked_step(workload, strategy, hardware, coef)
-        floors = _FLOORS[key] = stream_floors(marked_stream(step), _outside(step))
-        if len(_FLOORS) > FLOORS_KEPT:
-            _FLOORS.pop(next(iter(_FLOORS)))
+        built = step_key(step)  # strategies that differ beyond the step (an engine's knobs) share its floors
+        floors = _BY_STEP.get(built)
+        if floors is None:
+            floors = _kept(_BY_STEP, built, stream_floors(marked_stream(step, built), _outside(step)))
+        _kept(_FLOORS, key, floors)
     return floors[1] if strategy.empty_cache == "never" else floors[0]
 
 
+def _kept(
+    floors: dict[tuple[object, ...], tuple[int, int]], key: tuple[object, ...], value: tuple[int, int]
+) -> tuple[int, int]:
+    """``value`` kept under ``key`` in ``floors``, the oldest dropped past :data:`FLOORS_KEPT`."""
+    floors[key] = value
+    if len(floors) > FLOORS_KEPT:
+        floors.pop(next(iter(floors)))
+    return value
+
+
 FLOORS_KEPT = 4096
-_FLOORS: dict[tuple[object, ...], tuple[int, int]] = {}  # the step's (every policy's, ``never``'s) floors
+# a step's (every policy's, ``never``'s) floors, by strategy and by what its stream is built from
+_FLOORS: dict[tuple[object, ...], tuple[int, int]] = {}
+_BY_STEP: dict[tuple[object, ...], tuple[int, int]] = {}

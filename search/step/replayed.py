@@ -166,10 +166,17 @@ def _marked(key: tuple[object, ...], step: Step) -> AllocStream:
     return stream
 
 
-def marked_stream(step: Step) -> AllocStream:
+def step_key(step: Step) -> tuple[object, ...]:
+    """What every policy's stream of ``step`` is built from (:func:`_stream_key` but the policy): steps with
+    equal keys have equal streams under every policy."""
+    return _stream_key(step, EVERY_PLACE)[:-1]
+
+
+def marked_stream(step: Step, key: tuple[object, ...] | None = None) -> AllocStream:
     """``step``'s stream with a marked ``empty_cache`` call at every place a policy may make one and DeepSpeed's
-    own calls unmarked (:data:`search.streams.build.EVERY_PLACE`), built once for all its policies."""
-    return _marked(_stream_key(step, EVERY_PLACE)[:-1], step)
+    own calls unmarked (:data:`search.streams.build.EVERY_PLACE`), built once for all its policies (``key``:
+    :func:`step_key` of ``step``, where the caller has it)."""
+    return _marked(step_key(step) if key is None else key, step)
 
 
 def policy_stream(marked: AllocStream, step: Step, empty_cache: str) -> AllocStream:
