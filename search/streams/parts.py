@@ -90,10 +90,15 @@ class Parts:
         total, i = self.patterned.get(part, (0, 0))
         missing = target - total
         pattern = pattern or (missing,)
-        kind = _kind(part)
+        if missing <= 0:
+            self.patterned[part] = (total, i)
+            return
+        kind, alloc, keep, n = _kind(part), self.out.alloc, held.append, len(pattern)  # local names: a hot loop
         while missing > 0:
-            size = min(pattern[i % len(pattern)], missing)
-            held.append((self.out.alloc(size, kind), size, ""))
+            size = pattern[i % n]
+            if size > missing:  # min(size, missing)
+                size = missing
+            keep((alloc(size, kind), size, ""))
             missing, total, i = missing - size, total + size, i + 1
         self.patterned[part] = (total, i)
 
@@ -178,6 +183,8 @@ class Parts:
         """Requests the named tensors the part does not hold yet, in order; a name with a pattern in
         ``sizes`` is a group of tensors of those sizes (made together, freed together)."""
         held = self.held.setdefault(part, [])
+        if not named:
+            return
         have = {name for _, _, name in held if name}
         for name, tensor in named.items():
             size = tensor.size
@@ -198,13 +205,14 @@ class Parts:
         by_part: dict[str, dict[str, Named]] = {}
         for tensor in named:
             by_part.setdefault(tensor.part, {})[tensor.name] = tensor
+        kept = {part: sum(t.size for t in keep.values()) for part, keep in by_part.items()}  # the named bytes
+        no_names: dict[str, Named] = {}
         for part, target in targets.items():
-            keep = by_part.get(part, {})
-            self.release(part, keep)
-            self.shrink(part, max(0, target - sum(t.size for t in keep.values())))
+            self.release(part, by_part.get(part, no_names))
+            self.shrink(part, max(0, target - kept.get(part, 0)))
         for part, target in targets.items():
-            keep = by_part.get(part, {})
-            wanted = max(0, target - sum(t.size for t in keep.values()))
+            keep = by_part.get(part, no_names)
+            wanted = max(0, target - kept.get(part, 0))
             if part == "activations" and FORWARD_MADE in sizes and wanted and not self.bytes(part):
                 self.run_forward(part, wanted, sizes[FORWARD_MADE], sizes[FORWARD_FREED], sizes.get(FORWARD_HELD, ()))
             else:

@@ -43,7 +43,11 @@ def place_workspaces(stream: AllocStream, workspace: int, step_mark: str) -> All
     key = max((e[1] for e in stream.events if e[0] == ALLOC), default=0) + 1
     step, phase = 0, "setup"
     moved = forward = backward = False
-    for event in stream.events:
+    events_in = stream.events
+    for index, event in enumerate(events_in):
+        if forward and backward:  # both placed (so the setup's moved): the rest is kept as it is
+            events.extend(events_in[index:])
+            break
         op, _, size, _, kind = event
         if op == PHASE:
             name = stream.phases[event[1]]
