@@ -101,6 +101,15 @@ class StreamBuilder:
         self._events.append((ALLOC, key, int(size), stream, KIND_INDEX[kind]))
         return key
 
+    def alloc_run(self, sizes: list[int], kind: str = "other") -> range:
+        """Append an allocation of each of ``sizes`` in order on the default stream (what :meth:`alloc` makes of
+        each, in one pass); returns their keys."""
+        first, code = self._next_key, KIND_INDEX[kind]
+        keys = range(first, first + len(sizes))
+        self._next_key = keys.stop
+        self._events.extend([(ALLOC, key, int(size), 0, code) for key, size in zip(keys, sizes, strict=True)])
+        return keys
+
     def free(self, key: int, event: int = 0) -> None:
         """Append the free of ``key``; with ``event``, in use on another stream until that event has run."""
         self._events.append((FREE, key, event, 0, 0))

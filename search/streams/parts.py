@@ -90,16 +90,15 @@ class Parts:
         total, i = self.patterned.get(part, (0, 0))
         missing = target - total
         pattern = pattern or (missing,)
-        if missing <= 0:
-            self.patterned[part] = (total, i)
-            return
-        kind, alloc, keep, n = _kind(part), self.out.alloc, held.append, len(pattern)  # local names: a hot loop
+        sizes, n = [], len(pattern)
         while missing > 0:
             size = pattern[i % n]
             if size > missing:  # min(size, missing)
                 size = missing
-            keep((alloc(size, kind), size, ""))
+            sizes.append(size)
             missing, total, i = missing - size, total + size, i + 1
+        keys = self.out.alloc_run(sizes, _kind(part))
+        held.extend([(key, size, "") for key, size in zip(keys, sizes, strict=True)])
         self.patterned[part] = (total, i)
 
     def run_forward(

@@ -40,7 +40,7 @@ def place_workspaces(stream: AllocStream, workspace: int, step_mark: str) -> All
     if workspace <= 0:
         return stream
     events: list[Event] = []
-    key = max((e[1] for e in stream.events if e[0] == ALLOC), default=0) + 1
+    key = max([e[1] for e in stream.events if e[0] == ALLOC], default=0) + 1
     step, phase = 0, "setup"
     moved = forward = backward = False
     events_in = stream.events

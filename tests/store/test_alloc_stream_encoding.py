@@ -82,3 +82,17 @@ def test_phase_windows_count_what_was_alive_and_skip_warmup_and_stretches() -> N
     stream = b.build()
     assert phase_live_peaks(stream) == {"setup": 1100, "forward": 1810, "backward": 1800}
     assert phase_live_peaks(stream, measured_only=False)["forward"] == 6110
+
+
+def test_alloc_run_records_what_alloc_one_by_one_records() -> None:
+    """``StreamBuilder.alloc_run`` (the stream builder's run of patterned tensors) hands out the same keys and
+    appends the same events as a call of ``alloc`` per size, keys going on after it."""
+    sizes = [3, 2**20, 0, 80 * 2**30 + 1]
+    one, run = StreamBuilder(), StreamBuilder()
+    for builder in (one, run):
+        builder.alloc(7, "logits")
+    keys = [one.alloc(size, "activations") for size in sizes]
+    assert list(run.alloc_run(sizes, "activations")) == keys
+    assert one.alloc(5) == run.alloc(5)
+    assert run.build() == one.build()
+    assert run.build().events[1] == (ALLOC, 2, 3, 0, 6)  # activations is KINDS[6]
