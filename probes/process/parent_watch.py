@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import NoReturn
 
-from probes.process.process_tree import kill_under
+from probes.process.process_tree import PLANNER_PID_VARIABLE, kill_under
 from store.processes import pid_alive
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "watch_parent",
 ]
 
-PLANNER_PID_VARIABLE = "MEMPLAN_PLANNER_PID"
 POLL_S = 0.25  # how often the watch thread looks at its parent
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>, Linux 3.4+

@@ -57,6 +57,7 @@ __all__ = [
     "descendants",
     "end_descendants",
     "kill_group",
+    "PLANNER_PID_VARIABLE",
     "kill_tree",
     "kill_under",
     "seen_under",
@@ -64,6 +65,7 @@ __all__ = [
     "wait_group_gone",
 ]
 
+PLANNER_PID_VARIABLE = "MEMPLAN_PLANNER_PID"  # set in every child a planner starts (probes.process.isolation)
 GROUP_GONE_S = 30.0  # the most a killed group's members may take to be reaped (their parent is init)
 
 
@@ -189,8 +191,6 @@ HOLD_ROUNDS = 64  # reads of /proc at most while members are still found (each s
 def _marks() -> set[bytes]:
     """The environment entries that make a process this planner's: ``MEMPLAN_PLANNER_PID`` set to this process
     (the planner) or to the planner this process was started by."""
-    from probes.process.parent_watch import PLANNER_PID_VARIABLE  # here: parent_watch imports this module
-
     values = {str(os.getpid()), os.environ.get(PLANNER_PID_VARIABLE, "")}
     return {f"{PLANNER_PID_VARIABLE}={value}".encode() for value in values if value}
 
