@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
+from fake_predictions import prediction as made
 from small_jobs import grpo_opt125m
 
 from planner.planning.predicting import _job
@@ -106,13 +107,6 @@ def test_resolve_skips_a_variant_whose_floor_overflows_the_points_budget() -> No
     """Variants: 1 the search's choice, replayed, does not fit; 2 faster on the screen, its floor above the
     budget the replay of 1 said (never replayed); 3 floor within it (replayed, fits)."""
     variants = [Strategy(micro_batch=m) for m in (1, 2, 3)]
-
-    def made(seconds: float, reserved: float, allocated: float = 1.0) -> Prediction:
-        return Prediction(
-            peak_allocated_bytes=int(allocated * GiB), peak_reserved_bytes=int(reserved * GiB),
-            gpu_budget_bytes=10 * GiB, host_bytes=0, host_budget_bytes=GiB, step_time_s=seconds, breakdown={},
-            phases=(), peak_phase="",
-        )  # fmt: skip
 
     screened = {1: made(1.0, 9.0), 2: made(0.5, 10.5), 3: made(0.8, 9.8)}
     replayed = {1: made(1.0, 10.5), 2: made(0.5, 9.0), 3: made(0.8, 9.9)}
