@@ -20,9 +20,9 @@ plan fits is then decided by the replay of its step (:func:`search.step.finish.f
    when nothing fits (the closest plans, by the replay's overflow).
 
 Every prediction in the answer is replayed; the screen only chooses which points are replayed. Before a
-variant is replayed, a sound floor of its replay (``floor``: :func:`search.choose.live_floor.measured_live_floor`,
-the requested bytes alive at once in its measured phases, the same for every ``empty_cache`` and allocator
-variant of a step) is held against the usable memory: a variant whose floor overflows cannot fit and is not
+variant is replayed, a sound floor of its replay (``floor``: :func:`search.choose.live_floor.strategy_floor`,
+the requested bytes alive at once in its measured phases, or under policy ``never`` what the phases leave
+cached) is held against the usable memory: a variant whose floor overflows cannot fit and is not
 replayed unless the point needs a replayed figure (nothing replayed yet while fewer than ``wanted`` plans fit).
 """
 
