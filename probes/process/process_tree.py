@@ -306,8 +306,9 @@ def kill_tree(top: int, announced: list[int]) -> None:
     if ours:
         signal_group(top, signal.SIGSTOP)
     leader = _stat(top)
-    found = seen_under(top) if ours or (leader is not None and _carries(top, marks)) else []
-    if leader is not None and (ours or _carries(top, marks)):
+    taken = ours or (leader is not None and _carries(top, marks))  # top's tree is this planner's to kill
+    found = seen_under(top) if taken else []
+    if leader is not None and taken:
         found = [leader, *found]
     killed = _kill_found(found, [*announced, top], marks)
     if ours:
